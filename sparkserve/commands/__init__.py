@@ -1,0 +1,1 @@
+"""Typer command groups. Each module exposes ``register(app)`` and keeps commands thin."""

@@ -1,0 +1,352 @@
+"""Typed configuration: YAML file + ``SPARKSERVE_…`` env overrides over the embedded production default.
+
+Field names follow ``vllm serve`` where one exists. The embedded default
+(``sparkserve/data/default.yaml``) is the DFlash2-E model card's production state; ``sparkserve init``
+writes it out with the hosts to fill in.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import ipaddress
+import json
+import os
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+from sparkserve.errors import BadInput
+from sparkserve.units import parse_size
+
+DEFAULT_CONFIG_NAME = "sparkserve.yaml"
+ENV_PREFIX = "SPARKSERVE_"
+
+# Accepted by vLLM 0.33.0's --kv-cache-dtype (validated after parsing, listed in the parser's metavar).
+KV_CACHE_DTYPES = (
+    "auto", "bfloat16", "float16", "fp8", "fp8_ds_mla", "fp8_e4m3", "fp8_e5m2", "fp8_inc",
+    "fp8_per_token_head", "int4_per_token_head", "int8_per_token_head", "nvfp4", "nvfp4_4over6",
+    "nvfp4_ds_mla", "octave_k3v3", "octave_k3v3_compact", "octave_k3v4", "turboquant_3bit_nc",
+    "turboquant_4bit_nc", "turboquant_k3v4_nc", "turboquant_k8v4", "ultraquant_4bit",
+)
+
+
+def _size(v: Any) -> int:
+    try:
+        return parse_size(v)
+    except ValueError as e:  # re-raised by pydantic as a field error
+        raise ValueError(str(e)) from None
+
+
+ByteSize = Annotated[int, BeforeValidator(_size), PlainSerializer(lambda n: n, return_type=int)]
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True)
+
+
+class CUDAGraphMode(str, enum.Enum):
+    NONE = "NONE"
+    PIECEWISE = "PIECEWISE"
+    FULL = "FULL"
+    FULL_DECODE_ONLY = "FULL_DECODE_ONLY"
+    FULL_AND_PIECEWISE = "FULL_AND_PIECEWISE"
+
+    @classmethod
+    def _missing_(cls, value: object) -> CUDAGraphMode | None:
+        if isinstance(value, str):  # vLLM accepts any case on the CLI
+            return cls.__members__.get(value.upper())
+        return None
+
+
+class NodeConfig(Strict):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    host: str = Field(min_length=1, description="SSH address of the node (management network)")
+    fabric_ip: str = Field(description="this node's ConnectX-7 IPv4: VLLM_HOST_IP and, on the head, --master-addr")
+    user: str = "root"
+    port: int = Field(default=22, ge=1, le=65535)
+    gpus: int = Field(default=1, ge=1, description="GPUs on this node (1 on a DGX Spark)")
+    local: bool = Field(default=False, description="run on this machine without SSH (sparkserve on the head)")
+
+    @field_validator("fabric_ip")
+    @classmethod
+    def _ip(cls, v: str) -> str:
+        try:
+            return str(ipaddress.ip_address(v))
+        except ValueError:
+            raise ValueError(f"{v!r} is not an IP address") from None
+
+
+class SSHConfig(Strict):
+    known_hosts: Path = Path("~/.ssh/known_hosts")
+    identity_file: Path | None = Path("~/.ssh/id_ed25519")
+    accept_new_host_keys: bool = Field(
+        default=False, description="add unknown host keys to known_hosts (off: unknown keys are refused)"
+    )
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+    keepalive_s: int = Field(default=15, ge=0)
+
+    def resolved_known_hosts(self) -> Path:
+        return self.known_hosts.expanduser()
+
+    def resolved_identity(self) -> Path | None:
+        return self.identity_file.expanduser() if self.identity_file else None
+
+
+class FabricConfig(Strict):
+    interface: str = Field(default="auto", description="CX-7 netdev (e.g. enp1s0f1np1) or auto")
+    hca: str = Field(default="auto", description="comma-separated RDMA devices for NCCL_IB_HCA, or auto")
+    gid_index: int | Literal["auto"] = "auto"
+    master_port: int = Field(default=29501, ge=1024, le=65535)
+    sysfs_root: Path = Field(default=Path("/sys"), description="where to read /sys/class/{net,infiniband}")
+    nccl_debug: str = "WARN"
+
+
+class ImageConfig(Strict):
+    ref: str = Field(min_length=1)
+
+
+class ModelConfig(Strict):
+    target: Path = Field(description="host path of the target model, same on every node, mounted ro")
+    served_name: str = Field(min_length=1)
+
+
+class DrafterConfig(Strict):
+    path: Path = Field(description="host path of the drafter, same on every node, mounted ro")
+
+
+class CompilationConfig(Strict):
+    cudagraph_mode: CUDAGraphMode = CUDAGraphMode.FULL_AND_PIECEWISE
+    cudagraph_capture_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 24, 32])
+
+    @field_validator("cudagraph_capture_sizes")
+    @classmethod
+    def _sizes(cls, v: list[int]) -> list[int]:
+        if any(s <= 0 for s in v):
+            raise ValueError(f"capture sizes must be positive, got {v}")
+        if len(set(v)) != len(v):
+            raise ValueError(f"capture sizes must not repeat, got {v}")
+        if v != sorted(v):
+            raise ValueError(f"capture sizes must be sorted ascending, got {v}")
+        return v
+
+
+class ServeConfig(Strict):
+    executor: Literal["mp", "ray"] = "mp"
+    tensor_parallel_size: int = Field(default=2, ge=1)
+    enable_expert_parallel: bool = True
+    max_model_len: int = Field(default=262144, ge=1)
+    max_num_seqs: int | None = Field(default=4, ge=1)
+    kv_cache_dtype: str = "fp8_e4m3"
+    gpu_memory_utilization: float = 0.795
+    kv_cache_memory_bytes: ByteSize | None = 8 * 2**30
+    compilation: CompilationConfig = Field(default_factory=CompilationConfig)
+    enforce_eager: bool = False
+    attention_backend: str | None = None
+    host: str | None = Field(default=None, description="API bind address on the head (None = all)")
+    port: int = Field(default=8000, ge=1, le=65535)
+    api_key_env: str | None = Field(default=None, description="name of an env var holding the API key")
+    api_key_file: Path | None = Field(default=None, description="file holding the API key")
+    env: dict[str, str] = Field(
+        default_factory=lambda: {"VLLM_USE_BREAKABLE_CUDAGRAPH": "0"},
+        description="extra environment for every rank",
+    )
+    extra_args: list[str] = Field(default_factory=list, description="extra vllm serve arguments, verbatim")
+    ready_timeout_s: float = Field(default=3600.0, gt=0)
+
+    @field_validator("kv_cache_dtype")
+    @classmethod
+    def _kv_dtype(cls, v: str) -> str:
+        if v not in KV_CACHE_DTYPES:
+            raise ValueError(f"unknown kv_cache_dtype {v!r}; vLLM 0.33 accepts: {', '.join(KV_CACHE_DTYPES)}")
+        return v
+
+    @field_validator("gpu_memory_utilization")
+    @classmethod
+    def _gmu(cls, v: float) -> float:
+        if not 0 < v <= 0.95:
+            raise ValueError(f"{v} is outside (0, 0.95]; on unified memory the OS needs the rest")
+        return v
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, v: dict[str, str]) -> dict[str, str]:
+        for k in v:
+            if not k or not (k[0].isalpha() or k[0] == "_") or not all(c.isalnum() or c == "_" for c in k):
+                raise ValueError(f"{k!r} is not an environment variable name")
+        return {k: str(x) for k, x in v.items()}
+
+
+class SpeculativeConfig(Strict):
+    method: Literal["dflash"] = "dflash"
+    num_speculative_tokens: int = Field(default=7, ge=1)
+    attention_backend: str | None = None
+
+
+class SmokeCell(Strict):
+    prompts: int = Field(default=20, ge=1)
+    concurrency: int = Field(default=1, ge=1)
+    max_tokens: int = Field(default=512, ge=1)
+    request_timeout_s: float = Field(default=120.0, gt=0)
+
+
+class GatesConfig(Strict):
+    pool_tokens: int | None = Field(default=366749, ge=1)
+    mask_token_id: int | None = 154856
+    smoke: SmokeCell = Field(default_factory=SmokeCell)
+
+
+class ContainerConfig(Strict):
+    """How each rank's container is run. The rig turns GPUs and RDMA devices off."""
+
+    name_prefix: str = Field(default="sparkserve", pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    gpus: Literal["all", "none"] = "all"
+    rdma_devices: list[str] = Field(default_factory=lambda: ["/dev/infiniband"])
+    shm_size: ByteSize = 64 * 2**30
+    cache_root: Path = Field(default=Path("/var/cache/sparkserve"), description="host dir for JIT caches")
+    stop_timeout_s: int = Field(default=30, ge=1)
+
+
+class WatchdogConfig(Strict):
+    memory_floor_bytes: ByteSize = 8 * 2**30
+    enabled: bool = True
+
+
+class Config(BaseSettings):
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_assignment=True
+    )
+
+    nodes: list[NodeConfig] = Field(min_length=2)
+    ssh: SSHConfig = Field(default_factory=SSHConfig)
+    fabric: FabricConfig = Field(default_factory=FabricConfig)
+    image: ImageConfig
+    model: ModelConfig
+    drafter: DrafterConfig
+    serve: ServeConfig = Field(default_factory=ServeConfig)
+    speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
+    gates: GatesConfig = Field(default_factory=GatesConfig)
+    container: ContainerConfig = Field(default_factory=ContainerConfig)
+    watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # env overrides the file; the file arrives as init kwargs (see load_config)
+        return (env_settings, init_settings)
+
+    @model_validator(mode="after")
+    def _unique_nodes(self) -> Config:
+        for attr in ("name", "host", "fabric_ip"):
+            seen: dict[str, int] = {}
+            for i, n in enumerate(self.nodes):
+                key = getattr(n, attr)
+                if attr == "host" and n.local:
+                    continue
+                if key in seen and not (attr == "host" and self._same_host_ok(i, seen[key])):
+                    raise ValueError(f"nodes[{i}].{attr} {key!r} repeats nodes[{seen[key]}]")
+                seen[key] = i
+        return self
+
+    def _same_host_ok(self, i: int, j: int) -> bool:
+        # two nodes may share an SSH address only when their ports differ (the rig: one address each anyway)
+        return self.nodes[i].port != self.nodes[j].port
+
+    @property
+    def head(self) -> NodeConfig:
+        return self.nodes[0]
+
+    @property
+    def followers(self) -> list[NodeConfig]:
+        return self.nodes[1:]
+
+    def normalized(self) -> dict[str, Any]:
+        """The config as plain JSON data (paths as strings, sizes as ints), stable for hashing."""
+        return json.loads(self.model_dump_json())
+
+    def fingerprint(self) -> str:
+        """sha256 of the normalized config (the deploy adds image ID and drafter manifest to it)."""
+        blob = json.dumps(self.normalized(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def default_yaml_text() -> str:
+    return resources.files("sparkserve").joinpath("data/default.yaml").read_text()
+
+
+def _format_error(e: ValidationError, source: str) -> BadInput:
+    err = e.errors()[0]
+    loc = ".".join(str(p) for p in err["loc"]) or source
+    msg = err["msg"]
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix):]
+    if err["type"] == "extra_forbidden":
+        msg = "unknown field (check the spelling; names follow `vllm serve`)"
+    elif err["type"] == "missing":
+        msg = "is required"
+    more = len(e.errors()) - 1
+    return BadInput(loc, msg + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""))
+
+
+def find_config_path(path: Path | None) -> Path | None:
+    if path is not None:
+        return path
+    env = os.environ.get(f"{ENV_PREFIX}CONFIG")
+    if env:
+        return Path(env)
+    cwd = Path(DEFAULT_CONFIG_NAME)
+    return cwd if cwd.exists() else None
+
+
+def load_config(path: Path | None = None, *, overrides: dict[str, Any] | None = None) -> Config:
+    """Load ``path`` (or ./sparkserve.yaml, or the embedded default) with env overrides applied.
+
+    Raises BadInput naming the field or file on any problem.
+    """
+    path = find_config_path(path)
+    source = str(path) if path else "embedded default"
+    try:
+        text = path.read_text() if path else default_yaml_text()
+    except OSError as e:
+        raise BadInput(str(path), f"cannot read config: {e.strerror}") from None
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"{source}:{mark.line + 1}" if mark else source
+        raise BadInput(where, f"not valid YAML: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise BadInput(source, "the config must be a YAML mapping")
+    if overrides:
+        data = _deep_merge(data, overrides)
+    try:
+        return Config(**data)
+    except ValidationError as e:
+        raise _format_error(e, source) from None
+
+
+def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out

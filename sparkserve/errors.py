@@ -1,0 +1,53 @@
+"""Typed failures. Each carries the exit code DESIGN.md assigns and prints as one line.
+
+0 ok · 1 a gate or check failed · 2 bad input (config, drafter, usage) · 3 a node unreachable or a
+remote step failed.
+"""
+
+from __future__ import annotations
+
+
+class SparkserveError(Exception):
+    """An expected failure: printed as ``error: <where>: <what>`` without a traceback."""
+
+    exit_code = 1
+
+    def __init__(self, where: str, what: str, *, details: list[str] | None = None) -> None:
+        self.where = where
+        self.what = what
+        self.details = details or []
+        super().__init__(f"{where}: {what}")
+
+    def line(self) -> str:
+        return f"error: {self.where}: {self.what}"
+
+
+class BadInput(SparkserveError):
+    """Config, drafter, target or usage is wrong. Raised before any node is touched."""
+
+    exit_code = 2
+
+
+class GateFailed(SparkserveError):
+    """A gate or check failed."""
+
+    exit_code = 1
+
+
+class RemoteFailure(SparkserveError):
+    """A node was unreachable or a remote step failed (node, step, command, last lines)."""
+
+    exit_code = 3
+
+    def __init__(
+        self,
+        where: str,
+        what: str,
+        *,
+        node: str | None = None,
+        step: str | None = None,
+        details: list[str] | None = None,
+    ) -> None:
+        self.node = node
+        self.step = step
+        super().__init__(where, what, details=details)

@@ -1,0 +1,310 @@
+"""Config → Plan: the one place where vLLM argv, env and the per-node container spec are built.
+
+Pure: no I/O. Fabric values that are ``auto`` in the config are resolved on the nodes at ``up`` and
+passed in as ``fabric_env``; without them the plan leaves those variables out (never empty).
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from sparkserve.config import Config, NodeConfig
+from sparkserve.units import vllm_size
+
+TARGET_MOUNT = "/models/target"
+DRAFTER_MOUNT = "/models/drafter"
+CACHE_MOUNTS = {  # host subdir of container.cache_root → container path (JIT caches survive restarts)
+    "vllm": "/root/.cache/vllm",
+    "flashinfer": "/root/.cache/flashinfer",
+    "triton": "/root/.triton",
+}
+RAY_PORT = 6379
+LABEL_PREFIX = "io.sparkserve"
+LABEL_MANAGED = f"{LABEL_PREFIX}.managed"
+LABEL_FINGERPRINT = f"{LABEL_PREFIX}.fingerprint"
+LABEL_NODE = f"{LABEL_PREFIX}.node"
+LABEL_RANK = f"{LABEL_PREFIX}.rank"
+LABEL_ROLE = f"{LABEL_PREFIX}.role"
+
+# Flags that legitimately differ between ranks (rank parity ignores them, with their values).
+RANK_SPECIFIC_FLAGS = ("--node-rank", "--headless", "--host", "--port", "--api-server-count")
+# Env that legitimately differs between nodes.
+NODE_SPECIFIC_ENV = (
+    "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES",
+    "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "MN_IF_NAME", "RAY_NODE_IP_ADDRESS", "RAY_OVERRIDE_NODE_IP_ADDRESS",
+)
+
+# Environment every rank gets (spark-field-notes.md: what the working Spark launchers set).
+BASE_ENV = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_ENGINE_READY_TIMEOUT_S": "3600",
+    "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800",
+    "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+    "NCCL_IB_DISABLE": "0",
+    "NCCL_CUMEM_ENABLE": "0",
+    "NCCL_NVLS_ENABLE": "0",
+    "NCCL_IGNORE_CPU_AFFINITY": "1",
+}
+
+
+class Mount(BaseModel):
+    model_config = ConfigDict(frozen=True)
+    source: str
+    target: str
+    read_only: bool = True
+
+
+class ContainerSpec(BaseModel):
+    """Everything needed to start one rank's container on one node."""
+
+    node: str
+    host: str
+    rank: int
+    role: Literal["head", "follower"]
+    name: str
+    image: str
+    command: list[str]
+    env: dict[str, str]
+    mounts: list[Mount]
+    labels: dict[str, str]
+    network_mode: str = "host"
+    ipc_mode: str = "host"
+    shm_size: int
+    ulimits: dict[str, tuple[int, int]] = Field(default_factory=lambda: {"memlock": (-1, -1)})
+    cap_add: list[str] = Field(default_factory=lambda: ["IPC_LOCK"])
+    devices: list[str] = Field(default_factory=list)
+    gpus: bool = True
+    # ray only: the `vllm serve` argv exec'd in the head container once every worker has joined
+    exec_after_join: list[str] | None = None
+
+    def serve_argv(self) -> list[str]:
+        """The `vllm serve …` argv this rank runs (directly or via exec_after_join)."""
+        return self.exec_after_join or self.command
+
+
+class Plan(BaseModel):
+    fingerprint: str
+    executor: Literal["mp", "ray"]
+    nnodes: int
+    master_addr: str
+    master_port: int
+    api_host: str
+    api_port: int
+    served_name: str
+    specs: list[ContainerSpec]
+
+    @property
+    def head(self) -> ContainerSpec:
+        return self.specs[0]
+
+    @property
+    def followers(self) -> list[ContainerSpec]:
+        return self.specs[1:]
+
+    def spec_for(self, node: str) -> ContainerSpec:
+        for s in self.specs:
+            if s.node == node:
+                return s
+        raise KeyError(node)
+
+    @property
+    def api_url(self) -> str:
+        return f"http://{self.api_host}:{self.api_port}"
+
+
+def speculative_json(cfg: Config) -> str:
+    spec: dict[str, object] = {
+        "method": cfg.speculative.method,  # always explicit (auto-detection needs "dflash" in the path)
+        "model": DRAFTER_MOUNT,
+        "num_speculative_tokens": cfg.speculative.num_speculative_tokens,
+    }
+    if cfg.speculative.attention_backend:
+        spec["attention_backend"] = cfg.speculative.attention_backend
+    return json.dumps(spec, separators=(",", ":"))
+
+
+def compilation_json(cfg: Config) -> str:
+    comp = cfg.serve.compilation
+    return json.dumps(
+        {"cudagraph_mode": comp.cudagraph_mode.value, "cudagraph_capture_sizes": comp.cudagraph_capture_sizes},
+        separators=(",", ":"),
+    )
+
+
+def engine_args(cfg: Config) -> list[str]:
+    """Arguments identical on every rank (the part rank parity compares)."""
+    s = cfg.serve
+    argv = [
+        TARGET_MOUNT,
+        "--served-model-name", cfg.model.served_name,
+        "--tensor-parallel-size", str(s.tensor_parallel_size),
+    ]
+    if s.enable_expert_parallel:
+        argv.append("--enable-expert-parallel")
+    argv += ["--max-model-len", str(s.max_model_len)]
+    if s.max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(s.max_num_seqs)]
+    argv += ["--kv-cache-dtype", s.kv_cache_dtype, "--gpu-memory-utilization", repr(s.gpu_memory_utilization)]
+    if s.kv_cache_memory_bytes is not None:
+        argv += ["--kv-cache-memory-bytes", vllm_size(s.kv_cache_memory_bytes)]
+    if s.enforce_eager:
+        argv.append("--enforce-eager")
+    else:
+        argv += ["--compilation-config", compilation_json(cfg)]
+    if s.attention_backend:
+        argv += ["--attention-backend", s.attention_backend]
+    argv += ["--speculative-config", speculative_json(cfg)]
+    argv += list(s.extra_args)
+    return argv
+
+
+def _mp_argv(cfg: Config, rank: int) -> list[str]:
+    argv = ["vllm", "serve", *engine_args(cfg)]
+    argv += [
+        "--distributed-executor-backend", "mp",
+        "--nnodes", str(len(cfg.nodes)),
+        "--node-rank", str(rank),
+        "--master-addr", cfg.head.fabric_ip,
+        "--master-port", str(cfg.fabric.master_port),
+    ]
+    if rank == 0:
+        if cfg.serve.host:
+            argv += ["--host", cfg.serve.host]
+        argv += ["--port", str(cfg.serve.port)]
+    else:
+        argv.append("--headless")
+    return argv
+
+
+def _ray_serve_argv(cfg: Config) -> list[str]:
+    argv = ["vllm", "serve", *engine_args(cfg), "--distributed-executor-backend", "ray"]
+    if cfg.serve.host:
+        argv += ["--host", cfg.serve.host]
+    argv += ["--port", str(cfg.serve.port)]
+    return argv
+
+
+def _ray_start_argv(cfg: Config, node: NodeConfig, rank: int) -> list[str]:
+    if rank == 0:
+        return ["ray", "start", "--head", f"--node-ip-address={node.fabric_ip}", f"--port={RAY_PORT}",
+                "--num-gpus", str(node.gpus), "--block"]
+    return ["ray", "start", f"--address={cfg.head.fabric_ip}:{RAY_PORT}",
+            f"--node-ip-address={node.fabric_ip}", "--num-gpus", str(node.gpus), "--block"]
+
+
+def node_env(cfg: Config, node: NodeConfig, fabric_env: dict[str, str] | None) -> dict[str, str]:
+    env = dict(BASE_ENV)
+    env["NCCL_DEBUG"] = cfg.fabric.nccl_debug
+    env.update(cfg.serve.env)
+    env["VLLM_HOST_IP"] = node.fabric_ip
+    if cfg.serve.executor == "ray":
+        env["RAY_NODE_IP_ADDRESS"] = node.fabric_ip
+        env["RAY_OVERRIDE_NODE_IP_ADDRESS"] = node.fabric_ip
+        env["RAY_memory_monitor_refresh_ms"] = "0"  # Ray's OOM killer misreads unified memory
+    # explicit fabric values from the config; auto ones come from detection on the node
+    if cfg.fabric.interface != "auto":
+        for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES"):
+            env[k] = cfg.fabric.interface
+    if cfg.fabric.hca != "auto":
+        env["NCCL_IB_HCA"] = cfg.fabric.hca
+    if cfg.fabric.gid_index != "auto":
+        env["NCCL_IB_GID_INDEX"] = str(cfg.fabric.gid_index)
+    explicit = set(env)
+    for k, v in (fabric_env or {}).items():
+        # detection fills what the config left on auto; NCCL reads a defined-empty GID index as 0
+        # (the link-local entry), so an empty value is never set
+        if v != "" and k not in explicit:
+            env[k] = v
+    return env
+
+
+def container_name(cfg: Config, node: NodeConfig, rank: int) -> str:
+    return f"{cfg.container.name_prefix}-r{rank}-{node.name}"
+
+
+def build_plan(
+    cfg: Config,
+    *,
+    fabric_env: dict[str, dict[str, str]] | None = None,
+    fingerprint: str | None = None,
+) -> Plan:
+    """The per-node container specs ``up`` starts. ``fingerprint`` defaults to the config's own."""
+    fp = fingerprint or cfg.fingerprint()
+    c = cfg.container
+    mounts = [
+        Mount(source=str(cfg.model.target), target=TARGET_MOUNT, read_only=True),
+        Mount(source=str(cfg.drafter.path), target=DRAFTER_MOUNT, read_only=True),
+    ]
+    mounts += [
+        Mount(source=str(c.cache_root / sub), target=dst, read_only=False) for sub, dst in CACHE_MOUNTS.items()
+    ]
+    specs = []
+    for rank, node in enumerate(cfg.nodes):
+        if cfg.serve.executor == "mp":
+            command, after = _mp_argv(cfg, rank), None
+        else:
+            command = _ray_start_argv(cfg, node, rank)
+            after = _ray_serve_argv(cfg) if rank == 0 else None
+        specs.append(
+            ContainerSpec(
+                node=node.name,
+                host=node.host,
+                rank=rank,
+                role="head" if rank == 0 else "follower",
+                name=container_name(cfg, node, rank),
+                image=cfg.image.ref,
+                command=command,
+                exec_after_join=after,
+                env=node_env(cfg, node, (fabric_env or {}).get(node.name)),
+                mounts=mounts,
+                labels={
+                    LABEL_MANAGED: "1",
+                    LABEL_FINGERPRINT: fp,
+                    LABEL_NODE: node.name,
+                    LABEL_RANK: str(rank),
+                    LABEL_ROLE: "head" if rank == 0 else "follower",
+                },
+                shm_size=c.shm_size,
+                devices=list(c.rdma_devices),
+                gpus=c.gpus == "all",
+            )
+        )
+    api_host = cfg.serve.host if cfg.serve.host not in (None, "0.0.0.0", "::") else cfg.head.host
+    return Plan(
+        fingerprint=fp,
+        executor=cfg.serve.executor,
+        nnodes=len(cfg.nodes),
+        master_addr=cfg.head.fabric_ip,
+        master_port=cfg.fabric.master_port,
+        api_host=str(api_host),
+        api_port=cfg.serve.port,
+        served_name=cfg.model.served_name,
+        specs=specs,
+    )
+
+
+def parity_view(spec: ContainerSpec) -> dict[str, object]:
+    """What must be identical across ranks: argv minus rank flags, env minus per-node values, mounts."""
+    argv = spec.serve_argv()
+    kept: list[str] = []
+    skip = False
+    for i, a in enumerate(argv):
+        if skip:
+            skip = False
+            continue
+        flag = a.split("=", 1)[0]
+        if flag in RANK_SPECIFIC_FLAGS:
+            takes_value = "=" not in a and flag != "--headless" and i + 1 < len(argv)
+            skip = takes_value
+            continue
+        kept.append(a)
+    return {
+        "image": spec.image,
+        "argv": kept,
+        "env": {k: v for k, v in sorted(spec.env.items()) if k not in NODE_SPECIFIC_ENV},
+        "mounts": sorted((m.source, m.target, m.read_only) for m in spec.mounts),
+    }
