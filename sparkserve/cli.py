@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from sparkserve.commands import core, deploy, observe
+from sparkserve.commands import core, deploy, measure, observe
 from sparkserve.errors import SparkserveError
 
 app = typer.Typer(
@@ -19,6 +19,7 @@ app = typer.Typer(
 core.register(app)
 deploy.register(app)
 observe.register(app)
+measure.register(app)
 
 
 def main() -> None:
