@@ -1,0 +1,58 @@
+"""A lock on the head node so two operators cannot run `up`/`down`/`swap-drafter` at once.
+
+``mkdir`` is atomic on every filesystem; the directory holds an ``owner`` file saying who holds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import getpass
+import json
+import os
+import socket
+import time
+from collections.abc import Iterator
+
+from sparkserve.errors import RemoteFailure
+from sparkserve.nodes.base import Node
+
+LOCK_DIR = "/tmp/sparkserve.lock"
+
+
+def _owner() -> dict[str, object]:
+    return {"user": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
+
+
+def acquire(node: Node, *, what: str, lock_dir: str = LOCK_DIR) -> None:
+    res = node.run(["mkdir", lock_dir], check=False, step="lock", timeout=20)
+    if not res.ok:
+        holder = node.run(["cat", f"{lock_dir}/owner"], check=False, step="lock", timeout=20)
+        try:
+            o = json.loads(holder.stdout)
+            since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(o.get("since", 0))))
+            who = f"{o.get('user')}@{o.get('host')} pid {o.get('pid')} since {since} ({o.get('what', '?')})"
+        except (ValueError, TypeError):
+            who = "an unknown holder"
+        raise RemoteFailure(
+            f"{node.name}: lock",
+            f"another sparkserve run holds {lock_dir}: {who}; if that run is gone, use --break-lock",
+            node=node.name,
+            step="lock",
+        )
+    owner = _owner() | {"what": what}
+    node.run(["tee", f"{lock_dir}/owner"], stdin=json.dumps(owner).encode(), step="lock", timeout=20)
+
+
+def release(node: Node, *, lock_dir: str = LOCK_DIR) -> None:
+    node.run(["rm", "-rf", "--", lock_dir], check=False, step="unlock", timeout=20)
+
+
+@contextlib.contextmanager
+def held(node: Node, *, what: str, break_lock: bool = False, lock_dir: str = LOCK_DIR) -> Iterator[None]:
+    if break_lock:
+        release(node, lock_dir=lock_dir)
+    acquire(node, what=what, lock_dir=lock_dir)
+    try:
+        yield
+    finally:
+        release(node, lock_dir=lock_dir)

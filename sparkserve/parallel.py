@@ -1,0 +1,39 @@
+"""Run one step on every node at once; collect every node's failure, not just the first."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import TypeVar
+
+from sparkserve.errors import RemoteFailure, SparkserveError
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def on_all(items: Sequence[T], fn: Callable[[T], R], *, name: Callable[[T], str] = str) -> dict[str, R]:
+    """``fn(item)`` for every item in parallel. Raises the first (in item order) failure after all finish.
+
+    Other failures are attached as details so the user sees every node that failed.
+    """
+    if not items:
+        return {}
+    results: dict[str, R] = {}
+    errors: list[tuple[str, BaseException]] = []
+    with ThreadPoolExecutor(max_workers=len(items)) as pool:
+        futures = [(name(i), pool.submit(fn, i)) for i in items]
+        for key, fut in futures:
+            try:
+                results[key] = fut.result()
+            except BaseException as e:  # noqa: BLE001 - collected and re-raised below
+                errors.append((key, e))
+    if errors:
+        key, first = errors[0]
+        if not isinstance(first, SparkserveError):
+            first = RemoteFailure(key, f"{type(first).__name__}: {first}", node=key)
+        for other_key, other in errors[1:]:
+            text = other.line() if isinstance(other, SparkserveError) else f"{type(other).__name__}: {other}"
+            first.details.append(f"also failed on {other_key}: {text}")
+        raise first
+    return results
