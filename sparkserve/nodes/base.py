@@ -1,7 +1,28 @@
-"""The Node protocol: the few verbs everything above needs (after pyinfra's BaseConnector)."""
+"""The Node protocol: the few verbs everything above needs (after pyinfra's BaseConnector).
+
+A ``Node`` is one machine sparkserve drives. Orchestration code holds ``Node`` objects and never imports
+paramiko or asks which kind it has::
+
+    from sparkserve.nodes import connect_nodes
+    nodes = connect_nodes(cfg)                      # {name: Node}, connected in parallel
+    res = nodes["spark-b"].run(["df", "-B1", "--output=avail", "/srv"], timeout=10, step="disk")
+    client = nodes["spark-b"].docker()              # docker SDK over the node's own SSH connection
+
+Implementations: :class:`sparkserve.nodes.ssh.SSHNode` (paramiko) and
+:class:`sparkserve.nodes.local.LocalNode` (this machine, no SSH).
+
+Rules every implementation keeps:
+
+* ``run`` takes an **argv list**; it is quoted with ``shlex`` for the remote shell, so a value such as
+  ``/m/x; touch /tmp/pwned`` is one argument, never a command.
+* every remote step has a timeout; a timeout, a lost connection or (``check=True``) a non-zero exit
+  raises :class:`NodeError` naming the node, the step, the command and its last output lines.
+* file verbs (``put``/``get``/``read_text``/``write_bytes``) never go through a shell at all.
+"""
 
 from __future__ import annotations
 
+import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -18,6 +39,7 @@ class CommandResult:
     exit_code: int
     stdout: str
     stderr: str
+    seconds: float = 0.0
 
     @property
     def ok(self) -> bool:
@@ -38,13 +60,41 @@ class NodeError(RemoteFailure):
     last_lines: list[str] = field(default_factory=list)
 
     def __init__(
-        self, node: str, step: str, what: str, *, argv: list[str] | None = None, last_lines: list[str] | None = None
+        self,
+        node: str,
+        step: str,
+        what: str,
+        *,
+        argv: list[str] | None = None,
+        last_lines: list[str] | None = None,
     ) -> None:
         self.node_name = node
         self.step_name = step
         self.argv = argv or []
         self.last_lines = last_lines or []
         super().__init__(f"{node}: {step}", what, node=node, step=step, details=self.last_lines[-10:])
+
+    def __hash__(self) -> int:  # exceptions must stay hashable (traceback machinery, sets of errors)
+        return id(self)
+
+    def __eq__(self, other: object) -> bool:
+        return self is other
+
+
+@dataclass(frozen=True)
+class RsyncRemote:
+    """How ``rsync`` reaches a node over OpenSSH with the same key and known_hosts as paramiko.
+
+    ``ssh_argv`` is the ``-e`` program (an argv; join it with :func:`shlex.join`), ``target`` the
+    ``user@host`` prefix for remote paths.
+    """
+
+    ssh_argv: tuple[str, ...]
+    target: str
+
+    @property
+    def rsh(self) -> str:
+        return shlex.join(self.ssh_argv)
 
 
 @runtime_checkable
@@ -53,13 +103,28 @@ class Node(Protocol):
 
     name: str
 
-    def run(self, argv: list[str], *, timeout: float = 60.0, step: str = "run", check: bool = True,
-            stdin: bytes | None = None) -> CommandResult:
-        """Run an argv (never a shell string) on the node; raise NodeError on timeout or (check) non-zero."""
+    @property
+    def address(self) -> str:
+        """Where the node is, for messages (``root@127.0.0.3:2222`` or ``local``)."""
         ...
 
-    def put(self, local: Path, remote: str, *, mode: int | None = None) -> None:
-        """Copy a local file to ``remote`` on the node."""
+    def run(
+        self,
+        argv: list[str],
+        *,
+        timeout: float = 60.0,
+        step: str = "run",
+        check: bool = True,
+        stdin: bytes | None = None,
+    ) -> CommandResult:
+        """Run an argv (never a shell string) on the node; raise NodeError on timeout or (check) non-zero.
+
+        On timeout the remote process is killed (it runs under coreutils ``timeout``).
+        """
+        ...
+
+    def put(self, local: Path, remote: str, *, mode: int | None = None, preserve_mtime: bool = False) -> None:
+        """Copy a local file to ``remote`` atomically (temp name + rename); parent dirs are created."""
         ...
 
     def get(self, remote: str, local: Path) -> None:
@@ -67,7 +132,15 @@ class Node(Protocol):
         ...
 
     def read_text(self, remote: str) -> str:
-        """Read a small text file on the node (e.g. /proc/meminfo, sysfs)."""
+        """Read a small text file on the node (e.g. /proc/meminfo)."""
+        ...
+
+    def write_bytes(self, remote: str, data: bytes, *, mode: int | None = None) -> None:
+        """Write a small file on the node atomically; parent dirs are created."""
+        ...
+
+    def rsync_remote(self) -> RsyncRemote | None:
+        """How rsync reaches this node over SSH, or None when the node is this machine."""
         ...
 
     def docker(self) -> docker.DockerClient:

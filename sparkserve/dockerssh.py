@@ -1,0 +1,142 @@
+"""A docker SDK client that talks to a node's dockerd over that node's own SSH connection.
+
+docker-py's paramiko transport runs ``docker system dial-stdio`` on the node for each pooled connection,
+but on its own terms: it reads ``~/.ssh/config`` and ``~/.ssh/known_hosts``, lets paramiko try default
+keys and the agent, and keys connection pools by request URL — so every new endpoint opens another SSH
+channel and sshd's ``MaxSessions`` (10) runs out after about ten distinct calls (rig-notes.md section 5).
+
+:class:`NodeSSHAdapter` fixes all three: it borrows the :class:`~sparkserve.nodes.ssh.SSHNode`'s paramiko
+client (explicit key, the configured known_hosts, ``RejectPolicy``), maps every URL to ONE pool of at
+most :data:`POOL_SIZE` channels, and opens those channels with a large window for image streams.
+
+    client = docker_over_ssh(node)       # what SSHNode.docker() returns (cached there)
+    client.images.get("sparkserve-testbase:bookworm").id
+
+For a LocalNode use :func:`docker_local` (``DOCKER_HOST`` or the default socket).
+
+This subclasses private parts of docker-py (``_create_paramiko_client``, ``SSHConnection``,
+``_custom_adapter``, ``_retrieve_server_version``): pyproject pins ``docker>=7.1,<8`` and
+tests/rig/test_nodes_docker.py checks it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import paramiko
+from docker.transport.sshconn import SSHConnection, SSHConnectionPool, SSHHTTPAdapter
+
+import docker
+from sparkserve.nodes.base import NodeError
+
+if TYPE_CHECKING:
+    from sparkserve.nodes.ssh import SSHNode
+
+POOL_KEY = "http+docker://ssh/"
+POOL_SIZE = 2  # channels kept open per node (a `logs --follow` stream holds one while others run)
+WINDOW = 64 * 2**20
+API_TIMEOUT_S = 120
+MIN_API = "1.41"  # docker 20.10 (the rig, and older DGX OS images)
+
+
+class _WideConnection(SSHConnection):
+    """``docker system dial-stdio`` on a session channel with a large receive window."""
+
+    def connect(self) -> None:
+        sock = self.ssh_transport.open_session(window_size=WINDOW)
+        sock.settimeout(self.timeout)
+        sock.exec_command("docker system dial-stdio")
+        self.sock = sock
+
+
+class _WidePool(SSHConnectionPool):
+    def _new_conn(self) -> _WideConnection:
+        return _WideConnection(self.ssh_transport, self.timeout, self.ssh_host)
+
+
+class NodeSSHAdapter(SSHHTTPAdapter):
+    """docker-py's SSH adapter on an existing SSHNode connection, every request in one pool."""
+
+    def __init__(
+        self, node: SSHNode, *, timeout: int = API_TIMEOUT_S, max_pool_size: int = POOL_SIZE
+    ) -> None:
+        self._node = node
+        super().__init__(f"ssh://{node.user}@{node.host}:{node.port}", timeout=timeout,
+                         pool_connections=1, max_pool_size=max_pool_size)
+
+    def _create_paramiko_client(self, base_url: str) -> None:
+        self.ssh_client = self._node.ssh_client()
+        self.ssh_params: dict[str, Any] = {}
+
+    def _connect(self) -> None:  # the node owns (re)connecting
+        pass
+
+    def get_connection(self, url: str, proxies: Any = None) -> SSHConnectionPool:
+        client = self._node.ssh_client()  # reconnects if the link dropped
+        with self.pools.lock:
+            if client is not self.ssh_client:
+                self.pools.clear()  # pools hold channels of the dead transport
+                self.ssh_client = client
+            pool = self.pools.get(POOL_KEY)
+            if pool is None:
+                pool = _WidePool(ssh_client=client, timeout=self.timeout, maxsize=self.max_pool_size,
+                                 host=self.ssh_host)
+                self.pools[POOL_KEY] = pool
+            return pool
+
+    def close(self) -> None:
+        # close the pooled channels but never the node's SSH connection
+        with self.pools.lock:
+            self.pools.clear()
+
+
+def _client_with_adapter(adapter: Any, timeout: int) -> docker.DockerClient:
+    # a unix base URL makes the constructor do no I/O; the SSH adapter replaces its adapter below
+    api = docker.APIClient(base_url="unix:///nonexistent/docker.sock", version=MIN_API, timeout=timeout)
+    old = api.adapters.pop("http+docker://", None)
+    if old is not None:
+        old.close()
+    api.mount("http+docker://ssh", adapter)
+    api.base_url = "http+docker://ssh"
+    api._custom_adapter = adapter
+    api._version = api._retrieve_server_version()
+    client = docker.DockerClient.__new__(docker.DockerClient)
+    client.api = api
+    return client
+
+
+def docker_over_ssh(node: SSHNode, *, timeout: int = API_TIMEOUT_S) -> docker.DockerClient:
+    """A DockerClient for ``node``'s dockerd over its SSH connection. Raises NodeError if docker is down."""
+    adapter = NodeSSHAdapter(node, timeout=timeout)
+    try:
+        return _client_with_adapter(adapter, timeout)
+    except (docker.errors.DockerException, paramiko.SSHException, OSError) as e:
+        adapter.close()
+        raise _docker_down(node, e) from None
+
+
+def _docker_down(node: Any, e: BaseException) -> NodeError:
+    """Ask the docker CLI on the node why the API did not answer; its message is the useful one."""
+    why = ""
+    try:
+        res = node.run(["docker", "version", "--format", "{{.Server.Version}}"], timeout=20, check=False,
+                       step="docker")
+        if res.exit_code == 127:
+            why = "no docker CLI on the node (the SDK runs `docker system dial-stdio` there)"
+        elif not res.ok:
+            why = (res.stderr.strip().splitlines() or [f"docker version exited {res.exit_code}"])[-1]
+    except NodeError as ne:
+        why = ne.what
+    return NodeError(node.name, "docker", f"dockerd not reachable: {why or e}")
+
+
+def docker_local(
+    name: str, base_url: str | None = None, *, timeout: int = API_TIMEOUT_S
+) -> docker.DockerClient:
+    """A DockerClient for this machine's daemon: ``base_url``, else ``DOCKER_HOST``, else the socket."""
+    try:
+        if base_url:
+            return docker.DockerClient(base_url=base_url, version="auto", timeout=timeout)
+        return docker.from_env(version="auto", timeout=timeout)
+    except docker.errors.DockerException as e:
+        raise NodeError(name, "docker", f"dockerd not reachable: {e}") from None

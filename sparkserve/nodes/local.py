@@ -1,0 +1,144 @@
+"""LocalNode: the machine sparkserve runs on (``local: true`` in the config, e.g. sparkserve on the head).
+
+Same verbs as :class:`~sparkserve.nodes.ssh.SSHNode` without SSH: argv through ``subprocess`` (no shell),
+files through the filesystem, docker through ``DOCKER_HOST`` or the default socket.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from sparkserve.nodes.base import CommandResult, NodeError
+
+if TYPE_CHECKING:
+    import docker
+
+
+class LocalNode:
+    def __init__(self, name: str, *, docker_host: str | None = None) -> None:
+        self.name = name
+        self.docker_host = docker_host
+        self._docker: docker.DockerClient | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def address(self) -> str:
+        return "local"
+
+    def __repr__(self) -> str:
+        return f"LocalNode({self.name!r})"
+
+    def connect(self) -> LocalNode:
+        return self
+
+    def run(
+        self,
+        argv: list[str],
+        *,
+        timeout: float = 60.0,
+        step: str = "run",
+        check: bool = True,
+        stdin: bytes | None = None,
+    ) -> CommandResult:
+        argv = [str(a) for a in argv]
+        t0 = time.monotonic()
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,  # so a timeout kills the whole process group
+            )
+        except FileNotFoundError:
+            res = CommandResult(argv, 127, "", f"{argv[0]}: command not found", 0.0)
+            if check:
+                raise NodeError(self.name, step, f"{argv[0]}: command not found", argv=argv) from None
+            return res
+        try:
+            out, err = proc.communicate(stdin, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            out, err = proc.communicate()
+            res = CommandResult(argv, -1, out.decode(errors="replace"), err.decode(errors="replace"),
+                                time.monotonic() - t0)
+            raise NodeError(self.name, step, f"{shlex.join(argv)[:200]} timed out after {timeout:g}s",
+                            argv=argv, last_lines=res.tail()) from None
+        res = CommandResult(argv, proc.returncode, out.decode(errors="replace"), err.decode(errors="replace"),
+                            time.monotonic() - t0)
+        if check and not res.ok:
+            raise NodeError(self.name, step, f"{shlex.join(argv)[:200]} exited {res.exit_code}", argv=argv,
+                            last_lines=res.tail())
+        return res
+
+    def _tmp(self, remote: str) -> Path:
+        p = Path(remote)
+        return p.with_name(f".{p.name}.sparkserve-tmp")
+
+    def put(self, local: Path, remote: str, *, mode: int | None = None, preserve_mtime: bool = False) -> None:
+        dst = Path(remote)
+        tmp = self._tmp(remote)
+        try:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(local, tmp)
+            st = Path(local).stat()
+            os.chmod(tmp, mode if mode is not None else st.st_mode & 0o7777)
+            if preserve_mtime:
+                os.utime(tmp, ns=(st.st_atime_ns, st.st_mtime_ns))
+            os.replace(tmp, dst)
+        except OSError as e:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            raise NodeError(self.name, "put", f"cannot copy {local} to {remote}: {e.strerror or e}") from None
+
+    def write_bytes(self, remote: str, data: bytes, *, mode: int | None = None) -> None:
+        dst = Path(remote)
+        tmp = self._tmp(remote)
+        try:
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            tmp.write_bytes(data)
+            if mode is not None:
+                os.chmod(tmp, mode)
+            os.replace(tmp, dst)
+        except OSError as e:
+            raise NodeError(self.name, "write", f"cannot write {remote}: {e.strerror or e}") from None
+
+    def get(self, remote: str, local: Path) -> None:
+        try:
+            shutil.copyfile(remote, local)
+        except OSError as e:
+            raise NodeError(self.name, "get", f"cannot copy {remote}: {e.strerror or e}") from None
+
+    def read_text(self, remote: str) -> str:
+        try:
+            return Path(remote).read_bytes().decode(errors="replace")
+        except OSError as e:
+            raise NodeError(self.name, "read", f"cannot read {remote}: {e.strerror or e}") from None
+
+    def rsync_remote(self) -> None:
+        return None
+
+    def docker(self) -> docker.DockerClient:
+        with self._lock:
+            if self._docker is None:
+                from sparkserve.dockerssh import docker_local
+
+                self._docker = docker_local(self.name, self.docker_host)
+            return self._docker
+
+    def close(self) -> None:
+        with self._lock:
+            if self._docker is not None:
+                with contextlib.suppress(Exception):
+                    self._docker.close()
+                self._docker = None
