@@ -1,0 +1,317 @@
+"""The journal: what ran, with sha256 pins — deployments, gate runs, banked pools, bench results.
+
+Example::
+
+    with Journal.open() as j:                  # $SSJOURNAL_PATH, else <user state dir>/journal.sqlite
+        dep = j.record_deployment(fingerprint, config_json, {"spark-a": "sha256:…"}, manifest_sha, "up")
+        j.put_banked_pool(fingerprint, 366749)
+        j.get_banked_pool(fingerprint)         # 366749
+        j.record_bench(fingerprint, "smoke", result.to_json())
+        j.history(limit=20)
+
+SQLite in WAL mode; the schema is versioned with ``PRAGMA user_version`` and migrated forward on open.
+Each write is one transaction, so a crash mid-run leaves the journal as it was before that write.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sqlite3
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+from platformdirs import user_state_dir
+
+from sparkserve.errors import BadInput
+
+ENV_PATH = "SSJOURNAL_PATH"  # not SPARKSERVE_*: that prefix is for config overrides
+
+# Each entry moves the schema from version i to i + 1. Append only; never edit a shipped migration.
+MIGRATIONS: list[str] = [
+    """
+    CREATE TABLE deployments (
+        id INTEGER PRIMARY KEY,
+        time TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,            -- sha256 of normalized config + image IDs + drafter manifest
+        config_sha256 TEXT NOT NULL,          -- sha256 of the normalized config alone (Config.fingerprint())
+        config_json TEXT NOT NULL,
+        image_ids_json TEXT NOT NULL,         -- {"node": "sha256:…"}
+        drafter_manifest_sha256 TEXT,
+        outcome TEXT NOT NULL                 -- e.g. started, up, failed, rolled-back, down
+    );
+    CREATE INDEX deployments_fingerprint ON deployments(fingerprint);
+    CREATE INDEX deployments_config ON deployments(config_sha256);
+    CREATE TABLE gate_runs (
+        id INTEGER PRIMARY KEY,
+        deployment_id INTEGER REFERENCES deployments(id),
+        fingerprint TEXT NOT NULL,
+        time TEXT NOT NULL,
+        ok INTEGER NOT NULL,
+        verdicts_json TEXT NOT NULL
+    );
+    CREATE INDEX gate_runs_fingerprint ON gate_runs(fingerprint);
+    CREATE TABLE banked_pools (
+        fingerprint TEXT PRIMARY KEY,
+        pool_tokens INTEGER NOT NULL,
+        time TEXT NOT NULL
+    );
+    CREATE TABLE bench_results (
+        id INTEGER PRIMARY KEY,
+        fingerprint TEXT,
+        cell TEXT NOT NULL,
+        time TEXT NOT NULL,
+        result_json TEXT NOT NULL,
+        sha256 TEXT NOT NULL                  -- of result_json exactly as printed
+    );
+    CREATE INDEX bench_results_fingerprint ON bench_results(fingerprint);
+    """,
+]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def default_path() -> Path:
+    env = os.environ.get(ENV_PATH)
+    if env:
+        return Path(env).expanduser()
+    return Path(user_state_dir("sparkserve")) / "journal.sqlite"
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    kind: str  # deployment | gates | pool | bench
+    id: int | str
+    time: str
+    fingerprint: str | None
+    summary: str
+    ok: bool | None = None
+    sha256_ok: bool | None = None  # bench rows: does the stored JSON still match its sha256?
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+class Journal:
+    """One SQLite connection to the journal. Use :meth:`open` (creates and migrates) as a context manager."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path) -> None:
+        self._conn = conn
+        self.path = path
+
+    @classmethod
+    def open(cls, path: Path | None = None) -> Journal:
+        path = path or default_path()
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            conn = sqlite3.connect(path, timeout=30.0, isolation_level=None)  # explicit transactions
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=FULL")
+            conn.execute("PRAGMA foreign_keys=ON")
+            j = cls(conn, path)
+            j._migrate()
+        except sqlite3.DatabaseError as e:
+            raise BadInput(str(path), f"not a usable sparkserve journal ({e})") from e
+        except OSError as e:
+            raise BadInput(str(path), f"cannot open the journal ({e.strerror or e})") from e
+        return j
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> Journal:
+        return self
+
+    def __exit__(
+        self, et: type[BaseException] | None, ev: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # -- schema -----------------------------------------------------------------------------------
+
+    @property
+    def schema_version(self) -> int:
+        return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
+    def _migrate(self) -> None:
+        self._conn.execute("BEGIN IMMEDIATE")  # one migrator at a time; version read inside the lock
+        try:
+            version = self.schema_version
+            if version > SCHEMA_VERSION:
+                raise BadInput(
+                    str(self.path),
+                    f"journal schema {version} is newer than this sparkserve's ({SCHEMA_VERSION}); upgrade",
+                )
+            for v in range(version, SCHEMA_VERSION):
+                for stmt in MIGRATIONS[v].split(";"):
+                    if stmt.strip():
+                        self._conn.execute(stmt)
+                self._conn.execute(f"PRAGMA user_version = {v + 1}")
+            self._conn.execute("COMMIT")
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+
+    def _write(self, sql: str, args: tuple[Any, ...]) -> int:
+        """One statement in its own transaction; returns the new row id."""
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            cur = self._conn.execute(sql, args)
+            self._conn.execute("COMMIT")
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        return int(cur.lastrowid or 0)
+
+    # -- deployments ------------------------------------------------------------------------------
+
+    def record_deployment(
+        self,
+        fingerprint: str,
+        config: dict[str, Any],
+        image_ids: dict[str, str],
+        drafter_manifest_sha256: str | None,
+        outcome: str,
+    ) -> int:
+        """``config`` is the normalized config (``Config.normalized()``)."""
+        config_json = json.dumps(config, sort_keys=True, separators=(",", ":"))
+        return self._write(
+            "INSERT INTO deployments (time, fingerprint, config_sha256, config_json, image_ids_json,"
+            " drafter_manifest_sha256, outcome) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (_now(), fingerprint, sha256_text(config_json), config_json,
+             json.dumps(image_ids, sort_keys=True), drafter_manifest_sha256, outcome),
+        )
+
+    def set_deployment_outcome(self, deployment_id: int, outcome: str) -> None:
+        self._write("UPDATE deployments SET outcome = ? WHERE id = ?", (outcome, deployment_id))
+
+    def latest_fingerprint_for_config(self, config_sha256: str) -> str | None:
+        """The full fingerprint of the newest deployment of this config (``Config.fingerprint()``)."""
+        row = self._conn.execute(
+            "SELECT fingerprint FROM deployments WHERE config_sha256 = ? ORDER BY id DESC LIMIT 1",
+            (config_sha256,),
+        ).fetchone()
+        return row[0] if row else None
+
+    # -- gates and pools --------------------------------------------------------------------------
+
+    def record_gate_run(
+        self, fingerprint: str, ok: bool, verdicts: Any, *, deployment_id: int | None = None
+    ) -> int:
+        """``verdicts`` is the ``gates --json`` object (or its ``gates`` list)."""
+        return self._write(
+            "INSERT INTO gate_runs (deployment_id, fingerprint, time, ok, verdicts_json)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (deployment_id, fingerprint, _now(), int(ok), json.dumps(verdicts, sort_keys=True, default=str)),
+        )
+
+    def put_banked_pool(self, fingerprint: str, pool_tokens: int) -> None:
+        self._write(
+            "INSERT INTO banked_pools (fingerprint, pool_tokens, time) VALUES (?, ?, ?)"
+            " ON CONFLICT(fingerprint) DO UPDATE"
+            " SET pool_tokens = excluded.pool_tokens, time = excluded.time",
+            (fingerprint, int(pool_tokens), _now()),
+        )
+
+    def get_banked_pool(self, fingerprint: str) -> int | None:
+        row = self._conn.execute(
+            "SELECT pool_tokens FROM banked_pools WHERE fingerprint = ?", (fingerprint,)
+        ).fetchone()
+        return int(row[0]) if row else None
+
+    # -- bench ------------------------------------------------------------------------------------
+
+    def record_bench(self, fingerprint: str | None, cell: str, result_json: str) -> int:
+        """Store the result exactly as printed, with the sha256 of that text."""
+        return self._write(
+            "INSERT INTO bench_results (fingerprint, cell, time, result_json, sha256) VALUES (?, ?, ?, ?, ?)",
+            (fingerprint, cell, _now(), result_json, sha256_text(result_json)),
+        )
+
+    def bench_result(self, bench_id: int) -> tuple[str, str] | None:
+        """``(result_json, sha256)`` as stored."""
+        row = self._conn.execute(
+            "SELECT result_json, sha256 FROM bench_results WHERE id = ?", (bench_id,)
+        ).fetchone()
+        return (row[0], row[1]) if row else None
+
+    # -- history ----------------------------------------------------------------------------------
+
+    def history(self, limit: int = 50) -> list[HistoryEntry]:
+        """Newest first, every kind of record interleaved by time."""
+        c = self._conn
+        out: list[HistoryEntry] = []
+        for id_, t, fp, outcome, images, manifest in c.execute(
+            "SELECT id, time, fingerprint, outcome, image_ids_json, drafter_manifest_sha256"
+            " FROM deployments ORDER BY id DESC LIMIT ?", (limit,)
+        ):
+            ids = json.loads(images)
+            distinct = sorted(set(ids.values()))
+            img = ", ".join(_short(i) for i in distinct) or "?"
+            drafter = _short(manifest) if manifest else "?"
+            out.append(HistoryEntry(
+                "deployment", id_, t, fp, f"{outcome} on {len(ids)} node(s), image {img}, drafter {drafter}",
+            ))
+        for id_, t, fp, ok, verdicts in c.execute(
+            "SELECT id, time, fingerprint, ok, verdicts_json FROM gate_runs ORDER BY id DESC LIMIT ?",
+            (limit,),
+        ):
+            out.append(HistoryEntry("gates", id_, t, fp, _gates_summary(json.loads(verdicts)), ok=bool(ok)))
+        for fp, tokens, t in c.execute(
+            "SELECT fingerprint, pool_tokens, time FROM banked_pools ORDER BY time DESC LIMIT ?", (limit,)
+        ):
+            out.append(HistoryEntry("pool", fp[:12], t, fp, f"banked pool {tokens:,} tokens"))
+        for id_, t, fp, cell, raw, sha in c.execute(
+            "SELECT id, time, fingerprint, cell, result_json, sha256 FROM bench_results"
+            " ORDER BY id DESC LIMIT ?",
+            (limit,),
+        ):
+            sha_ok = sha256_text(raw) == sha
+            out.append(HistoryEntry("bench", id_, t, fp, _bench_summary(cell, raw), ok=_bench_ok(raw),
+                                    sha256_ok=sha_ok))
+        out.sort(key=lambda e: e.time, reverse=True)
+        return out[:limit]
+
+
+def _short(s: str) -> str:
+    s = s.removeprefix("sha256:")
+    return s[:12]
+
+
+def _gates_summary(v: Any) -> str:
+    gates = v.get("gates", []) if isinstance(v, dict) else v if isinstance(v, list) else []
+    failed = [g.get("name", "?") for g in gates if isinstance(g, dict) and not g.get("ok")]
+    names = len(gates)
+    return f"{names} gates, failed: {', '.join(failed)}" if failed else f"{names} gates passed"
+
+
+def _bench_ok(raw: str) -> bool | None:
+    try:
+        v = json.loads(raw)
+    except ValueError:
+        return None
+    return bool(v.get("ok", True)) if isinstance(v, dict) else None
+
+
+def _bench_summary(cell: str, raw: str) -> str:
+    try:
+        v = json.loads(raw)
+    except ValueError:
+        return f"{cell}: unreadable result JSON"
+    al = v.get("acceptance_length")
+    al_s = f"AL {al:.2f}" if isinstance(al, int | float) else "AL n/a"
+    s = f"{cell}: {v.get('output_tok_s', 0):,.1f} tok/s, {al_s}, {v.get('stream_errors', '?')} stream errors"
+    if v.get("refused"):
+        s += f" — refused: {v['refused'][0]}"
+    return s
