@@ -1,0 +1,476 @@
+"""Docker on one node through the SDK: image identity and shipping, run, list, stop, logs, exec, parity.
+
+    eng = Engine(node)                          # node: any sparkserve.nodes.Node
+    image_id = ensure_same_image(nodes, ref)    # NodeError naming the node that lacks it / differs
+    cid = eng.run(spec)                         # spec: sparkserve.plan.ContainerSpec → container id
+    for c in eng.list_managed(): ...            # only containers labelled io.sparkserve.managed=1
+    eng.stop_and_remove(cid, timeout=30)        # docker stop (SIGTERM, SIGKILL after timeout), then rm
+    for line in eng.logs(cid, follow=True): ...
+    eng.exec(cid, argv, detach=True, to_container_log=True)   # the ray `vllm serve` step
+    eng.parity_facts(cid) == eng2.parity_facts(cid2)          # rank parity (same keys as plan.parity_view)
+
+Ownership rule: every verb that stops, removes or execs in a container first checks that it carries
+``io.sparkserve.managed=1``; a container without it is never touched, whatever its name. A container is
+only force-removed after a graceful ``docker stop`` was attempted (forced removal of a GPU container has
+wedged GB10 hosts).
+
+Every failure is a :class:`~sparkserve.nodes.NodeError` naming the node and the step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+import docker.errors
+import docker.types
+import paramiko
+import requests
+
+import docker
+from sparkserve.nodes.base import Node, NodeError
+from sparkserve.parallel import on_all
+from sparkserve.plan import (
+    LABEL_FINGERPRINT,
+    LABEL_MANAGED,
+    LABEL_NODE,
+    LABEL_RANK,
+    LABEL_ROLE,
+    ContainerSpec,
+    Mount,
+    parity_view,
+)
+
+if TYPE_CHECKING:
+    from docker.models.containers import Container
+
+SHIP_CHUNK = 8 * 2**20
+SHIP_HINT = "run `sparkserve image ship` to copy it from a node that has it"
+EXEC_TO_LOG = 'exec "$@" >/proc/1/fd/1 2>/proc/1/fd/2'  # exec'd output joins the container's log
+
+
+@dataclass(frozen=True)
+class ManagedContainer:
+    """A container sparkserve started (it carries the io.sparkserve.* labels)."""
+
+    id: str
+    name: str
+    node: str
+    rank: int | None
+    role: str
+    fingerprint: str
+    status: str  # created | running | exited | dead | ...
+    image_id: str
+    labels: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def running(self) -> bool:
+        return self.status == "running"
+
+
+@dataclass(frozen=True)
+class ContainerState:
+    status: str
+    running: bool
+    exit_code: int | None
+    oom_killed: bool
+    error: str
+    started_at: str
+    finished_at: str
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int | None  # None when detached
+    output: str
+
+
+@dataclass(frozen=True)
+class ShipReport:
+    ref: str
+    image_id: str
+    bytes: int
+    seconds: float
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / 1e6 / self.seconds if self.seconds else 0.0
+
+
+def normalize_ref(ref: str) -> str:
+    """``foo`` → ``foo:latest`` (what docker lists in an image's tags); digests are left alone."""
+    if "@" in ref:
+        return ref
+    last = ref.rsplit("/", 1)[-1]
+    return ref if ":" in last else f"{ref}:latest"
+
+
+def _is_managed(labels: dict[str, str] | None) -> bool:
+    return (labels or {}).get(LABEL_MANAGED) == "1"
+
+
+class Engine:
+    """Docker verbs on one node. Cheap to create; the node caches the SDK client."""
+
+    def __init__(self, node: Node) -> None:
+        self.node = node
+
+    @property
+    def name(self) -> str:
+        return self.node.name
+
+    @property
+    def client(self) -> docker.DockerClient:
+        return self.node.docker()
+
+    @contextlib.contextmanager
+    def _step(self, step: str, what: str = "") -> Iterator[None]:
+        try:
+            yield
+        except NodeError:
+            raise
+        except docker.errors.APIError as e:
+            msg = e.explanation or str(e)
+            if isinstance(msg, bytes):
+                msg = msg.decode(errors="replace")
+            raise NodeError(self.name, step, f"{what + ': ' if what else ''}{msg}") from None
+        except docker.errors.DockerException as e:
+            raise NodeError(self.name, step, f"{what + ': ' if what else ''}{e}") from None
+        except (requests.exceptions.RequestException, paramiko.SSHException, OSError, EOFError) as e:
+            raise NodeError(self.name, step, f"lost the docker connection: {type(e).__name__}: {e}") from None
+
+    # -- images ---------------------------------------------------------------------------------------
+
+    def image_id(self, ref: str) -> str | None:
+        """The image ID (``sha256:…``) ``ref`` names on this node, or None if the node lacks it."""
+        with self._step("image", ref):
+            try:
+                return str(self.client.images.get(ref).id)
+            except docker.errors.ImageNotFound:
+                return None
+
+    # -- containers -----------------------------------------------------------------------------------
+
+    def run(self, spec: ContainerSpec, *, create_rw_mount_dirs: bool = True) -> str:
+        """Create and start ``spec``'s container (detached, restart=no); return its id.
+
+        Never pulls. A name clash is reported, never resolved by removing the other container.
+        """
+        if create_rw_mount_dirs:
+            rw = [m.source for m in spec.mounts if not m.read_only]
+            if rw:
+                self.node.run(["mkdir", "-p", "--", *rw], timeout=30, step="run")
+        kwargs: dict[str, Any] = dict(
+            image=spec.image,
+            command=list(spec.command),
+            name=spec.name,
+            environment=dict(spec.env),
+            labels=dict(spec.labels),
+            mounts=[docker.types.Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
+                    for m in spec.mounts],
+            network_mode=spec.network_mode,
+            ipc_mode=spec.ipc_mode,
+            shm_size=spec.shm_size,
+            ulimits=[docker.types.Ulimit(name=k, soft=s, hard=h) for k, (s, h) in spec.ulimits.items()],
+            cap_add=list(spec.cap_add) or None,
+            devices=[f"{d}:{d}:rwm" for d in spec.devices] or None,
+            restart_policy={"Name": "no"},
+            detach=True,
+        )
+        if spec.gpus:
+            kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        with self._step("run", spec.name):
+            try:
+                container = self.client.containers.create(**kwargs)
+            except docker.errors.ImageNotFound:
+                what = f"image {spec.image} is not on this node; {SHIP_HINT}"
+                raise NodeError(self.name, "run", what) from None
+            except docker.errors.APIError as e:
+                if e.status_code == 409:
+                    raise NodeError(self.name, "run", self._clash(spec.name)) from None
+                raise
+            try:
+                container.start()
+            except docker.errors.APIError as e:
+                msg = e.explanation or str(e)
+                with contextlib.suppress(Exception):  # ours, created, never started: nothing to stop
+                    container.remove()
+                raise NodeError(self.name, "run", f"{spec.name} did not start: {msg}") from None
+            return str(container.id)
+
+    def _clash(self, name: str) -> str:
+        try:
+            other = self.client.containers.get(name)
+        except docker.errors.NotFound:
+            return f"a container named {name} appeared while starting; try again"
+        if _is_managed(other.labels):
+            return (f"a sparkserve container named {name} already exists ({other.status}); "
+                    "run `sparkserve down` first")
+        return (f"a container named {name} exists that sparkserve did not start; it is left alone — "
+                "remove or rename it yourself, or change container.name_prefix")
+
+    def _get(self, ref: str | ManagedContainer, step: str) -> Container:
+        key = ref.id if isinstance(ref, ManagedContainer) else ref
+        with self._step(step, key):
+            try:
+                return self.client.containers.get(key)
+            except docker.errors.NotFound:
+                raise NodeError(self.name, step, f"no container {key}") from None
+
+    def _get_managed(self, ref: str | ManagedContainer, step: str) -> Container:
+        c = self._get(ref, step)
+        if not _is_managed(c.labels):
+            raise NodeError(self.name, step, f"refusing to touch {c.name}: it has no {LABEL_MANAGED}=1 label "
+                            "(sparkserve did not start it)")
+        return c
+
+    @staticmethod
+    def _managed(c: Container, node: str) -> ManagedContainer:
+        labels = dict(c.labels or {})
+        rank = labels.get(LABEL_RANK, "")
+        return ManagedContainer(
+            id=str(c.id),
+            name=str(c.name),
+            node=labels.get(LABEL_NODE, node),
+            rank=int(rank) if rank.isdigit() else None,
+            role=labels.get(LABEL_ROLE, ""),
+            fingerprint=labels.get(LABEL_FINGERPRINT, ""),
+            status=str(c.status),
+            image_id=str(c.attrs.get("Image", "")),
+            labels=labels,
+        )
+
+    def list_managed(self, *, include_stopped: bool = True) -> list[ManagedContainer]:
+        """Containers labelled io.sparkserve.managed=1 on this node, ordered by rank."""
+        with self._step("list"):
+            found = self.client.containers.list(all=include_stopped, filters={"label": f"{LABEL_MANAGED}=1"})
+        out = [self._managed(c, self.name) for c in found if _is_managed(c.labels)]
+        return sorted(out, key=lambda m: (m.rank is None, m.rank or 0, m.name))
+
+    def managed(self, ref: str) -> ManagedContainer | None:
+        """The managed container with this id or name, or None (absent, or not sparkserve's)."""
+        with self._step("inspect", ref):
+            try:
+                c = self.client.containers.get(ref)
+            except docker.errors.NotFound:
+                return None
+        return self._managed(c, self.name) if _is_managed(c.labels) else None
+
+    def state(self, ref: str | ManagedContainer) -> ContainerState:
+        c = self._get(ref, "inspect")
+        s = c.attrs.get("State", {})
+        return ContainerState(
+            status=str(s.get("Status", c.status)),
+            running=bool(s.get("Running")),
+            exit_code=s.get("ExitCode"),
+            oom_killed=bool(s.get("OOMKilled")),
+            error=str(s.get("Error", "")),
+            started_at=str(s.get("StartedAt", "")),
+            finished_at=str(s.get("FinishedAt", "")),
+        )
+
+    def stop_graceful(self, ref: str | ManagedContainer, timeout: int) -> None:
+        """``docker stop -t timeout``: SIGTERM, then SIGKILL after ``timeout`` s. Managed containers only."""
+        c = self._get_managed(ref, "stop")
+        with self._step("stop", c.name):
+            c.reload()
+            if c.status in ("running", "paused", "restarting"):
+                c.stop(timeout=timeout)
+
+    def remove(self, ref: str | ManagedContainer) -> None:
+        """Remove a stopped managed container. A running one is refused: call stop_graceful first."""
+        c = self._get_managed(ref, "remove")
+        with self._step("remove", c.name):
+            c.reload()
+            if c.status in ("running", "paused", "restarting"):
+                what = f"{c.name} is still {c.status}; stop it gracefully first"
+                raise NodeError(self.name, "remove", what)
+            with contextlib.suppress(docker.errors.NotFound):
+                c.remove()
+
+    def stop_and_remove(self, ref: str | ManagedContainer, *, timeout: int) -> None:
+        """Graceful stop, then remove; force only if the daemon could not stop it gracefully."""
+        try:
+            self.stop_graceful(ref, timeout)
+        except NodeError as e:
+            if "refusing to touch" in e.what or "no container" in e.what:
+                raise
+            c = self._get_managed(ref, "remove")
+            with self._step("remove", c.name), contextlib.suppress(docker.errors.NotFound):
+                c.remove(force=True)  # a graceful stop was attempted and failed
+            return
+        with contextlib.suppress(NodeError):
+            if self.managed(ref.id if isinstance(ref, ManagedContainer) else ref) is None:
+                return
+        self.remove(ref)
+
+    def logs(
+        self,
+        ref: str | ManagedContainer,
+        *,
+        since: datetime | float | int | None = None,
+        follow: bool = False,
+        tail: int | None = None,
+        timestamps: bool = False,
+    ) -> Iterator[str]:
+        """The container's log (stdout and stderr) as lines without newline; ``follow`` streams."""
+        c = self._get(ref, "logs")
+        kw: dict[str, Any] = dict(stdout=True, stderr=True, timestamps=timestamps, tail=tail or "all")
+        if since is not None:
+            kw["since"] = since
+        with self._step("logs", c.name):
+            chunks = c.logs(stream=True, follow=follow, **kw)
+        return self._lines(chunks, c.name)
+
+    def _lines(self, chunks: Iterator[bytes], name: str) -> Iterator[str]:
+        buf = b""
+        with self._step("logs", name):
+            for chunk in chunks:
+                buf += chunk
+                *lines, buf = buf.split(b"\n")
+                for line in lines:
+                    yield line.decode(errors="replace").rstrip("\r")
+        if buf:
+            yield buf.decode(errors="replace").rstrip("\r")
+
+    def log_tail(self, ref: str | ManagedContainer, n: int = 40) -> list[str]:
+        return list(self.logs(ref, tail=n))
+
+    def exec(
+        self,
+        ref: str | ManagedContainer,
+        argv: list[str],
+        *,
+        detach: bool = False,
+        to_container_log: bool = False,
+        env: dict[str, str] | None = None,
+    ) -> ExecResult:
+        """Run ``argv`` inside a managed container. ``to_container_log`` sends its output to the
+        container's own log (so `logs` and the boot-log gates see it); it needs ``sh`` in the image."""
+        c = self._get_managed(ref, "exec")
+        cmd = list(argv)
+        if to_container_log:
+            cmd = ["sh", "-c", EXEC_TO_LOG, "sparkserve-exec", *cmd]
+        with self._step("exec", c.name):
+            code, out = c.exec_run(cmd, detach=detach, environment=env)
+        if detach:
+            return ExecResult(None, "")
+        text = out.decode(errors="replace") if isinstance(out, bytes) else str(out or "")
+        return ExecResult(code, text)
+
+    # -- parity ---------------------------------------------------------------------------------------
+
+    def inspect_spec(self, ref: str | ManagedContainer) -> tuple[ContainerSpec, str]:
+        """Rebuild the ContainerSpec a running container corresponds to, and its image ID.
+
+        Env vars identical to the image's own defaults (PATH, …) are dropped, so the spec compares with
+        the plan's. The ray head's exec'd serve argv is not visible here (only its ``ray start``)."""
+        c = self._get_managed(ref, "inspect")
+        a = c.attrs
+        cfg, host = a.get("Config", {}), a.get("HostConfig", {})
+        with self._step("inspect", c.name):
+            img_env = set(self.client.images.get(a["Image"]).attrs.get("Config", {}).get("Env") or [])
+        env = {}
+        for kv in cfg.get("Env") or []:
+            if kv in img_env:
+                continue
+            k, _, v = kv.partition("=")
+            env[k] = v
+        labels = dict(cfg.get("Labels") or {})
+        rank = labels.get(LABEL_RANK, "0")
+        spec = ContainerSpec(
+            node=labels.get(LABEL_NODE, self.name),
+            host=self.node.address,
+            rank=int(rank) if rank.isdigit() else 0,
+            role="head" if labels.get(LABEL_ROLE) == "head" else "follower",
+            name=str(c.name),
+            image=str(cfg.get("Image", "")),
+            command=list(cfg.get("Cmd") or []),
+            env=env,
+            mounts=[Mount(source=m["Source"], target=m["Destination"], read_only=not m.get("RW", True))
+                    for m in a.get("Mounts") or [] if m.get("Type") == "bind"],
+            labels=labels,
+            network_mode=str(host.get("NetworkMode", "")),
+            ipc_mode=str(host.get("IpcMode", "")),
+            shm_size=int(host.get("ShmSize") or 0),
+            cap_add=list(host.get("CapAdd") or []),
+            devices=[d["PathOnHost"] for d in host.get("Devices") or []],
+            gpus=bool(host.get("DeviceRequests")),
+        )
+        return spec, str(a.get("Image", ""))
+
+    def parity_facts(self, ref: str | ManagedContainer) -> dict[str, object]:
+        """``plan.parity_view`` of the running container, plus its ``image_id``.
+
+        Compare ranks with each other on the whole dict; compare with the plan on parity_view's keys."""
+        spec, image_id = self.inspect_spec(ref)
+        return parity_view(spec) | {"image_id": image_id}
+
+
+# -- across nodes -------------------------------------------------------------------------------------
+
+
+def ensure_same_image(nodes: list[Node], ref: str) -> str:
+    """The image ID ``ref`` has on every node; NodeError naming a node that lacks it or differs.
+
+    The first node (the head) is the reference when IDs differ."""
+    ids = on_all(nodes, lambda n: Engine(n).image_id(ref), name=lambda n: n.name)
+    missing = [n.name for n in nodes if ids[n.name] is None]
+    if missing:
+        have = [n.name for n in nodes if ids[n.name]]
+        where = f" ({', '.join(have)} {'has' if len(have) == 1 else 'have'} it)" if have else ""
+        err = NodeError(missing[0], "image", f"image {ref} is not on this node{where}; {SHIP_HINT}")
+        err.details += [f"also missing on {m}" for m in missing[1:]]
+        raise err
+    ref_node = nodes[0].name
+    want = ids[ref_node]
+    assert want is not None
+    for n in nodes[1:]:
+        got = ids[n.name]
+        if got != want:
+            raise NodeError(n.name, "image", f"image {ref} is {_short(got)} here but {_short(want)} on "
+                            f"{ref_node}; every node must run the same image ID — {SHIP_HINT}")
+    return want
+
+
+def _short(image_id: str | None) -> str:
+    return (image_id or "?").removeprefix("sha256:")[:12]
+
+
+def ship_image(src: Node, dst: Node, ref: str, *, chunk_size: int = SHIP_CHUNK) -> ShipReport:
+    """Stream ``docker save`` of ``ref`` on ``src`` into ``docker load`` on ``dst`` (tags kept).
+
+    Internal helper for ``up``/``image ship``: every layer is sent (no registry). Verifies the ID after."""
+    s, d = Engine(src), Engine(dst)
+    named = normalize_ref(ref)
+    with s._step("ship", ref):
+        try:
+            img = s.client.images.get(ref)
+        except docker.errors.ImageNotFound:
+            what = f"image {ref} is not on this node either; nothing to ship"
+            raise NodeError(src.name, "ship", what) from None
+        stream = img.save(chunk_size=chunk_size, named=named if named in img.tags else True)
+    sent = 0
+
+    def counted() -> Iterator[bytes]:
+        nonlocal sent
+        with s._step("ship", f"docker save {ref}"):
+            for chunk in stream:
+                sent += len(chunk)
+                yield chunk
+
+    t0 = time.monotonic()
+    with d._step("ship", f"docker load {ref}"):
+        try:
+            d.client.images.load(counted())
+        except docker.errors.ImageLoadError as e:
+            raise NodeError(dst.name, "ship", f"docker load failed: {e}") from None
+    seconds = time.monotonic() - t0
+    got = d.image_id(ref)
+    if got != img.id:
+        raise NodeError(dst.name, "ship", f"after loading, {ref} is {_short(got)} here, not {_short(img.id)}")
+    return ShipReport(ref=ref, image_id=str(img.id), bytes=sent, seconds=seconds)
