@@ -422,7 +422,7 @@ def summarize(
         requests_ok=len(outcomes) - stream_errors - incomplete,
         stream_errors=stream_errors,
         output_tokens=output_tokens,
-        duration_s=round(duration_s, 3),
+        duration_s=round(duration_s, 6),
         output_tok_s=round(tok_s, 3),
         acceptance_length=_r(spec.acceptance_length) if spec else None,
         per_position_acceptance=[_r(x) for x in spec.per_position] if spec else [],

@@ -82,7 +82,7 @@ def default_path() -> Path:
 
 
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def sha256_text(text: str) -> str:
