@@ -18,6 +18,7 @@ from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import (
+    AfterValidator,
     BaseModel,
     BeforeValidator,
     ConfigDict,
@@ -34,6 +35,7 @@ from sparkserve.units import parse_size
 
 DEFAULT_CONFIG_NAME = "sparkserve.yaml"
 ENV_PREFIX = "SPARKSERVE_"
+API_KEY_ENV = "VLLM_API_KEY"  # vLLM's fallback for --api-key; the key never goes into an argv
 
 # Accepted by vLLM 0.33.0's --kv-cache-dtype (validated after parsing, listed in the parser's metavar).
 KV_CACHE_DTYPES = (
@@ -58,7 +60,7 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=True)
 
 
-class CUDAGraphMode(str, enum.Enum):
+class CUDAGraphMode(enum.StrEnum):
     NONE = "NONE"
     PIECEWISE = "PIECEWISE"
     FULL = "FULL"
@@ -119,13 +121,25 @@ class ImageConfig(Strict):
     ref: str = Field(min_length=1)
 
 
+def _host_path(v: Path) -> Path:
+    s = str(v)
+    if not v.is_absolute():
+        raise ValueError(f"{s!r} must be an absolute path (it is bind-mounted on every node)")
+    if any(c in s for c in "\n\r\0"):
+        raise ValueError(f"{s!r} contains a control character")
+    return v
+
+
+HostPath = Annotated[Path, AfterValidator(_host_path)]
+
+
 class ModelConfig(Strict):
-    target: Path = Field(description="host path of the target model, same on every node, mounted ro")
+    target: HostPath = Field(description="host path of the target model, same on every node, mounted ro")
     served_name: str = Field(min_length=1)
 
 
 class DrafterConfig(Strict):
-    path: Path = Field(description="host path of the drafter, same on every node, mounted ro")
+    path: HostPath = Field(description="host path of the drafter, same on every node, mounted ro")
 
 
 class CompilationConfig(Strict):
@@ -187,7 +201,16 @@ class ServeConfig(Strict):
         for k in v:
             if not k or not (k[0].isalpha() or k[0] == "_") or not all(c.isalnum() or c == "_" for c in k):
                 raise ValueError(f"{k!r} is not an environment variable name")
+            if k == API_KEY_ENV:
+                raise ValueError(f"{k} does not belong in the config (it is printed); use serve.api_key_env "
+                                 "or serve.api_key_file")
         return {k: str(x) for k, x in v.items()}
+
+    @model_validator(mode="after")
+    def _one_key_source(self) -> ServeConfig:
+        if self.api_key_env and self.api_key_file:
+            raise ValueError("set api_key_env or api_key_file, not both")
+        return self
 
 
 class SpeculativeConfig(Strict):
@@ -216,7 +239,7 @@ class ContainerConfig(Strict):
     gpus: Literal["all", "none"] = "all"
     rdma_devices: list[str] = Field(default_factory=lambda: ["/dev/infiniband"])
     shm_size: ByteSize = 64 * 2**30
-    cache_root: Path = Field(default=Path("/var/cache/sparkserve"), description="host dir for JIT caches")
+    cache_root: HostPath = Field(default=Path("/var/cache/sparkserve"), description="host dir for JIT caches")
     stop_timeout_s: int = Field(default=30, ge=1)
 
 
@@ -287,6 +310,28 @@ class Config(BaseSettings):
         """sha256 of the normalized config (the deploy adds image ID and drafter manifest to it)."""
         blob = json.dumps(self.normalized(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def resolve_api_key(cfg: Config) -> str | None:
+    """The API key from ``serve.api_key_env`` or ``serve.api_key_file`` (None when neither is set).
+
+    Raises BadInput naming the field when the source is configured but empty or unreadable.
+    """
+    s = cfg.serve
+    if s.api_key_env:
+        key = os.environ.get(s.api_key_env, "").strip()
+        if not key:
+            raise BadInput("serve.api_key_env", f"${s.api_key_env} is not set or empty")
+        return key
+    if s.api_key_file:
+        try:
+            key = s.api_key_file.expanduser().read_text().strip()
+        except OSError as e:
+            raise BadInput("serve.api_key_file", f"cannot read {s.api_key_file}: {e.strerror or e}") from None
+        if not key:
+            raise BadInput("serve.api_key_file", f"{s.api_key_file} is empty")
+        return key
+    return None
 
 
 def default_yaml_text() -> str:

@@ -11,7 +11,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from sparkserve.config import Config, NodeConfig
+from sparkserve.config import API_KEY_ENV, Config, NodeConfig
 from sparkserve.units import vllm_size
 
 TARGET_MOUNT = "/models/target"
@@ -22,6 +22,7 @@ CACHE_MOUNTS = {  # host subdir of container.cache_root → container path (JIT 
     "triton": "/root/.triton",
 }
 RAY_PORT = 6379
+REDACTED = "<redacted>"
 LABEL_PREFIX = "io.sparkserve"
 LABEL_MANAGED = f"{LABEL_PREFIX}.managed"
 LABEL_FINGERPRINT = f"{LABEL_PREFIX}.fingerprint"
@@ -57,6 +58,27 @@ class Mount(BaseModel):
     target: str
     read_only: bool = True
 
+    def mount_arg(self) -> str:
+        """``docker run --mount`` value (CSV: a field with a comma or quote is quoted)."""
+        fields = ["type=bind", f"source={self.source}", f"target={self.target}"]
+        if self.read_only:
+            fields.append("readonly")
+        return ",".join(_csv_field(f) for f in fields)
+
+
+def _csv_field(f: str) -> str:
+    if any(c in f for c in ',"'):
+        return '"' + f.replace('"', '""') + '"'
+    return f
+
+
+def docker_size(n: int) -> str:
+    """Bytes → docker's size syntax (``64g`` = 64 GiB: docker's units are binary)."""
+    for letter, factor in (("g", 2**30), ("m", 2**20), ("k", 2**10)):
+        if n % factor == 0:
+            return f"{n // factor}{letter}"
+    return str(n)
+
 
 class ContainerSpec(BaseModel):
     """Everything needed to start one rank's container on one node."""
@@ -80,10 +102,56 @@ class ContainerSpec(BaseModel):
     gpus: bool = True
     # ray only: the `vllm serve` argv exec'd in the head container once every worker has joined
     exec_after_join: list[str] | None = None
+    restart: str = "no"
+    stop_timeout: int = 30
+    # Secrets (VLLM_API_KEY on the head, only when deploying): never dumped, never in an argv, shown
+    # redacted. Docker receives them as environment: `-e NAME` in an argv reads the caller's env.
+    secret_env: dict[str, str] = Field(default_factory=dict, exclude=True, repr=False)
 
     def serve_argv(self) -> list[str]:
         """The `vllm serve …` argv this rank runs (directly or via exec_after_join)."""
         return self.exec_after_join or self.command
+
+    @property
+    def entrypoint(self) -> str:
+        """The container's entrypoint: command[0] (the image's own ENTRYPOINT is always replaced)."""
+        return self.command[0]
+
+    def run_env(self) -> dict[str, str]:
+        """The environment the container gets: env plus secrets (give this to docker, never print it)."""
+        return {**self.env, **self.secret_env}
+
+    def public(self) -> dict[str, object]:
+        """JSON-ready view for people and tools: secrets appear as ``<redacted>``."""
+        d = self.model_dump()
+        d["env"] = {**self.env, **{k: REDACTED for k in self.secret_env}}
+        d["docker_run"] = self.docker_run_argv()
+        return d
+
+    def docker_run_argv(self, *, docker: str = "docker") -> list[str]:
+        """``docker run`` argv for this rank. Secrets appear as ``-e NAME`` (value from the environment)."""
+        argv = [docker, "run", "-d", "--name", self.name, "--restart", self.restart,
+                "--stop-timeout", str(self.stop_timeout)]
+        for k, v in self.labels.items():
+            argv += ["--label", f"{k}={v}"]
+        argv += [f"--network={self.network_mode}", f"--ipc={self.ipc_mode}",
+                 "--shm-size", docker_size(self.shm_size)]
+        for name, (soft, hard) in self.ulimits.items():
+            argv += ["--ulimit", f"{name}={soft}:{hard}"]
+        for cap in self.cap_add:
+            argv += ["--cap-add", cap]
+        for dev in self.devices:
+            argv += ["--device", dev]
+        if self.gpus:
+            argv += ["--gpus", "all"]
+        for k, v in self.env.items():
+            argv += ["-e", f"{k}={v}"]
+        for k in self.secret_env:
+            argv += ["-e", k]
+        for m in self.mounts:
+            argv += ["--mount", m.mount_arg()]
+        argv += ["--entrypoint", self.entrypoint, self.image, *self.command[1:]]
+        return argv
 
 
 class Plan(BaseModel):
@@ -114,6 +182,23 @@ class Plan(BaseModel):
     @property
     def api_url(self) -> str:
         return f"http://{self.api_host}:{self.api_port}"
+
+    def start_order(self) -> list[ContainerSpec]:
+        """mp: followers first, head last (the head's API server comes up last). ray: head (Ray head)
+        first, then the workers; the serve argv is exec'd on the head once all have joined."""
+        return [*self.followers, self.head] if self.executor == "mp" else [self.head, *self.followers]
+
+    def serve_argvs(self) -> list[list[str]]:
+        """Every ``vllm serve`` argv this plan runs (mp: one per rank; ray: the head's exec_after_join)."""
+        return [s.serve_argv() for s in self.specs if s.serve_argv()[:2] == ["vllm", "serve"]]
+
+    def public(self) -> dict[str, object]:
+        """JSON-ready view (secrets redacted)."""
+        d = self.model_dump(exclude={"specs"})
+        d["api_url"] = self.api_url
+        d["start_order"] = [s.node for s in self.start_order()]
+        d["specs"] = [s.public() for s in self.specs]
+        return d
 
 
 def speculative_json(cfg: Config) -> str:
@@ -231,8 +316,12 @@ def build_plan(
     *,
     fabric_env: dict[str, dict[str, str]] | None = None,
     fingerprint: str | None = None,
+    api_key: str | None = None,
 ) -> Plan:
-    """The per-node container specs ``up`` starts. ``fingerprint`` defaults to the config's own."""
+    """The per-node container specs ``up`` starts. ``fingerprint`` defaults to the config's own.
+
+    ``api_key`` (from config.resolve_api_key, at deploy time) becomes the head's VLLM_API_KEY secret.
+    """
     fp = fingerprint or cfg.fingerprint()
     c = cfg.container
     mounts = [
@@ -271,6 +360,8 @@ def build_plan(
                 shm_size=c.shm_size,
                 devices=list(c.rdma_devices),
                 gpus=c.gpus == "all",
+                stop_timeout=c.stop_timeout_s,
+                secret_env={API_KEY_ENV: api_key} if api_key and rank == 0 else {},
             )
         )
     api_host = cfg.serve.host if cfg.serve.host not in (None, "0.0.0.0", "::") else cfg.head.host

@@ -1,0 +1,307 @@
+"""Pre-flight rules: everything that can be known wrong before any node is touched.
+
+Each rule yields one Finding (``where``: the config field or file, ``what``: one sentence). Errors stop
+the deploy (BadInput, exit 2); warnings are printed and the deploy goes on. Rules never cascade: a rule
+whose inputs are missing (no weights, no target) stays silent and the missing input is its own error.
+
+    report = validate(cfg)                 # config + drafter + target + every argv through vLLM's parser
+    report.raise_first()                   # BadInput for the first error, if any
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from sparkserve.config import API_KEY_ENV, Config
+from sparkserve.drafter import DFLASH2_REQUIRED_KEYS, KNOWN_ARCHITECTURES, MASK_FILE, DrafterFacts, inspect_drafter
+from sparkserve.errors import BadInput
+from sparkserve.plan import build_plan
+from sparkserve.target import TargetFacts, inspect_target
+from sparkserve.vllm_args import OptionList, ParserUnavailable, RealParser, get_judge
+
+GMU_WARN_ABOVE = 0.85
+ParserMode = Literal["auto", "vllm", "list", "none"]
+
+# dest of a flag sparkserve renders → the config field that sets it (for serve.extra_args conflicts)
+RENDERED_FROM = {
+    "model_tag": "model.target", "served_model_name": "model.served_name",
+    "tensor_parallel_size": "serve.tensor_parallel_size", "enable_expert_parallel": "serve.enable_expert_parallel",
+    "max_model_len": "serve.max_model_len", "max_num_seqs": "serve.max_num_seqs",
+    "kv_cache_dtype": "serve.kv_cache_dtype", "gpu_memory_utilization": "serve.gpu_memory_utilization",
+    "kv_cache_memory_bytes": "serve.kv_cache_memory_bytes", "compilation_config": "serve.compilation",
+    "enforce_eager": "serve.enforce_eager", "attention_backend": "serve.attention_backend",
+    "speculative_config": "speculative", "distributed_executor_backend": "serve.executor",
+    "nnodes": "nodes", "node_rank": "nodes", "master_addr": "nodes[0].fabric_ip",
+    "master_port": "fabric.master_port", "headless": "nodes", "host": "serve.host", "port": "serve.port",
+}
+
+
+@dataclass
+class Finding:
+    where: str
+    what: str
+
+
+@dataclass
+class Report:
+    errors: list[Finding] = field(default_factory=list)
+    warnings: list[Finding] = field(default_factory=list)
+    drafter: DrafterFacts | None = None
+    target: TargetFacts | None = None
+    argv_judge: str | None = None
+    argvs_checked: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+    def error(self, where: str, what: str) -> None:
+        self.errors.append(Finding(where, what))
+
+    def warn(self, where: str, what: str) -> None:
+        self.warnings.append(Finding(where, what))
+
+    def raise_first(self) -> None:
+        """Raise BadInput for the first error (one line; the count of the others appended)."""
+        if not self.errors:
+            return
+        first, more = self.errors[0], len(self.errors) - 1
+        suffix = f" (and {more} more problem{'s' if more > 1 else ''}; `sparkserve validate` lists them)" if more else ""
+        raise BadInput(first.where, first.what + suffix)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "ok": self.ok,
+            "errors": [asdict(f) for f in self.errors],
+            "warnings": [asdict(f) for f in self.warnings],
+            "drafter": self.drafter.to_json() if self.drafter else None,
+            "target": self.target.to_json() if self.target else None,
+            "argv_judge": self.argv_judge,
+            "argvs_checked": self.argvs_checked,
+        }
+
+
+# --- config ------------------------------------------------------------------------------------------------
+
+def check_config(cfg: Config, report: Report | None = None) -> Report:
+    """Rules on the config alone (pydantic already refused malformed values when it was loaded)."""
+    r = report or Report()
+    s = cfg.serve
+    gpus = sum(n.gpus for n in cfg.nodes)
+    if s.tensor_parallel_size != gpus:
+        per = {n.gpus for n in cfg.nodes}
+        how = f"{len(cfg.nodes)} nodes x {per.pop()} GPU" if len(per) == 1 else f"{gpus} GPUs over {len(cfg.nodes)} nodes"
+        r.error("serve.tensor_parallel_size", f"{s.tensor_parallel_size} but the nodes hold {how} = {gpus}; "
+                "TP must use every GPU of every node")
+    if s.gpu_memory_utilization > GMU_WARN_ABOVE:
+        r.warn("serve.gpu_memory_utilization", f"{s.gpu_memory_utilization} is above {GMU_WARN_ABOVE}: on unified "
+               "memory the OS and page cache share the GPU's memory (the ruled value is 0.795)")
+    if s.enforce_eager and s.compilation.cudagraph_mode.value != "NONE":
+        r.warn("serve.enforce_eager", f"eager mode ignores serve.compilation (cudagraph_mode "
+               f"{s.compilation.cudagraph_mode.value}); the graphs gate will expect no graphs")
+    _check_extra_args(cfg, r)
+    return r
+
+
+def _check_extra_args(cfg: Config, r: Report) -> None:
+    if not cfg.serve.extra_args:
+        return
+    options = OptionList.load()
+    for a in cfg.serve.extra_args:
+        if not a.startswith("-"):
+            continue
+        flag = a.split("=", 1)[0]
+        if flag.startswith("--"):
+            flag = "--" + flag[2:].split(".", 1)[0].replace("_", "-")
+        try:
+            found = options.lookup(flag)
+        except Exception:
+            found = None
+        dest = found[1]["dest"] if found else None
+        if dest == "api_key":
+            r.error("serve.extra_args", f"{a}: an API key never goes into an argv (it is logged and visible in "
+                    f"`ps`); set serve.api_key_env or serve.api_key_file (passed as {API_KEY_ENV})")
+        elif dest in RENDERED_FROM:
+            r.error("serve.extra_args", f"{a} is rendered by sparkserve from {RENDERED_FROM[dest]}; set it there")
+
+
+# --- drafter -----------------------------------------------------------------------------------------------
+
+def check_drafter(cfg: Config, d: DrafterFacts, r: Report) -> None:
+    cfg_file = str(Path(d.path) / "config.json")
+    if not d.known:
+        known = ", ".join(KNOWN_ARCHITECTURES)
+        if d.format == "speculators":
+            r.error(cfg_file, f"speculators_model_type {d.architecture.split(':', 1)[-1] if d.architecture else None!r}"
+                    " is not a DFlash drafter (vLLM 0.33 converts only dflash and dflash2)")
+        else:
+            r.error(cfg_file, f"architectures {d.architectures} is not a DFlash drafter vLLM 0.33 knows ({known})")
+    for p in d.problems:
+        r.error(p.where, p.what)
+
+    # mask token: drafter config, mask file, gates
+    if d.mask_token_id is None:
+        r.error(cfg_file, "dflash_config.mask_token_id is missing (vLLM refuses a DFlash drafter without it)")
+    elif d.vocab_size is not None and not 0 <= d.mask_token_id < d.vocab_size:
+        r.error(cfg_file, f"{d.mask_token_id_source} {d.mask_token_id} is outside the vocabulary (vocab_size "
+                f"{d.vocab_size})")
+    mask_file = str(Path(d.path) / MASK_FILE)
+    if not d.mask.present:
+        r.error("drafter.path", f"{d.path} has no {MASK_FILE}: vLLM would silently use the embedding row of "
+                "mask_token_id instead of the trained mask (do not serve)")
+    elif d.mask.error:
+        r.error(mask_file, d.mask.error)
+    else:
+        if d.mask.mask_token_id is not None and d.mask_token_id is not None and d.mask.mask_token_id != d.mask_token_id:
+            r.error(mask_file, f"mask_token_id {d.mask.mask_token_id} but config.json {d.mask_token_id_source} is "
+                    f"{d.mask_token_id} (vLLM refuses the pair)")
+        shape = d.mask.embedding_shape or []
+        numel = 1
+        for s in shape:
+            numel *= s
+        if d.hidden_size and numel != d.hidden_size:
+            r.error(mask_file, f"embedding of shape {shape} cannot be reshaped to the drafter's hidden_size "
+                    f"{d.hidden_size}")
+    gate_id = cfg.gates.mask_token_id
+    if gate_id is not None and d.mask_token_id is not None and gate_id != d.mask_token_id:
+        r.error("gates.mask_token_id", f"{gate_id} but the drafter's {d.mask_token_id_source} is {d.mask_token_id}")
+
+    # K rule (sparkserve's: vLLM 0.33 does not read block_size for DFlash)
+    k = cfg.speculative.num_speculative_tokens
+    if d.block_size is None:
+        if d.kind == "dflash2":
+            r.warn(cfg_file, "dflash_config.block_size is missing: cannot check num_speculative_tokens = "
+                   "block_size - 1")
+    elif k != d.block_size - 1:
+        what = (f"{k} but the drafter's block_size is {d.block_size}: K must be block_size - 1 = "
+                f"{d.block_size - 1}")
+        if d.kind == "dflash2":
+            r.error("speculative.num_speculative_tokens", what + " (other counts boot-wedge the stack)")
+        else:
+            r.warn("speculative.num_speculative_tokens", what + " (the usual convention; vLLM does not enforce it)")
+    if d.speculative_tokens is not None and d.speculative_tokens != k:
+        r.warn("speculative.num_speculative_tokens", f"{k} but the speculators config proposes "
+               f"{d.speculative_tokens}")
+
+    if d.sample_from_anchor:
+        r.error(cfg_file, "dflash_config.sample_from_anchor is true; vLLM 0.33 does not support it for DFlash")
+
+    # DFlash2 structure
+    if d.kind == "dflash2":
+        missing = [k_ for k_ in DFLASH2_REQUIRED_KEYS if d.dflash_config.get(k_) is None]
+        if missing:
+            r.error(cfg_file, f"dflash_config lacks {', '.join(missing)} (a DFlash2 drafter needs them; vLLM fails "
+                    "with KeyError)")
+        g, h = d.conv_group_size, d.hidden_size
+        if g is not None and h and (g <= 0 or h % g):
+            r.error(cfg_file, f"dflash_config.conv_group_size={g} must divide hidden_size={h}")
+        if d.weights:
+            if d.weights.selector_tensors != 3:
+                r.error("drafter.path", f"{d.weights.selector_tensors} candidate_selector tensors in the weights; a "
+                        "DFlash2 drafter has 3 (predecessor/successor codebook, hidden_projection)")
+            layers = d.num_hidden_layers or 0
+            if layers and d.weights.conv_tensors != 4 * layers:
+                r.error("drafter.path", f"{d.weights.conv_tensors} convolution tensors in the weights; a DFlash2 "
+                        f"drafter with {layers} layers has {4 * layers}")
+        mode = cfg.serve.env.get("VLLM_USE_V2_MODEL_RUNNER")
+        if mode is not None and mode.strip() == "0":
+            r.error("serve.env.VLLM_USE_V2_MODEL_RUNNER", "0 forces the V1 runner, which refuses DFlash2 "
+                    "candidate-head drafts")
+    if d.weights and d.weights.mask_hidden_tensors:
+        r.error("drafter.path", f"the weights ship {d.weights.mask_hidden_tensors[0]}; vLLM asserts DFlash drafters "
+                "carry no mask_hidden weight")
+
+    # taps: target_layer_ids vs the fc projection's input width
+    if d.target_layer_ids is None:
+        r.error(cfg_file, "dflash_config.target_layer_ids is missing (which target layers feed the drafter?)")
+    elif d.weights and d.use_aux_hidden_state:
+        width, th = d.weights.fc_input_width, d.target_hidden_size
+        taps = len(d.target_layer_ids)
+        if width is None:
+            r.error("drafter.path", "the weights have no fc.weight (the projection of the target's hidden states)")
+        elif th and width != th * taps:
+            trained = f"{width // th} taps" if width % th == 0 else f"not a multiple of {th}"
+            r.error(cfg_file, f"dflash_config.target_layer_ids lists {taps} layers but fc.weight's input width is "
+                    f"{width} ({trained} x target_hidden_size {th})")
+
+
+def check_target(cfg: Config, d: DrafterFacts | None, t: TargetFacts, r: Report) -> None:
+    if d is None:
+        return
+    cfg_file = str(Path(d.path) / "config.json")
+    if d.target_hidden_size and d.target_hidden_size != t.hidden_size:
+        r.error(cfg_file, f"target_hidden_size {d.target_hidden_size} but the target's hidden_size is "
+                f"{t.hidden_size} ({t.path})")
+    if d.target_layer_ids:
+        bad = [i for i in d.target_layer_ids if not 0 <= i < t.num_hidden_layers]
+        if bad:
+            r.error(cfg_file, f"target_layer_ids has {bad[0]} but the target has {t.num_hidden_layers} layers "
+                    f"(0..{t.num_hidden_layers - 1})")
+    if d.vocab_size and t.vocab_size and d.vocab_size != t.vocab_size and not (d.weights and d.weights.has_d2t):
+        r.warn(cfg_file, f"vocab_size {d.vocab_size} differs from the target's {t.vocab_size} and the weights "
+               "carry no d2t map")
+    if cfg.serve.max_model_len and t.max_position_embeddings and cfg.serve.max_model_len > t.max_position_embeddings:
+        r.warn("serve.max_model_len", f"{cfg.serve.max_model_len} exceeds the target's max_position_embeddings "
+               f"{t.max_position_embeddings}")
+
+
+# --- argv --------------------------------------------------------------------------------------------------
+
+def check_argvs(cfg: Config, r: Report, judge: RealParser | OptionList) -> None:
+    """Every `vllm serve` argv of the plan through the judge (vLLM's parser or the option list)."""
+    plan = build_plan(cfg)
+    r.argv_judge = judge.name
+    for spec in plan.specs:
+        argv = spec.serve_argv()
+        if argv[:2] != ["vllm", "serve"]:
+            continue
+        v = judge.check(argv)
+        r.argvs_checked += 1
+        if not v.ok:
+            flag = v.flag or ""
+            where = "serve.extra_args" if any(a.split("=", 1)[0] == flag for a in cfg.serve.extra_args) else "plan"
+            r.error(where, f"{judge.name} rejects {spec.role} {spec.node}'s argv: {v.error}")
+            return
+
+
+def validate(
+    cfg: Config,
+    *,
+    drafter_dir: Path | str | None = None,
+    target_dir: Path | str | None = None,
+    parser: ParserMode = "auto",
+    judge: RealParser | OptionList | None = None,
+) -> Report:
+    """All pre-flight rules. Dirs default to the config's paths (read locally). The argv check runs only
+    when everything else passed (it costs a vLLM start-up, and a broken input is reported faster)."""
+    r = check_config(cfg)
+    try:
+        r.drafter = inspect_drafter(drafter_dir or cfg.drafter.path)
+    except BadInput as e:
+        r.error(e.where, e.what)
+    else:
+        check_drafter(cfg, r.drafter, r)
+    try:
+        r.target = inspect_target(target_dir or cfg.model.target)
+    except BadInput as e:
+        r.error(e.where, e.what)
+    else:
+        check_target(cfg, r.drafter, r.target, r)
+    if r.errors or parser == "none":
+        return r
+    if judge is not None:
+        check_argvs(cfg, r, judge)
+        return r
+    try:
+        j = get_judge(parser)  # "auto" falls back to the option list; "vllm" raises ParserUnavailable
+    except ParserUnavailable as e:
+        r.error("vllm", str(e))
+        return r
+    try:
+        check_argvs(cfg, r, j)
+    finally:
+        if isinstance(j, RealParser):
+            j.close()
+    return r

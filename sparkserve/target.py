@@ -1,0 +1,123 @@
+"""Target model facts from its config.json: layers, hidden size, KV-cache geometry.
+
+Only config.json is read (a controller may hold just that file of a 100 GB target). Multimodal configs
+keep the language model under ``text_config``; MLA models (DeepSeek/GLM-MoE-DSA style, ``kv_lora_rank``)
+cache one latent per token and layer instead of K and V heads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from sparkserve.drafter import read_config
+from sparkserve.errors import BadInput
+
+# Bits per cached element for each vLLM 0.33 --kv-cache-dtype. Sub-byte formats are approximate (their
+# scales are ignored); "auto" follows the model dtype.
+KV_DTYPE_BITS: dict[str, float] = {
+    "bfloat16": 16, "float16": 16, "fp8": 8, "fp8_e4m3": 8, "fp8_e5m2": 8, "fp8_inc": 8,
+    "fp8_per_token_head": 8, "int8_per_token_head": 8, "int4_per_token_head": 4, "nvfp4": 4.5,
+    "nvfp4_4over6": 4.5, "octave_k3v3": 3, "octave_k3v3_compact": 3, "octave_k3v4": 3.5,
+    "turboquant_3bit_nc": 3, "turboquant_4bit_nc": 4, "turboquant_k3v4_nc": 3.5, "turboquant_k8v4": 6,
+    "ultraquant_4bit": 4,
+}
+# DeepSeek sparse-MLA fp8 layouts store a fixed number of bytes per token and layer.
+MLA_FIXED_BYTES = {"fp8_ds_mla": 656, "nvfp4_ds_mla": 352}
+MODEL_DTYPE_BITS = {"bfloat16": 16, "float16": 16, "float32": 32, "half": 16, "float": 32}
+
+
+@dataclass
+class TargetFacts:
+    path: str
+    architectures: list[str]
+    model_type: str | None
+    num_hidden_layers: int
+    hidden_size: int
+    num_attention_heads: int | None
+    num_key_value_heads: int | None
+    head_dim: int | None
+    vocab_size: int | None
+    max_position_embeddings: int | None
+    torch_dtype: str | None
+    attention: Literal["mha", "gqa", "mla"]
+    kv_lora_rank: int | None
+    qk_rope_head_dim: int | None
+    mtp_layers: int
+
+    def kv_elements_per_token_layer(self, tp: int = 1) -> int:
+        """Cached elements per token per layer on one rank of a TP group."""
+        if self.attention == "mla":  # the latent is replicated on every rank
+            return (self.kv_lora_rank or 0) + (self.qk_rope_head_dim or 0)
+        heads = self.num_key_value_heads or self.num_attention_heads or 0
+        per_rank = max(1, heads // tp) if tp > 1 else heads
+        return 2 * per_rank * (self.head_dim or 0)
+
+    def kv_bytes_per_token(self, kv_cache_dtype: str = "auto", *, tp: int = 1) -> float | None:
+        """KV-cache bytes one token costs on one rank (all layers); None when the dtype is unknown."""
+        if self.attention == "mla" and kv_cache_dtype in MLA_FIXED_BYTES:
+            return float(MLA_FIXED_BYTES[kv_cache_dtype] * self.num_hidden_layers)
+        if kv_cache_dtype == "auto":
+            bits = MODEL_DTYPE_BITS.get(str(self.torch_dtype), 16)
+        elif kv_cache_dtype in KV_DTYPE_BITS:
+            bits = KV_DTYPE_BITS[kv_cache_dtype]
+        else:
+            return None
+        return self.kv_elements_per_token_layer(tp) * self.num_hidden_layers * bits / 8
+
+    def to_json(self, kv_cache_dtype: str | None = None, tp: int = 1) -> dict[str, Any]:
+        d = asdict(self)
+        if kv_cache_dtype:
+            d["kv_cache_dtype"] = kv_cache_dtype
+            d["tensor_parallel_size"] = tp
+            d["kv_bytes_per_token_per_rank"] = self.kv_bytes_per_token(kv_cache_dtype, tp=tp)
+        return d
+
+
+def _int(v: Any) -> int | None:
+    return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+
+def inspect_target(path: Path | str, *, where: str = "model.target") -> TargetFacts:
+    """Facts of a target model directory (its config.json). BadInput naming the field or file."""
+    path = Path(path)
+    raw = read_config(path, where=where)
+    cfg = raw
+    if _int(raw.get("num_hidden_layers")) is None and isinstance(raw.get("text_config"), dict):
+        cfg = raw["text_config"]
+    cfg_file = str(path / "config.json")
+    layers, hidden = _int(cfg.get("num_hidden_layers")), _int(cfg.get("hidden_size"))
+    if not layers or layers <= 0:
+        raise BadInput(cfg_file, "num_hidden_layers is missing or not a positive integer")
+    if not hidden or hidden <= 0:
+        raise BadInput(cfg_file, "hidden_size is missing or not a positive integer")
+    heads = _int(cfg.get("num_attention_heads"))
+    kv_heads = _int(cfg.get("num_key_value_heads")) or heads
+    head_dim = _int(cfg.get("head_dim")) or (hidden // heads if heads else None)
+    kv_lora = _int(cfg.get("kv_lora_rank"))
+    attention: Literal["mha", "gqa", "mla"]
+    if kv_lora:
+        attention = "mla"
+    elif kv_heads and heads and kv_heads < heads:
+        attention = "gqa"
+    else:
+        attention = "mha"
+    dtype = cfg.get("torch_dtype") or cfg.get("dtype") or raw.get("torch_dtype")
+    return TargetFacts(
+        path=str(path),
+        architectures=[str(a) for a in (raw.get("architectures") or [])],
+        model_type=cfg.get("model_type") or raw.get("model_type"),
+        num_hidden_layers=layers,
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        head_dim=head_dim,
+        vocab_size=_int(cfg.get("vocab_size")),
+        max_position_embeddings=_int(cfg.get("max_position_embeddings")),
+        torch_dtype=str(dtype) if dtype else None,
+        attention=attention,
+        kv_lora_rank=kv_lora,
+        qk_rope_head_dim=_int(cfg.get("qk_rope_head_dim")),
+        mtp_layers=_int(cfg.get("num_nextn_predict_layers")) or 0,
+    )
