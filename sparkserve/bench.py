@@ -174,6 +174,57 @@ def _has_output(choice: dict[str, Any]) -> bool:
     )
 
 
+class _SSE:
+    """Reads one chat-completions event stream: SSE ``data:`` lines in, what the stream said out."""
+
+    __slots__ = ("t0", "on_chunk", "done", "got_tokens", "usage_tokens", "ttft_s", "finish_reason", "error")
+
+    def __init__(self, t0: float, on_chunk: Callable[[], None] | None) -> None:
+        self.t0 = t0
+        self.on_chunk = on_chunk
+        self.done = self.got_tokens = False
+        self.usage_tokens: int | None = None
+        self.ttft_s: float | None = None
+        self.finish_reason: str | None = None
+        self.error: tuple[str, str] | None = None
+
+    def feed(self, line: bytes) -> bool:
+        """One line of the stream; False once the stream is known to be broken."""
+        if not line.startswith(b"data:"):
+            return True  # blank separators, comments, event names
+        payload = line[5:].strip()
+        if payload == b"[DONE]":
+            self.done = True
+            return True
+        try:
+            obj = json.loads(payload)
+        except ValueError:
+            self.error = (BAD_CHUNK, f"unparseable SSE data: {payload[:200]!r}")
+            return False
+        if not isinstance(obj, dict):
+            return True
+        if "error" in obj or obj.get("object") == "error":
+            err = obj.get("error", obj)
+            msg = err.get("message", err) if isinstance(err, dict) else err
+            self.error = (ERROR_EVENT, f"error event in stream: {msg}")
+            return False
+        choices = obj.get("choices")
+        if choices:
+            c0 = choices[0]
+            if _has_output(c0):
+                if not self.got_tokens:
+                    self.got_tokens = True
+                    self.ttft_s = time.perf_counter() - self.t0
+                if self.on_chunk is not None:
+                    self.on_chunk()
+            if c0.get("finish_reason"):
+                self.finish_reason = c0["finish_reason"]
+        usage = obj.get("usage")
+        if usage and usage.get("completion_tokens") is not None:
+            self.usage_tokens = int(usage["completion_tokens"])
+        return True
+
+
 async def stream_request(
     client: httpx.AsyncClient,
     url: str,
@@ -188,8 +239,7 @@ async def stream_request(
     faults; ``deadline_s`` bounds the whole request, the client's read timeout bounds each stall."""
     out = RequestOutcome(index=index)
     t0 = time.perf_counter()
-    done = got_tokens = False
-    usage_tokens: int | None = None
+    sse = _SSE(t0, on_chunk)
     try:
         async with asyncio.timeout(deadline_s), client.stream("POST", url, json=body) as resp:
             if resp.status_code != 200:
@@ -197,44 +247,18 @@ async def stream_request(
                 out.error, out.detail = HTTP, f"HTTP {resp.status_code}: {text}"
                 return out
             buf = b""
-            async for raw in resp.aiter_raw():
+            async for raw in resp.aiter_bytes():
                 buf += raw
                 if b"\n" not in raw:
                     continue
                 *lines, buf = buf.split(b"\n")
                 for line in lines:
-                    if not line.startswith(b"data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == b"[DONE]":
-                        done = True
-                        continue
-                    try:
-                        obj = json.loads(payload)
-                    except ValueError:
-                        out.error, out.detail = BAD_CHUNK, f"unparseable SSE data: {payload[:200]!r}"
+                    if not sse.feed(line):
+                        out.error, out.detail = sse.error  # type: ignore[misc]
                         return out
-                    if not isinstance(obj, dict):
-                        continue
-                    if "error" in obj or obj.get("object") == "error":
-                        err = obj.get("error", obj)
-                        msg = err.get("message", err) if isinstance(err, dict) else err
-                        out.error, out.detail = ERROR_EVENT, f"error event in stream: {msg}"
-                        return out
-                    choices = obj.get("choices")
-                    if choices:
-                        c0 = choices[0]
-                        if _has_output(c0):
-                            if not got_tokens:
-                                got_tokens = True
-                                out.ttft_s = time.perf_counter() - t0
-                            if on_chunk is not None:
-                                on_chunk()
-                        if c0.get("finish_reason"):
-                            out.finish_reason = c0["finish_reason"]
-                    usage = obj.get("usage")
-                    if usage and usage.get("completion_tokens") is not None:
-                        usage_tokens = int(usage["completion_tokens"])
+            if buf and not sse.feed(buf):  # a last line without its newline
+                out.error, out.detail = sse.error  # type: ignore[misc]
+                return out
     except TimeoutError:
         out.error = HUNG
         out.detail = f"{where}: request {index} hung: not finished within the {deadline_s:g} s deadline"
@@ -248,11 +272,13 @@ async def stream_request(
         return out
     finally:
         out.latency_s = time.perf_counter() - t0
+        out.ttft_s, out.finish_reason = sse.ttft_s, sse.finish_reason
+    usage_tokens = sse.usage_tokens
     if usage_tokens is not None:
         out.completion_tokens = usage_tokens
-    if not done:
+    if not sse.done:
         out.error, out.detail = NO_DONE, "stream ended without [DONE]"
-    elif not got_tokens:
+    elif not sse.got_tokens:
         out.error, out.detail = NO_TOKENS, "stream carried no tokens"
     elif usage_tokens is None:
         out.error, out.detail = NO_USAGE, "stream carried no usage chunk (stream_options.include_usage)"

@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-OK, HTTP500, ERROR_EVENT, NO_DONE, NO_USAGE, SHORT, HANG, EMPTY = (
-    "ok", "http500", "error_event", "no_done", "no_usage", "short", "hang", "empty",
+OK, HTTP500, ERROR_EVENT, NO_DONE, NO_USAGE, SHORT, HANG, EMPTY, DRIBBLE = (
+    "ok", "http500", "error_event", "no_done", "no_usage", "short", "hang", "empty", "dribble",
 )
 
 
@@ -147,7 +147,7 @@ class _Handler(BaseHTTPRequestHandler):
         if mode == HTTP500:
             self._send(500, b'{"error":{"message":"boom","type":"InternalServerError","code":500}}')
             return
-        n = int(body["max_tokens"])
+        n = int(body.get("max_tokens") or body["max_completion_tokens"])
         if mode == SHORT:
             n = n // 2
         self.send_response(200)
@@ -155,6 +155,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.send_header("Connection", "close")
         self.end_headers()
         w = self.wfile
+        if mode == DRIBBLE:  # every byte its own write: lines split across reads, \r\n endings
+            w = _Dribble(self.wfile)
         rid = f"chatcmpl-{idx}"
         base = {"id": rid, "object": "chat.completion.chunk", "created": 0, "model": st.model}
         w.write(_chunk({**base, "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]}))
@@ -185,6 +187,20 @@ class _Handler(BaseHTTPRequestHandler):
         if mode != NO_DONE:
             w.write(b"data: [DONE]\n\n")
         w.flush()
+
+
+class _Dribble:
+    def __init__(self, w: Any) -> None:
+        self.w = w
+
+    def write(self, data: bytes) -> None:
+        for i in range(len(data)):
+            b = data[i : i + 1]
+            self.w.write(b"\r\n" if b == b"\n" else b)
+            self.w.flush()
+
+    def flush(self) -> None:
+        self.w.flush()
 
 
 class FakeVllm:

@@ -7,21 +7,9 @@ import socket
 import time
 
 import pytest
-from _fake_vllm import (
-    EMPTY,
-    ERROR_EVENT,
-    HANG,
-    HTTP500,
-    SHORT,
-    FakeState,
-    FakeVllm,
-)
-from _fake_vllm import (
-    NO_DONE as FAKE_NO_DONE,
-)
-from _fake_vllm import (
-    NO_USAGE as FAKE_NO_USAGE,
-)
+from _fake_vllm import DRIBBLE, EMPTY, ERROR_EVENT, HANG, HTTP500, SHORT, FakeState, FakeVllm
+from _fake_vllm import NO_DONE as FAKE_NO_DONE
+from _fake_vllm import NO_USAGE as FAKE_NO_USAGE
 
 from sparkserve.bench import (
     CELLS,
@@ -98,6 +86,13 @@ def test_each_stream_fault_is_counted_and_refuses_the_cell(mode: str, kind: str)
     assert r.error_kinds == {kind: 1}
     assert [e.request for e in r.errors] == [2]
     assert not r.ok and r.refused[0].startswith("1 of 6 requests failed")
+
+
+def test_stream_split_byte_by_byte_with_crlf_is_read_whole() -> None:
+    with FakeVllm(FakeState(modes=lambda i: DRIBBLE)) as srv:
+        r = run_cell(srv.url, "fake-model", Cell("t", 2, 1, 16), builtin_prompts())
+    assert r.ok, r.refused
+    assert r.output_tokens == 32
 
 
 def test_short_forced_length_reply_is_incomplete_and_refused() -> None:
