@@ -1,9 +1,325 @@
-"""Commands (placeholder: filled by the owning work item)."""
+"""init · validate · render · plan · drafter inspect — the pure part of the CLI: nothing here touches a node."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+from typing import Annotated, Any
+
 import typer
+from rich.table import Table
+
+from sparkserve.commands._common import ConfigOpt, JsonOpt, console, emit_json, err_console
+from sparkserve.config import DEFAULT_CONFIG_NAME, Config, default_yaml_text, load_config
+from sparkserve.errors import BadInput
+
+DrafterOpt = Annotated[
+    Path | None,
+    typer.Option("--drafter", help="drafter dir (overrides drafter.path; also SPARKSERVE_DRAFTER__PATH)"),
+]
+TargetOpt = Annotated[
+    Path | None,
+    typer.Option("--target", help="target model dir (overrides model.target; also SPARKSERVE_MODEL__TARGET)"),
+]
+
+
+def _abs(p: Path) -> str:
+    return str(p.expanduser().absolute())
+
+
+def load_with_overrides(config: Path | None, drafter: Path | None = None, target: Path | None = None) -> Config:
+    over: dict[str, Any] = {}
+    if drafter is not None:
+        over["drafter"] = {"path": _abs(drafter)}
+    if target is not None:
+        over["model"] = {"target": _abs(target)}
+    return load_config(config, overrides=over or None)
+
+
+def _print_findings(report: Any) -> None:
+    for w in report.warnings:
+        err_console.print(f"warning: {w.where}: {w.what}", markup=False, highlight=False, soft_wrap=True)
+
+
+def init(
+    path: Annotated[Path, typer.Argument(help="where to write it")] = Path(DEFAULT_CONFIG_NAME),
+    force: Annotated[bool, typer.Option("--force", help="overwrite an existing file")] = False,
+) -> None:
+    """Write the embedded production default as a commented sparkserve.yaml (fill in the hosts)."""
+    if path.exists() and not force:
+        raise BadInput(str(path), "exists (use --force to overwrite)")
+    try:
+        path.write_text(default_yaml_text())
+    except OSError as e:
+        raise BadInput(str(path), f"cannot write: {e.strerror}") from None
+    console.print(f"wrote {path}: fill in nodes[].host, fabric_ip and user, then `sparkserve validate`",
+                  markup=False, highlight=False, soft_wrap=True)
+
+
+def validate(
+    config: ConfigOpt = None,
+    drafter: DrafterOpt = None,
+    target: TargetOpt = None,
+    parser: Annotated[str, typer.Option(
+        "--parser", help="argv judge: auto (vLLM's parser if importable, else the option list), vllm, list")] = "auto",
+    as_json: JsonOpt = False,
+) -> None:
+    """Config + drafter + target + every rendered argv through vLLM 0.33's parser. No node is touched."""
+    from sparkserve.preflight import validate as run
+
+    if parser not in ("auto", "vllm", "list"):
+        raise BadInput("--parser", f"{parser!r} is not one of auto, vllm, list")
+    cfg = load_with_overrides(config, drafter, target)
+    report = run(cfg, parser=parser)  # type: ignore[arg-type]
+    if as_json:
+        emit_json(report.to_json())
+        if not report.ok:
+            raise typer.Exit(2)
+        return
+    _print_findings(report)
+    report.raise_first()
+    d, t = report.drafter, report.target
+    lines = ["config ok (fingerprint " + cfg.fingerprint()[:16] + ")"]
+    if d:
+        agree = "config.json, mask_embedding.pt" if d.mask.mask_token_id is not None else "config.json"
+        if cfg.gates.mask_token_id is not None:
+            agree += " and gates"
+        lines.append(f"drafter ok: {d.architecture}, block_size {d.block_size}, K "
+                     f"{cfg.speculative.num_speculative_tokens}, mask_token_id {d.mask_token_id} ({agree} agree), "
+                     f"{d.taps} taps = fc input width {d.weights.fc_input_width if d.weights else '?'}")
+    if t:
+        lines.append(f"target ok: {t.num_hidden_layers} layers, hidden {t.hidden_size}, taps "
+                     f"{d.target_layer_ids if d else '?'} inside")
+    lines.append(f"argv ok: {report.argvs_checked} `vllm serve` argv(s) accepted by {report.argv_judge}")
+    for line in lines:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _display_plan(cfg: Config) -> Any:
+    from sparkserve.plan import REDACTED, build_plan
+    from sparkserve.preflight import check_config
+
+    check_config(cfg).raise_first()
+    # render/plan never read the key: a configured key shows as a redacted VLLM_API_KEY
+    has_key = bool(cfg.serve.api_key_env or cfg.serve.api_key_file)
+    return build_plan(cfg, api_key=REDACTED if has_key else None)
+
+
+def _shell(argv: list[str]) -> str:
+    from sparkserve.launcher import argv_lines
+
+    lines = argv_lines(argv)
+    return " \\\n    ".join(lines)
+
+
+def render(
+    config: ConfigOpt = None,
+    node: Annotated[str | None, typer.Option("--node", help="only this node")] = None,
+    launcher: Annotated[bool, typer.Option("--launcher", help="print the launcher script instead")] = False,
+    output: Annotated[Path | None, typer.Option("--output", "-o", help="write to this file")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """The exact per-node container spec (docker run) — or the launcher script. Nothing runs."""
+    cfg = load_config(config)
+    if launcher:
+        from sparkserve.launcher import render_launcher
+
+        text = render_launcher(cfg)
+        if output:
+            output.write_text(text)
+            output.chmod(0o755)
+            err_console.print(f"wrote {output}", markup=False, highlight=False, soft_wrap=True)
+        else:
+            console.file.write(text)
+        return
+    plan = _display_plan(cfg)
+    specs = plan.specs
+    if node is not None:
+        names = [s.node for s in specs]
+        if node not in names:
+            raise BadInput("--node", f"{node!r} is not in the config (nodes: {', '.join(names)})")
+        specs = [plan.spec_for(node)]
+    if as_json:
+        obj: Any = plan.public() if node is None else specs[0].public()
+        text = json.dumps(obj, indent=2) + "\n"
+    else:
+        out = []
+        for s in specs:
+            order = [x.node for x in plan.start_order()].index(s.node) + 1
+            out.append(f"# {s.node} ({s.host}): rank {s.rank}, {s.role}; starts {order} of {len(plan.specs)}")
+            out.append(_shell(s.docker_run_argv()))
+            if s.exec_after_join:
+                out.append("# then, once every Ray worker has joined:")
+                out.append(_shell(["docker", "exec", s.name, *s.exec_after_join]))
+            out.append("")
+        text = "\n".join(out)
+    if output:
+        output.write_text(text)
+    else:
+        console.file.write(text)
+
+
+def plan(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """What `sparkserve up` would do with this config, step by step. Nothing runs."""
+    cfg = load_config(config)
+    p = _display_plan(cfg)
+    steps: list[dict[str, Any]] = [
+        {"step": "validate", "detail": f"config, drafter {cfg.drafter.path}, target {cfg.model.target}, "
+                                        "every argv through vLLM 0.33's parser"},
+        {"step": "preflight", "detail": "on every node in parallel: ssh, docker, disk, memory headroom, ports "
+                                         f"{cfg.serve.port}/{cfg.fabric.master_port}, stale containers, paths, fabric"},
+        {"step": "image", "detail": f"{cfg.image.ref}: the same image ID on every node"},
+        {"step": "drafter", "detail": f"sync {cfg.drafter.path} to every node (sha256 manifest, only differing files)"},
+    ]
+    for s in p.start_order():
+        what = "ray start --head" if p.executor == "ray" and s.role == "head" else (
+            "ray worker" if p.executor == "ray" else ("vllm serve (API server)" if s.role == "head" else
+                                                       "vllm serve --headless"))
+        steps.append({"step": "start", "node": s.node, "rank": s.rank, "container": s.name,
+                      "detail": f"{what} in {s.name} on {s.host}"})
+    if p.executor == "ray":
+        steps.append({"step": "serve", "node": p.head.node, "detail": "vllm serve --distributed-executor-backend "
+                                                                       "ray, exec'd in the head container"})
+    g = cfg.gates
+    mode = "no graphs (eager)" if cfg.serve.enforce_eager else cfg.serve.compilation.cudagraph_mode.value
+    steps += [
+        {"step": "wait", "detail": f"`Application startup complete.` on the head ({p.api_url}); every rank's "
+                                   "container alive; free memory above the floor"},
+        {"step": "gates", "detail": f"pool {g.pool_tokens} tokens, graphs {mode} on every rank, mask "
+                                    f"{g.mask_token_id} on every rank, smoke {g.smoke.prompts}x{g.smoke.concurrency}"
+                                    f"x{g.smoke.max_tokens}, no faults"},
+    ]
+    if as_json:
+        emit_json({"fingerprint": p.fingerprint, "executor": p.executor, "steps": steps, "plan": p.public()})
+        return
+    console.print(f"sparkserve plan (config fingerprint {p.fingerprint[:16]}; nothing is run)", markup=False,
+                  highlight=False, soft_wrap=True)
+    for i, s in enumerate(steps, 1):
+        console.print(f"{i:2d}. {s['step']:<9} {s['detail']}", markup=False, highlight=False, soft_wrap=True)
+
+
+drafter_app = typer.Typer(help="Drafter tools.", no_args_is_help=True)
+
+
+@drafter_app.command("inspect")
+def drafter_inspect(
+    path: Annotated[Path, typer.Argument(help="drafter directory")],
+    target: Annotated[Path | None, typer.Option("--target", help="also show this target's facts")] = None,
+    config: ConfigOpt = None,
+    hash_files: Annotated[bool, typer.Option("--hash/--no-hash", help="sha256 manifest of every file")] = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Block size, K, taps, mask id, selector/conv tensors, mask file, sha256 — for people or --json."""
+    from sparkserve.drafter import inspect_drafter
+    from sparkserve.manifest import manifest
+    from sparkserve.preflight import Report, check_drafter, check_target
+    from sparkserve.target import inspect_target
+
+    cfg = load_config(config)
+    d = inspect_drafter(path)
+    t = inspect_target(target, where="--target") if target else None
+    report = Report(drafter=d, target=t)
+    check_drafter(cfg, d, report)
+    if t:
+        check_target(cfg, d, t, report)
+    m = manifest(path) if hash_files else None
+    if as_json:
+        out: dict[str, Any] = {"drafter": d.to_json(),
+                               "manifest": m.to_json() if m else None,
+                               "target": t.to_json(cfg.serve.kv_cache_dtype, cfg.serve.tensor_parallel_size)
+                               if t else None,
+                               "checks": {"errors": [f.__dict__ for f in report.errors],
+                                          "warnings": [f.__dict__ for f in report.warnings]}}
+        emit_json(out)
+        return
+    console.print(drafter_table(d, cfg))
+    if m:
+        mt = Table(title=f"sha256 manifest {m.digest}", title_justify="left")
+        mt.add_column("file")
+        mt.add_column("bytes", justify="right")
+        mt.add_column("sha256")
+        for rel, e in sorted(m.files.items()):
+            mt.add_row(rel, f"{e.size:,}", e.sha256[:16] + "…")
+        console.print(mt)
+    if t:
+        console.print(target_table(t, cfg))
+    for f in report.errors:
+        console.print(f"problem: {f.where}: {f.what}", markup=False, highlight=False, soft_wrap=True, style="red")
+    for f in report.warnings:
+        console.print(f"warning: {f.where}: {f.what}", markup=False, highlight=False, soft_wrap=True, style="yellow")
+    if not report.errors and not report.warnings:
+        console.print(f"checks: ok against {'the config' if config else 'the embedded default config'} "
+                      f"(K={cfg.speculative.num_speculative_tokens}, mask {cfg.gates.mask_token_id})",
+                      markup=False, highlight=False, soft_wrap=True)
+
+
+def drafter_table(d: Any, cfg: Config) -> Table:
+    t = Table(title=f"drafter {d.path}", title_justify="left", show_header=False)
+    t.add_column("fact", style="bold")
+    t.add_column("value")
+    w = d.weights
+    k = cfg.speculative.num_speculative_tokens
+    rows = [
+        ("architecture", f"{d.architecture} ({d.kind or 'unknown to vLLM 0.33'}; {d.format} format)"),
+        ("hidden size", f"{d.hidden_size} (target hidden {d.target_hidden_size})"),
+        ("layers", str(d.num_hidden_layers)),
+        ("vocab size", str(d.vocab_size)),
+        ("block size", f"{d.block_size} → K = {d.expected_k} (config K = {k})"),
+        ("mask_token_id", f"{d.mask_token_id} ({d.mask_token_id_source})"),
+        ("target_layer_ids", f"{d.target_layer_ids} ({d.taps} taps; vLLM aux layers {d.aux_layer_ids})"),
+        ("conv", f"kernel {d.conv_kernel_size}, group {d.conv_group_size}"),
+        ("selector", f"rank {d.selector_rank}, top_k {d.selector_top_k}"),
+    ]
+    if w:
+        fc_taps = d.fc_taps
+        rows += [
+            ("weights", f"{', '.join(w.files)}: {w.tensor_count} tensors, {w.param_count:,} parameters, {w.dtype}"),
+            ("selector tensors", str(w.selector_tensors)),
+            ("conv tensors", str(w.conv_tensors)),
+            ("fc input width", f"{w.fc_input_width} (= {fc_taps:g} x {d.target_hidden_size})" if fc_taps else
+             str(w.fc_input_width)),
+        ]
+    else:
+        rows.append(("weights", "none"))
+    mk = d.mask
+    if not mk.present:
+        mask = "missing"
+    elif mk.error:
+        mask = f"unreadable: {mk.error}"
+    else:
+        mask = f"{mk.form} form, mask_token_id {mk.mask_token_id}, {mk.embedding_dtype} {mk.embedding_shape}"
+    rows.append(("mask_embedding.pt", mask))
+    for a, b in rows:
+        t.add_row(a, b)
+    return t
+
+
+def target_table(tf: Any, cfg: Config) -> Table:
+    t = Table(title=f"target {tf.path}", title_justify="left", show_header=False)
+    t.add_column("fact", style="bold")
+    t.add_column("value")
+    dt, tp = cfg.serve.kv_cache_dtype, cfg.serve.tensor_parallel_size
+    per = tf.kv_bytes_per_token(dt, tp=tp)
+    kv = cfg.serve.kv_cache_memory_bytes
+    rows = [
+        ("architecture", f"{', '.join(tf.architectures)} ({tf.model_type})"),
+        ("layers", f"{tf.num_hidden_layers}" + (f" (+{tf.mtp_layers} MTP)" if tf.mtp_layers else "")),
+        ("hidden size", str(tf.hidden_size)),
+        ("attention", f"{tf.attention}: {tf.num_attention_heads} heads, {tf.num_key_value_heads} KV heads, head_dim "
+                      f"{tf.head_dim}" + (f", kv_lora_rank {tf.kv_lora_rank}" if tf.kv_lora_rank else "")),
+        ("vocab size", str(tf.vocab_size)),
+        (f"KV bytes/token/rank ({dt}, TP {tp})", f"{per:,.0f}" if per else "unknown"),
+    ]
+    if per and kv:
+        rows.append(("tokens in kv_cache_memory_bytes", f"~{int(kv // per):,} (upper bound; vLLM's pool is the gate)"))
+    for a, b in rows:
+        t.add_row(a, b)
+    return t
 
 
 def register(app: typer.Typer) -> None:
-    return None
+    app.command()(init)
+    app.command()(validate)
+    app.command()(render)
+    app.command()(plan)
+    app.add_typer(drafter_app, name="drafter")

@@ -5,7 +5,7 @@ real ``config.json``, and a real ``mask_embedding.pt`` written with torch (dict 
 ``{"embedding": tensor, "mask_token_id": int}``, as in the real 0.25.1 capture). torch is part of the
 test venv (scripts/test installs the CPU wheel), so the mask file is always real in CI.
 
-CLI: ``python tests/helpers/tiny_models.py target DIR`` / ``drafter DIR [--no-mask] [--k-block 8]``.
+CLI: ``python tests/helpers/tiny_models.py target DIR`` / ``drafter DIR [--no-mask] [--block-size 8]``.
 """
 
 from __future__ import annotations
@@ -162,6 +162,36 @@ def write_drafter(path: Path, spec: DrafterSpec | None = None) -> Path:
             token_id=spec.mask_file_token_id if spec.mask_file_token_id is not None else spec.mask_token_id,
             form=spec.mask_file,
         )
+    return path
+
+
+def write_speculators_drafter(path: Path, spec: DrafterSpec | None = None, *, speculative_tokens: int = 7,
+                              model_type: str = "dflash2") -> Path:
+    """The same drafter in the vllm-project "speculators" layout (vllm-facts.md 5.2): top-level
+    ``speculators_model_type``, ``transformer_layer_config``, ``aux_hidden_state_layer_ids`` (= DFlash
+    target_layer_ids + 1) and the DFlash2 keys at the top."""
+    spec = spec or DrafterSpec()
+    write_drafter(path, spec)
+    plain = json.loads((path / "config.json").read_text())
+    dflash = plain.pop("dflash_config")
+    layer_cfg = {k: v for k, v in plain.items() if k not in ("architectures", "target_hidden_size")}
+    cfg = {
+        "architectures": ["DFlash2Speculator"],
+        "speculators_model_type": model_type,
+        "transformer_layer_config": layer_cfg,
+        "target_hidden_size": plain["target_hidden_size"],
+        "mask_token_id": dflash["mask_token_id"],
+        "aux_hidden_state_layer_ids": [i + 1 for i in dflash["target_layer_ids"]],
+        "block_size": dflash["block_size"],
+        **{k: dflash[k] for k in ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+           if k in dflash},
+        "speculators_config": {
+            "algorithm": model_type,
+            "proposal_methods": [{"proposal_type": model_type, "speculative_tokens": speculative_tokens}],
+            "verifier": {"name_or_path": "zai-org/GLM-5.3-Flash", "architectures": ["Glm5ForCausalLM"]},
+        },
+    }
+    (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     return path
 
 
