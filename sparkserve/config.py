@@ -140,6 +140,11 @@ class ModelConfig(Strict):
 
 class DrafterConfig(Strict):
     path: HostPath = Field(description="host path of the drafter, same on every node, mounted ro")
+    source: Path | None = Field(
+        default=None,
+        description="the controller's copy, synced to `path` on every node (default: `path`, when it exists "
+        "on this machine; otherwise the head node's copy is the reference and must match on every node)",
+    )
 
 
 class CompilationConfig(Strict):
