@@ -1,0 +1,141 @@
+"""Node-side pre-flight (`sparkserve doctor`, and the first step of `up`): every node in parallel.
+
+Each check returns a :class:`Check` (ok / warn / fail with one sentence). `up` stops at the first
+failing node check; `doctor` shows them all.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+from sparkserve.config import Config, NodeConfig
+from sparkserve.engine import Engine
+from sparkserve.errors import SparkserveError
+from sparkserve.fabric import detect
+from sparkserve.nodes.base import Node
+from sparkserve.parallel import on_all
+from sparkserve.plan import Plan
+from sparkserve.units import human_bytes
+from sparkserve.watchdog import mem_available
+
+Status = Literal["ok", "warn", "fail"]
+
+# One remote python3 program answers the filesystem/port questions in one round trip.
+_PROBE = r"""
+import json, os, shutil, socket, sys
+a = json.loads(sys.stdin.read())
+out = {"paths": {}, "disk": {}, "ports": {}}
+for p in a["paths"]:
+    out["paths"][p] = os.path.isdir(p)
+for p in a["disk"]:
+    q = p
+    while q and not os.path.exists(q):
+        q = os.path.dirname(q)
+    out["disk"][p] = shutil.disk_usage(q or "/").free
+for host, port in a["ports"]:
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((host, port)); free = True
+    except OSError:
+        free = False
+    finally:
+        s.close()
+    out["ports"][f"{host}:{port}"] = free
+out["meminfo"] = open("/proc/meminfo").read()
+print(json.dumps(out))
+"""
+
+
+@dataclass
+class Check:
+    node: str
+    name: str
+    status: Status
+    detail: str
+
+    @property
+    def ok(self) -> bool:
+        return self.status != "fail"
+
+
+def _probe(node: Node, paths: list[str], disk: list[str], ports: list[tuple[str, int]]) -> dict[str, Any]:
+    question = json.dumps({"paths": paths, "disk": disk, "ports": ports}).encode()
+    res = node.run(["python3", "-c", _PROBE], stdin=question, step="preflight", timeout=30)
+    return json.loads(res.stdout)
+
+
+def _meminfo_total(meminfo: str) -> int:
+    for line in meminfo.splitlines():
+        if line.startswith("MemTotal:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: Plan | None,
+               *, check_ports: bool = True, drafter_bytes: int = 0) -> list[Check]:
+    """Every check for one node. Raises only when the node cannot be reached at all."""
+    out: list[Check] = []
+    name = node_cfg.name
+
+    def add(check: str, status: Status, detail: str) -> None:
+        out.append(Check(name, check, status, detail))
+
+    add("ssh", "ok", f"reachable as {node.address}")
+    try:
+        ver = node.docker().version()
+        add("docker", "ok", f"docker {ver.get('Version', '?')} (API {ver.get('ApiVersion', '?')})")
+    except SparkserveError as e:
+        add("docker", "fail", e.what)
+    ports: list[tuple[str, int]] = []
+    if check_ports and rank == 0:  # the API port and the rendezvous port live on the head
+        ports = [(cfg.serve.host or "0.0.0.0", cfg.serve.port), (node_cfg.fabric_ip, cfg.fabric.master_port)]
+    target, drafter = str(cfg.model.target), str(cfg.drafter.path)
+    facts = _probe(node, [target, drafter], [drafter, str(cfg.container.cache_root)], ports)
+    add("target", "ok" if facts["paths"][target] else "fail",
+        f"{target} present" if facts["paths"][target] else f"model.target: {target} is missing on {name}")
+    free = facts["disk"][drafter]
+    need = drafter_bytes
+    add("disk", "ok" if free >= need else "fail",
+        f"{human_bytes(free)} free for the drafter" + (f" (needs {human_bytes(need)})" if need else ""))
+    for hp, is_free in facts["ports"].items():
+        add(f"port {hp}", "ok" if is_free else "fail",
+            "free" if is_free else f"port {hp} is already in use on {name}")
+    total, avail = _meminfo_total(facts["meminfo"]), mem_available(facts["meminfo"])
+    need_mem = int(cfg.serve.gpu_memory_utilization * total)
+    gmu = cfg.serve.gpu_memory_utilization
+    hint = "" if avail >= need_mem else " — free memory or lower serve.gpu_memory_utilization"
+    detail = f"{human_bytes(avail)} free of {human_bytes(total)}; GMU {gmu} needs {human_bytes(need_mem)}"
+    add("memory", "ok" if avail >= need_mem else "fail", detail + hint)
+    try:
+        stale = [c for c in Engine(node).list_managed() if plan is None or c.fingerprint != plan.fingerprint]
+        add("containers", "warn" if stale else "ok",
+            f"{len(stale)} sparkserve container(s) from another config: {', '.join(c.name for c in stale)}"
+            if stale else "no stale sparkserve containers")
+    except SparkserveError as e:
+        add("containers", "fail", e.what)
+    try:
+        fab = detect(node, cfg.fabric, node_cfg.fabric_ip)
+        env = fab.env()
+        add("fabric", "ok", ", ".join(f"{k}={v}" for k, v in sorted(env.items())))
+    except SparkserveError as e:
+        add("fabric", "fail", e.what)
+    return out
+
+
+def check_all(cfg: Config, nodes: dict[str, Node], plan: Plan | None = None, *,
+              check_ports: bool = True, drafter_bytes: int = 0) -> list[Check]:
+    ranks = {n.name: i for i, n in enumerate(cfg.nodes)}
+    by_name = {n.name: n for n in cfg.nodes}
+    results = on_all(
+        [nodes[n.name] for n in cfg.nodes],
+        lambda node: check_node(cfg, by_name[node.name], node, ranks[node.name], plan,
+                                check_ports=check_ports, drafter_bytes=drafter_bytes),
+        name=lambda node: node.name,
+    )
+    return [c for n in cfg.nodes for c in results[n.name]]
+
+
+def as_json(checks: list[Check]) -> dict[str, object]:
+    return {"ok": all(c.ok for c in checks), "checks": [asdict(c) for c in checks]}
