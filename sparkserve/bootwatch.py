@@ -1,0 +1,131 @@
+"""Watch a booting stack on every node until the head serves, or say exactly why it never will.
+
+One function waits for readiness (:func:`wait_ready`), used by `up` and `swap-drafter`. Each poll
+checks, on every node: the rank's container is still running, its new log lines (boot phase, fatal
+lines), free unified memory against the watchdog floor; and on the head whether ``/v1/models`` lists
+the served model. `/health` alone is never trusted: real vLLM answers 200 while a dead follower has
+hung every request.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import httpx
+
+from sparkserve.engine import Engine
+from sparkserve.errors import RemoteFailure
+from sparkserve.nodes.base import Node
+from sparkserve.parallel import on_all
+from sparkserve.plan import Plan
+from sparkserve.watchdog import Floors, Phase, check, mem_available, phase_of_line
+
+# Lines that end a boot for sure (the full classification lives in the log reader; this is the fast path).
+FATAL = re.compile(
+    r"EngineCore failed to start\.|EngineCore encountered a fatal error\.|died unexpectedly|"
+    r"Engine core initialization failed|Watchdog caught collective operation timeout|CUDA out of memory|"
+    r"\bNCCL WARN\b|NCCL error|WorkerProc failed|RPC call to \S+ timed out|NV_ERR_NO_MEMORY"
+)
+
+
+@dataclass
+class NodeView:
+    node: str
+    rank: int
+    container: str
+    phase: Phase = Phase.START
+    last_line: str = ""
+    lines_seen: int = 0
+    available: int | None = None
+    fatal: str | None = None
+    log: list[str] = field(default_factory=list)
+
+
+class BootFailure(RemoteFailure):
+    """The boot cannot succeed: which node, which step, and the log lines that say why."""
+
+    def __init__(self, node: str, step: str, what: str, lines: list[str]) -> None:
+        super().__init__(f"{node}: {step}", what, node=node, step=step, details=lines)
+
+
+def served_models(url: str, timeout: float = 2.0) -> list[str] | None:
+    """Model ids from ``GET /v1/models``, or None when the server does not answer (yet)."""
+    try:
+        r = httpx.get(f"{url}/v1/models", timeout=timeout)
+        if r.status_code != 200:
+            return None
+        return [m.get("id", "") for m in r.json().get("data", [])]
+    except (httpx.HTTPError, ValueError):
+        return None
+
+
+def _poll_node(view: NodeView, eng: Engine, node: Node, floors: Floors | None) -> None:
+    st = eng.state(view.container)
+    lines = eng.log_tail(view.container, 400)
+    view.log = lines
+    for line in lines:  # phases only move forward, so re-reading the window is harmless
+        view.phase = phase_of_line(line, view.phase)
+        if view.fatal is None and FATAL.search(line):
+            view.fatal = line
+    if lines:
+        view.last_line = lines[-1][-160:]
+    if not st.running:
+        why = f"exit code {st.exit_code}" + (", OOM-killed" if st.oom_killed else "")
+        raise BootFailure(view.node, "boot", f"rank {view.rank} container {view.container} stopped ({why})",
+                          explain(lines))
+    if view.fatal:
+        what = f"rank {view.rank} logged a fatal line: {view.fatal.strip()[-200:]}"
+        raise BootFailure(view.node, "boot", what, explain(lines))
+    if floors is not None:
+        view.available = mem_available(node.read_text("/proc/meminfo"))
+        breach = check(view.node, view.phase, view.available, floors)
+        if breach:
+            raise BootFailure(view.node, "memory watchdog", breach.message(), explain(lines))
+
+
+def explain(lines: list[str], n: int = 12) -> list[str]:
+    """The lines that explain a failure: from the first fatal line on when there is one, else the tail."""
+    for i, line in enumerate(lines):
+        if FATAL.search(line) or line.startswith("Traceback"):
+            return [x.rstrip() for x in lines[i : i + n]]
+    return [x.rstrip() for x in lines[-n:]]
+
+
+def wait_ready(
+    plan: Plan,
+    nodes: dict[str, Node],
+    containers: dict[str, str],
+    *,
+    timeout_s: float,
+    floors: Floors | None = None,
+    poll_s: float = 0.5,
+    on_update: Callable[[list[NodeView], float], None] | None = None,
+) -> float:
+    """Block until the head lists ``plan.served_name`` on /v1/models; return the seconds it took.
+
+    Raises BootFailure naming the node when a rank's container stops, logs a fatal line, or memory
+    falls below the floor; RemoteFailure on timeout.
+    """
+    t0 = time.monotonic()
+    views = [NodeView(s.node, s.rank, containers[s.node]) for s in plan.specs]
+    engines = {name: Engine(node) for name, node in nodes.items()}
+    while True:
+        on_all(views, lambda v: _poll_node(v, engines[v.node], nodes[v.node], floors), name=lambda v: v.node)
+        elapsed = time.monotonic() - t0
+        if on_update:
+            on_update(views, elapsed)
+        models = served_models(plan.api_url)
+        if models is not None and plan.served_name in models:
+            for v in views:
+                v.phase = Phase.SERVING
+            if on_update:
+                on_update(views, elapsed)
+            return elapsed
+        if elapsed > timeout_s:
+            head = views[0]
+            raise BootFailure(head.node, "wait ready", f"{plan.api_url} did not serve {plan.served_name!r} "
+                              f"within {timeout_s:.0f}s (phase {head.phase.value})", explain(head.log))
+        time.sleep(poll_s)
