@@ -1,0 +1,289 @@
+"""The one table of vLLM log patterns: message regexes keyed by event kind, with their version notes.
+
+Every pattern matches the *message* part of a line (after the ``(name pid=N) LEVEL MM-DD HH:MM:SS
+[file:line]`` prefix has been taken off by :mod:`sparkserve.logs`), never a ``[file:line]`` — those
+move every release. Each pattern also names literal *needles*: a line that contains none of them is
+never tried against the regex, which is what keeps ``logs analyze`` fast on big logs.
+
+Sources: vllm-facts.md (format strings read from the vLLM 0.10.1.1 … 0.33.0 wheels), the real vLLM
+0.25.1 logs in the test fixtures, and for V0 the executor's ``# GPU blocks`` line. Third-party lines
+(uvicorn, tqdm, NCCL, PyTorch c10) are labelled as such.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class Kind(StrEnum):
+    """Event kinds the log reader emits."""
+
+    VERSION = "version"
+    ENGINE_CONFIG = "engine_config"
+    NON_DEFAULT_ARGS = "non_default_args"
+    API_SERVER = "api_server"
+    RANK_IDENTITY = "rank_identity"
+    RANK_PRESENCE = "rank_presence"
+    KV_TOKENS = "kv_tokens"
+    GPU_BLOCKS = "gpu_blocks"
+    KV_MEMORY = "kv_memory"
+    GRAPH_CAPTURED = "graph_captured"
+    CAPTURE_BAR = "capture_bar"
+    SPECULATOR_CAPTURE = "speculator_capture"
+    EAGER = "eager"
+    DRAFT_EAGER = "draft_eager"
+    CUDAGRAPH_DOWNGRADE = "cudagraph_downgrade"
+    CUDAGRAPH_PROFILE = "cudagraph_profile"
+    MASK_LOADED = "mask_loaded"
+    RUNNER_V2 = "runner_v2"
+    RUNNER_V1 = "runner_v1"
+    RUNNER_V1_FALLBACK = "runner_v1_fallback"
+    READY = "ready"
+    SPEC_METRICS = "spec_metrics"
+    STOP = "stop"
+    FAULT = "fault"
+    TRACEBACK_START = "traceback_start"
+
+
+class FaultKind(StrEnum):
+    ENGINE_DEAD = "engine_dead"
+    WORKER_DIED = "worker_died"
+    NCCL = "nccl"
+    OOM = "oom"
+    TIMEOUT = "timeout"
+    TRACEBACK = "traceback"
+    OTHER = "other"
+
+
+@dataclass(frozen=True)
+class LogPattern:
+    kind: Kind
+    needles: tuple[str, ...]
+    regex: re.Pattern[str]
+    notes: str
+    fault: FaultKind | None = None
+
+
+def _p(kind: Kind, needles: tuple[str, ...], regex: str, notes: str, fault: FaultKind | None = None) -> LogPattern:
+    return LogPattern(kind, needles, re.compile(regex), notes, fault)
+
+
+# Order matters only within a kind family: the first matching pattern of a line wins for faults
+# (an `Engine core proc … died unexpectedly` is engine_dead, not worker_died).
+PATTERNS: tuple[LogPattern, ...] = (
+    # --- version and configuration -------------------------------------------------------------
+    _p(Kind.VERSION, ("LLM engine (v", "Launching vLLM (v", "vLLM server version", "vLLM API server version"),
+       r"LLM engine \(v(?P<version>[^)\s]+)\)|Launching vLLM \(v(?P<v2>[^)\s]+)\) headless"
+       r"|vLLM (?:API )?server version (?P<v3>[^\s,]+)",
+       "engine config line (all V1), follower `Launching vLLM (v%s) headless …` (0.12+), "
+       "`vLLM API server version %s` (0.10–0.14) / `vLLM server version %s, serving model` (0.20+)"),
+    _p(Kind.ENGINE_CONFIG, ("LLM engine (v",),
+       r"Initializing an? (?:V[01] )?LLM engine \(v[^)]*\) with config: (?P<config>.*)",
+       "EngineCore `Initializing a V1 LLM engine (v%s) with config: %s` (V1, all versions); V0 said "
+       "`Initializing a V0 LLM engine` / `Initializing an LLM engine`. Holds speculative_config=SpeculativeConfig("
+       "method=…, num_spec_tokens=k), enforce_eager=, tensor_parallel_size=, compilation_config (0.10–0.11 JSON "
+       "with `\"cudagraph_mode\":[2,1]`; 0.12+ dict repr with `<CUDAGraphMode.X: (2, 1)>`)."),
+    _p(Kind.NON_DEFAULT_ARGS, ("non-default args:",),
+       r"non-default args: (?P<args>\{.*)",
+       "API server (0.10+): dict keyed by argparse dest; the follower does not print it"),
+    _p(Kind.API_SERVER, ("Starting vLLM server on", "Starting vLLM API server", "vLLM API server version",
+                         "vLLM server version"),
+       r"Starting vLLM (?:API )?server|vLLM (?:API )?server version",
+       "`Starting vLLM server on %s` (0.20+), `Starting vLLM API server %d on %s` (0.10–0.14): an API server "
+       "exists in this log, so its readiness line is expected"),
+    # --- ranks --------------------------------------------------------------------------------------
+    _p(Kind.RANK_IDENTITY, ("world_size=", "in world size"),
+       r"world_size=(?P<world>\d+) rank=(?P<rank>\d+) local_rank=(?P<local>\d+)"
+       r"|rank (?P<rank2>\d+) in world size (?P<world2>\d+) is assigned as DP rank (?P<dp>\d+), "
+       r"PP rank (?P<pp>\d+), (?:PCP rank \d+, )?TP rank (?P<tp>\d+)",
+       "every worker: `world_size=%d rank=%d local_rank=%d …` and `rank %s in world size %s is assigned as "
+       "DP rank %s, PP rank %s, [PCP rank %s, ]TP rank %s, …` — in 0.18+ printed under the rank-less "
+       "`(Worker pid=N)` name, so the pid is mapped to the rank here"),
+    _p(Kind.RANK_PRESENCE, ("Model loading took", "Loading weights took", "Loading model from scratch",
+                            "Starting to load model"),
+       r"Model loading took (?P<gib>[\d.]+) GiB (?:memory )?and (?P<secs>[\d.]+) seconds"
+       r"|Loading weights took|Loading model from scratch|Starting to load model",
+       "per-worker loading lines: prove a rank exists and finished loading (`Model loading took %.4f GiB and` "
+       "0.10–0.11, `%s GiB and` V2 0.14–0.26, `%s GiB memory and` 0.30+)"),
+    # --- KV cache -----------------------------------------------------------------------------------
+    _p(Kind.KV_TOKENS, ("KV cache size:",),
+       r"(?P<device>\w+(?: \+ host)?) KV cache size: (?P<tokens>[\d,]+) tokens",
+       "EngineCore, once per engine: `%s KV cache size: %s tokens, Maximum concurrency for …` (one line since "
+       "0.30); 0.10–0.26 printed `GPU KV cache size: %s tokens` and `Maximum concurrency …` as two lines. "
+       "Thousands separators."),
+    _p(Kind.GPU_BLOCKS, (" blocks: ",),
+       r"^# (?P<device>\w+) blocks: (?P<gpu>\d+), # CPU blocks: (?P<cpu>\d+)",
+       "V0 executor: `# GPU blocks: %d, # CPU blocks: %d` (later `# %s blocks:` with the device name). "
+       "Blocks, not tokens: never reported as kv_cache_tokens."),
+    _p(Kind.KV_MEMORY, ("Available KV cache memory:", "memory for KV Cache as specified"),
+       r"Available KV cache memory: (?P<gib>-?[\d.]+) GiB"
+       r"|reserved (?P<reserved>[\d.]+) GiB memory for KV Cache as specified",
+       "worker: `Available KV cache memory: %s GiB` (not printed with --kv-cache-memory-bytes, which prints "
+       "`Initial free memory …, reserved %s GiB memory for KV Cache as specified by kv_cache_memory_bytes …`)"),
+    # --- CUDA graphs --------------------------------------------------------------------------------
+    _p(Kind.GRAPH_CAPTURED, ("Graph capturing finished in",),
+       r"Graph capturing finished in (?P<secs>\d+) secs(?:, took (?P<gib>-?[\d.]+) GiB)?",
+       "every worker in V2 and 0.10–0.11 (`info`), first local rank in V1 0.12+ (`info_once`); V2 prints it "
+       "twice with memory profiling, once with --kv-cache-memory-bytes, never when eager. Old V0: no `took`."),
+    _p(Kind.CAPTURE_BAR, ("Capturing ",),
+       r"Capturing (?:(?P<which>[\w-]+) )?CUDA graphs? (?:shapes|\((?P<mode>[^)]*)\))",
+       "tqdm (stderr, global rank 0 only, unprefixed in 0.31+): V2 `Capturing CUDA graphs (PIECEWISE)`/`(FULL)`, "
+       "`Capturing dflash2 CUDA graphs (FULL)`; V1 `(mixed prefill-decode, PIECEWISE)`/`(decode, FULL)`; V0 "
+       "`Capturing CUDA graph shapes`. Supporting evidence only: per-rank capture is judged from "
+       "`Graph capturing finished`."),
+    _p(Kind.SPECULATOR_CAPTURE, ("Capturing model for",),
+       r"Capturing model for (?:(?P<which>\w+) )?speculator",
+       "V2: `Capturing model for speculator...` (EAGLE/MTP), `Capturing model for %s speculator...` (DFlash, DFlash2)"),
+    _p(Kind.EAGER, ("Cudagraph is disabled under eager mode", "Enforce eager set", "Skipping CUDA graph capture",
+                    "Skipping encoder and decoder CUDA graph capture", "fallback to the eager mode"),
+       r"Cudagraph is disabled under eager mode|Enforce eager set, disabling|Skipping CUDA graph capture"
+       r"|Skipping encoder and decoder CUDA graph capture|fallback to the eager mode",
+       "`Cudagraph is disabled under eager mode` (--enforce-eager, info_once in the config-building process), "
+       "`Enforce eager set, disabling torch.compile and CUDAGraphs` (seen in 0.25.1), V1 `Skipping CUDA graph "
+       "capture …`, V2 `Skipping encoder and decoder CUDA graph capture …`, V0 CPU `… fallback to the eager mode.`"),
+    _p(Kind.DRAFT_EAGER, ("running the draft eagerly", "draft pass eagerly"),
+       r"does not support full CUDA graphs; running the draft eagerly|runs the draft pass eagerly",
+       "`%s draft attention (%s) does not support full CUDA graphs; running the draft eagerly.` (0.33 warning); "
+       "a forked DFlash V2 speculator says `… runs the draft pass eagerly (CUDA graphs for the draft are not "
+       "implemented yet)`"),
+    _p(Kind.CUDAGRAPH_DOWNGRADE, ("setting cudagraph_mode=", "Cudagraph mode "),
+       r"CUDAGraphMode\.(?P<src>\w+) is not supported with .*?; setting cudagraph_mode=(?P<dst>[A-Z_]+)"
+       r"|Cudagraph mode (?P<src2>\S+) requires piecewise capture, .*Overriding to (?P<dst2>[A-Z_]+)",
+       "`vllm.config.compilation` warnings: `CUDAGraphMode.%s is not supported with %s backend (support: %s); "
+       "setting cudagraph_mode=%s[ because …]` (also `… with spec-decode for attention backend …`), and "
+       "`Cudagraph mode %s requires piecewise capture, … Overriding to %s.`"),
+    _p(Kind.CUDAGRAPH_PROFILE, ("Profiling CUDA graph memory:",),
+       r"Profiling CUDA graph memory: (?P<modes>.*)",
+       "V1 runner only: `Profiling CUDA graph memory: PIECEWISE=51 (largest=512), FULL=49 (largest=512)`"),
+    # --- speculative decoding -----------------------------------------------------------------------
+    _p(Kind.MASK_LOADED, ("Loaded DFlash mask embedding",),
+       r"Loaded DFlash mask embedding for (?:mask_token_id|token) (?P<id>\d+) from (?P<src>.+?)\.?$",
+       "plain `info`, every worker: `Loaded DFlash mask embedding for mask_token_id %s from %s` (upstream); a "
+       "forked DFlash V2 speculator logs `Loaded DFlash mask embedding for token %d from %s.` (info_once, local)"),
+    _p(Kind.SPEC_METRICS, ("SpecDecoding metrics:",),
+       r"SpecDecoding metrics: .*?Mean acceptance length: (?P<al>[\d.]+)"
+       r"(?:.*?Per-position acceptance rate: (?P<pos>[\d., ]+?)(?:, Avg|$))?",
+       "API server every VLLM_LOG_STATS_INTERVAL under load; 0.10.2+: `Mean acceptance length` first; 0.10.1.1: "
+       "`Draft acceptance rate: %.1f%%, Mean acceptance length: %.2f, …` — both matched"),
+    # --- model runner -------------------------------------------------------------------------------
+    _p(Kind.RUNNER_V1_FALLBACK, ("using the V1 model runner instead",),
+       r"Model Runner V2 (?:does not yet support (?P<what>.*?)|requires Triton); using the V1 model runner instead",
+       "0.33 `warning_once` when V2 cannot run the config (`Model Runner V2 does not yet support %s; using the V1 "
+       "model runner instead.`, `Model Runner V2 requires Triton; …`)"),
+    _p(Kind.RUNNER_V2, ("Using V2 Model Runner",),
+       r"Using V2 Model Runner",
+       "gpu_worker `info_once` during device init, 0.16+ (first local rank of each node; rank-less `Worker` name)"),
+    _p(Kind.RUNNER_V1, ("Starting to load model", "Profiling CUDA graph memory:",
+                        "Capturing CUDA graphs (mixed prefill-decode,", "Capturing CUDA graphs (decode, FULL)"),
+       r"Starting to load model|Profiling CUDA graph memory:|Capturing CUDA graphs \((?:mixed prefill-decode|decode), ",
+       "lines only the V1 runner (gpu_model_runner) prints: `Starting to load model %s...`, `Profiling CUDA graph "
+       "memory: …`, V1 capture bars"),
+    # --- readiness ----------------------------------------------------------------------------------
+    _p(Kind.READY, ("Application startup complete.",),
+       r"Application startup complete\.",
+       "uvicorn (`INFO:     Application startup complete.`), prefixed `(APIServer pid=N)` ≤0.30, bare 0.31+. "
+       "vLLM never prints `Uvicorn running on`."),
+    # --- deliberate stop (what follows is a shutdown artefact, not a boot fault) ----------------------
+    _p(Kind.STOP, ("[shutdown] ", "Shutting down", "terminating worker queues"),
+       r"^(?!.*exited unexpectedly)(?:\[shutdown\] |Shutting down\b|.*received signal=SIG(?:INT|TERM)"
+       r"|Parent process exited, terminating worker queues)",
+       "0.25+ `[shutdown] …` chatter (except `engine core exited unexpectedly`, a fault), uvicorn `Shutting down`, "
+       "`[shutdown] EngineCore: trigger received signal=SIGTERM`, worker `Parent process exited, terminating "
+       "worker queues`"),
+    # --- faults (first match wins) ------------------------------------------------------------------
+    _p(Kind.FAULT, ("Engine core proc",),
+       r"Engine core proc \S+ died unexpectedly",
+       "0.10–0.11 `Engine core proc %s died unexpectedly, shutting down client.`", FaultKind.ENGINE_DEAD),
+    _p(Kind.FAULT, ("EngineCore failed to start", "EngineCore encountered a fatal error", "EngineDeadError",
+                    "Engine core initialization failed", "engine core exited unexpectedly",
+                    "Timed out waiting for engine core"),
+       r"EngineCore failed to start|EngineCore encountered a fatal error|EngineDeadError"
+       r"|Engine core initialization failed|engine core exited unexpectedly",
+       "EngineCore `EngineCore failed to start.` / `EngineCore encountered a fatal error.` (logger.exception → "
+       "traceback follows); API server `RuntimeError: Engine core initialization failed. See root cause above. "
+       "…`, `[shutdown] MPClient: engine core exited unexpectedly; starting cleanup`, `EngineDeadError`",
+       FaultKind.ENGINE_DEAD),
+    _p(Kind.FAULT, ("CUDA out of memory", "OutOfMemoryError", "NV_ERR_NO_MEMORY", "not enough GPU memory",
+                    "No available memory for the cache blocks", "larger than the available KV cache memory"),
+       r"CUDA out of memory|OutOfMemoryError|NV_ERR_NO_MEMORY|Failed to load model - not enough GPU memory"
+       r"|No available memory for the cache blocks|larger than the available KV cache memory",
+       "PyTorch `torch.OutOfMemoryError: CUDA out of memory. …`; kernel `NVRM: … NV_ERR_NO_MEMORY` (Spark UMA); "
+       "V1 `Failed to load model - not enough GPU memory …`; KV planning ValueErrors", FaultKind.OOM),
+    _p(Kind.FAULT, ("operation timeout: WorkNCCL",),
+       r"Watchdog caught collective operation timeout",
+       "PyTorch ProcessGroupNCCL watchdog (`[rank0]:[E… ProcessGroupNCCL.cpp:…] [Rank 0] Watchdog caught …`)",
+       FaultKind.TIMEOUT),
+    _p(Kind.FAULT, ("NCCL WARN", "NCCL error", "ibv_"),
+       r"\bNCCL WARN\b|NCCL error|\bibv_\w+ failed",
+       "NCCL library `host:pid:tid [dev] file.cc:line NCCL WARN …` (no vLLM prefix); vLLM `RuntimeError: NCCL "
+       "error: …`; RDMA `ibv_modify_qp failed with 110 (Connection timed out)`", FaultKind.NCCL),
+    _p(Kind.FAULT, ("RPC call to", "Timed out waiting for engine core", "No available shared memory broadcast block"),
+       r"RPC call to \S+ timed out|Timed out waiting for engine core processes to start"
+       r"|No available shared memory broadcast block found",
+       "mp executor `TimeoutError: RPC call to %s timed out.`; API server `TimeoutError: Timed out waiting for "
+       "engine core processes to start …`; shm ring buffer stall `No available shared memory broadcast block "
+       "found in %d seconds …` — logged at INFO, yet the only sign of a dead follower", FaultKind.TIMEOUT),
+    _p(Kind.FAULT, ("Worker proc", "RayWorkerProc rank=", "WorkerProc failed", "WorkerProc hit an exception", "WorkerProc was terminated",
+                    "RayWorkerProc failed", "Worker failed with error"),
+       r"Worker proc \S+ died unexpectedly|RayWorkerProc rank=\d+ died unexpectedly|WorkerProc failed"
+       r"|WorkerProc hit an exception|WorkerProc was terminated|RayWorkerProc failed|Worker failed with error",
+       "mp executor `Worker proc %s died unexpectedly[ (exit code: %s)], shutting down executor.` (exit -9 = "
+       "OOM killer), worker `WorkerProc failed to start.`/`failed.`/`hit an exception.`/`was terminated`, Ray "
+       "`RayWorkerProc rank=%s died unexpectedly …`, `RuntimeError: Worker failed with error '%s', please check the "
+       "stack trace above for the root cause`", FaultKind.WORKER_DIED),
+    _p(Kind.FAULT, ("TCPStore", "[c10d]"),
+       r"TCPStore.*[Ff]ailed|[Ff]ailed.*TCPStore|^\[c10d\] .*failed",
+       "PyTorch c10d `[rankN]:[W… TCPStore.cpp:…] [c10d] recvValue failed …` (+ `Exception raised from …` C++ "
+       "stack): the rendezvous store (head) went away. A shutdown artefact when the head was stopped on purpose.",
+       FaultKind.OTHER),
+    _p(Kind.FAULT, ("Xid",),
+       r"NVRM: Xid\b",
+       "kernel `NVRM: Xid (PCI:…): N, …` when dmesg is appended to a log", FaultKind.OTHER),
+    _p(Kind.TRACEBACK_START, ("Traceback (most recent call last)",),
+       r"^Traceback \(most recent call last\):",
+       "Python traceback; the fault reported is its root-cause line (the last `XxxError: …` line)"),
+)
+
+#: Literal needles of every pattern, plus the words that make a prefixed line an error line.
+LEVEL_NEEDLES: tuple[str, ...] = ("ERROR", "CRITICAL")
+NEEDLES: tuple[str, ...] = tuple(sorted({n for p in PATTERNS for n in p.needles} | set(LEVEL_NEEDLES)))
+
+#: Short anchors for the whole-text sweep: every needle contains one of them (a test keeps it so), so a
+#: line with no anchor holds no needle. Fewer, shared anchors = fewer passes over a big log; each was
+#: chosen to be rare in a serving log's steady state (access lines, stats, SpecDecoding lines).
+ANCHORS: tuple[str, ...] = (
+    "LLM ", "non-default", "world", "took", "KV cache size:", " blocks: ", "emory", "aptur", "eager", "udagraph",
+    "Loaded DFlash", "SpecDecoding metrics:", "odel", "startup complete", "hut",
+    "ngine core", "EngineCore ", "EngineDead", "NCCL", "ibv_",
+    "RPC call", "orker", "TCPStore", "c10d", "Xid", "Traceback", "ERR", "CRITICAL",
+)
+#: anchor → ((needle, index into PATTERNS), …) for the needles holding that anchor.
+NEEDLE_INDEX: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = tuple(
+    (a, tuple((n, i) for i, p in enumerate(PATTERNS) for n in p.needles if a in n)) for a in ANCHORS
+)
+
+#: An exception line inside a traceback: ``ValueError: …``, ``torch.OutOfMemoryError: …``, ``KeyboardInterrupt``.
+EXCEPTION_LINE = re.compile(
+    r"^(?P<exc>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Interrupt|Exit)\w*)(?::\s*(?P<msg>.*))?$"
+)
+#: Root-cause pointers: the real cause was logged earlier (another process or an earlier traceback).
+POINTER = re.compile(
+    r"[Ss]ee (?:the )?root cause above|[Ss]ee stack trace|check the stack trace above|[Ss]ee the stack trace above"
+)
+#: Exceptions that mean a deliberate stop, not a fault.
+STOP_EXCEPTIONS = frozenset({"KeyboardInterrupt", "SystemExit"})
+
+#: CUDAGraphMode values as the 0.10–0.11 JSON config dump prints them (enum value tuples).
+CUDAGRAPH_MODE_VALUES: dict[str, str] = {
+    "0": "NONE",
+    "1": "PIECEWISE",
+    "2": "FULL",
+    "2,0": "FULL_DECODE_ONLY",
+    "2,1": "FULL_AND_PIECEWISE",
+}
+
+
+def patterns_of(kind: Kind) -> tuple[LogPattern, ...]:
+    return tuple(p for p in PATTERNS if p.kind is kind)
