@@ -11,8 +11,8 @@
 # DRAFTER_JSON_READER=python3|jq picks how the drafter's config.json is read (default: python3, else jq).
 # Exit codes: 0 started, 2 bad input (knob, drafter), 3 a node step failed.
 #
-# Config fingerprints: graphs f964446510134ca62385414c585037694327e064c600e74cdbf0997235cfbf13
-#                      eager  aba90103e060dd68029aa82e9553bb244d275b7913641cbf45d847d1da59ca66
+# Config fingerprints: graphs eaaf50011388eac7240f67cf954f59225e6e0869d453352d4331c3650f31883f
+#                      eager  af9bd2657a4bbc634a184b20b62dff95848e127c9051f34c86b8aa77c1d09f0a
 set -euo pipefail
 
 DEFAULT_DRAFTER_HOST_PATH=/models/GLM-5.3-Flash-DFlash2-E
@@ -28,6 +28,10 @@ say() { printf '==> %s\n' "$*" >&2; }
 
 [[ "$GRAPHS" == 0 || "$GRAPHS" == 1 ]] || die "GRAPHS: must be 0 or 1, got '$GRAPHS'"
 [[ "$EAGER" == 0 || "$EAGER" == 1 ]] || die "EAGER: must be 0 or 1, got '$EAGER'"
+case "$DRAFTER_JSON_READER" in
+  auto | python3 | jq) ;;
+  *) die "DRAFTER_JSON_READER: must be python3, jq or auto, got '$DRAFTER_JSON_READER'" ;;
+esac
 if [[ "$EAGER" == 1 || "$GRAPHS" == 0 ]]; then MODE=eager; else MODE=graphs; fi
 
 # --- the drafter: present, with its mask file, and K = block_size - 1 ------------------------------------
@@ -43,23 +47,22 @@ esac
 [[ -f "$DRAFTER_HOST_PATH/mask_embedding.pt" ]] ||
   die "$DRAFTER_HOST_PATH/mask_embedding.pt: missing; vLLM would silently ignore the trained mask (DO NOT SERVE)"
 
+JSON_READER="$DRAFTER_JSON_READER"
+if [[ "$JSON_READER" == auto ]]; then
+  if command -v python3 >/dev/null 2>&1; then JSON_READER=python3; else JSON_READER=jq; fi
+fi
+command -v "$JSON_READER" >/dev/null 2>&1 || die "$JSON_READER: not installed (the launcher reads config.json with python3 or jq)"
 drafter_facts() {  # drafter_facts CONFIG_JSON -> "<block_size|none> <first architecture>"
-  local reader="$DRAFTER_JSON_READER"
-  if [[ "$reader" == auto ]]; then
-    if command -v python3 >/dev/null 2>&1; then reader=python3; else reader=jq; fi
-  fi
-  case "$reader" in
+  case "$JSON_READER" in
     python3)
       python3 -c 'import json, sys
 c = json.load(open(sys.argv[1]))
 d = c.get("dflash_config") or {}
 b = d.get("block_size", c.get("block_size"))
 a = (c.get("architectures") or ["unknown"])[0]
-print(b if isinstance(b, int) and not isinstance(b, bool) else "none", a)' "$1" ;;
+print(b if isinstance(b, int) and not isinstance(b, bool) else "none", a)' "$1" 2>/dev/null ;;
     jq)
-      command -v jq >/dev/null 2>&1 || die "need python3 or jq to read $1"
-      jq -r '((.dflash_config.block_size // .block_size // "none") | tostring) + " " + ((.architectures // ["unknown"])[0])' "$1" ;;
-    *) die "DRAFTER_JSON_READER: must be python3, jq or auto, got '$reader'" ;;
+      jq -r '((.dflash_config.block_size // .block_size // "none") | tostring) + " " + ((.architectures // ["unknown"])[0])' "$1" 2>/dev/null ;;
   esac
 }
 facts="$(drafter_facts "$DRAFTER_HOST_PATH/config.json")" || die "$DRAFTER_HOST_PATH/config.json: not readable JSON"
@@ -108,7 +111,7 @@ node_argv() {  # node_argv RANK: ARGV = that rank's `docker run` for $MODE (from
         --restart no
         --stop-timeout 30
         --label io.sparkserve.managed=1
-        --label io.sparkserve.fingerprint=f964446510134ca62385414c585037694327e064c600e74cdbf0997235cfbf13
+        --label io.sparkserve.fingerprint=eaaf50011388eac7240f67cf954f59225e6e0869d453352d4331c3650f31883f
         --label io.sparkserve.node=spark-a
         --label io.sparkserve.rank=0
         --label io.sparkserve.role=head
@@ -164,7 +167,7 @@ node_argv() {  # node_argv RANK: ARGV = that rank's `docker run` for $MODE (from
         --restart no
         --stop-timeout 30
         --label io.sparkserve.managed=1
-        --label io.sparkserve.fingerprint=aba90103e060dd68029aa82e9553bb244d275b7913641cbf45d847d1da59ca66
+        --label io.sparkserve.fingerprint=af9bd2657a4bbc634a184b20b62dff95848e127c9051f34c86b8aa77c1d09f0a
         --label io.sparkserve.node=spark-a
         --label io.sparkserve.rank=0
         --label io.sparkserve.role=head
@@ -220,7 +223,7 @@ node_argv() {  # node_argv RANK: ARGV = that rank's `docker run` for $MODE (from
         --restart no
         --stop-timeout 30
         --label io.sparkserve.managed=1
-        --label io.sparkserve.fingerprint=f964446510134ca62385414c585037694327e064c600e74cdbf0997235cfbf13
+        --label io.sparkserve.fingerprint=eaaf50011388eac7240f67cf954f59225e6e0869d453352d4331c3650f31883f
         --label io.sparkserve.node=spark-b
         --label io.sparkserve.rank=1
         --label io.sparkserve.role=follower
@@ -276,7 +279,7 @@ node_argv() {  # node_argv RANK: ARGV = that rank's `docker run` for $MODE (from
         --restart no
         --stop-timeout 30
         --label io.sparkserve.managed=1
-        --label io.sparkserve.fingerprint=aba90103e060dd68029aa82e9553bb244d275b7913641cbf45d847d1da59ca66
+        --label io.sparkserve.fingerprint=af9bd2657a4bbc634a184b20b62dff95848e127c9051f34c86b8aa77c1d09f0a
         --label io.sparkserve.node=spark-b
         --label io.sparkserve.rank=1
         --label io.sparkserve.role=follower

@@ -126,6 +126,8 @@ def launcher_context(cfg: Config) -> dict[str, Any]:
         "cache_dirs": " ".join(shlex.quote(str(cfg.container.cache_root / sub)) for sub in CACHE_MOUNTS),
         "stop_timeout": cfg.container.stop_timeout_s,
         "api_url": variants["graphs"][1].api_url,
+        "literal_dollar": any("$" in line.replace("${" + DRAFTER_VAR + "}", "")
+                              for n in nodes for lines in n["argv"].values() for line in lines),
         "nodes": nodes,
         "head": nodes[0],
         "followers": nodes[1:],

@@ -274,11 +274,12 @@ def validate(
     parser: ParserMode = "auto",
     judge: RealParser | OptionList | None = None,
 ) -> Report:
-    """All pre-flight rules. Dirs default to the config's paths (read locally). The argv check runs only
-    when everything else passed (it costs a vLLM start-up, and a broken input is reported faster)."""
+    """All pre-flight rules. The drafter is read locally from ``drafter_dir``, else drafter.source (the
+    controller's copy), else drafter.path; the target from ``target_dir`` or model.target. The argv check
+    runs only when everything else passed (it costs a vLLM start-up; a broken input is reported faster)."""
     r = check_config(cfg)
     try:
-        r.drafter = inspect_drafter(drafter_dir or cfg.drafter.path)
+        r.drafter = inspect_drafter(drafter_dir or cfg.drafter.source or cfg.drafter.path)
     except BadInput as e:
         r.error(e.where, e.what)
     else:

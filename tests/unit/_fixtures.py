@@ -111,6 +111,8 @@ while args and args[0].startswith("-"):
 target, command = args[0], " ".join(args[1:])
 with open(os.environ["SHIM_LOG"], "a") as f:
     f.write(json.dumps({"prog": "ssh", "host": target, "opts": opts, "command": command}) + "\n")
+if os.environ.get("SHIM_REMOTE_TEST_FAILS") and command.startswith("test "):
+    sys.exit(1)  # the file is missing on that node
 env = dict(os.environ, SHIM_HOST=target)
 env.pop("VLLM_API_KEY", None)  # a remote shell does not inherit the caller's environment
 sys.exit(subprocess.call(["bash", "-c", command], env=env))
