@@ -44,7 +44,8 @@ MIN_RATE = 20e6  # bytes/s assumed when sizing the copy timeout
 def _remote_main(args: dict) -> dict:  # type: ignore[type-arg]
     """On the node: optionally delete files, then the sha256 manifest of ``root`` (cached).
 
-    args: root, cache (path or ""), delete (relpaths), rehash (relpaths hashed even if cached).
+    args: root, cache (path or ""), delete (relpaths), rehash (relpaths hashed even if cached),
+    create (make ``root`` if missing, so a copy can follow without another round trip).
     Returns {exists, files: {rel: [sha256, size]}, hashed_bytes, rsync, deleted}.
     """
     import hashlib
@@ -77,6 +78,8 @@ def _remote_main(args: dict) -> dict:  # type: ignore[type-arg]
                 break
             d = os.path.dirname(d)
 
+    if args.get("create"):
+        os.makedirs(root, exist_ok=True)
     out = {"exists": os.path.isdir(root), "files": {}, "hashed_bytes": 0,
            "rsync": shutil.which("rsync") is not None, "deleted": deleted}
     if not out["exists"]:
@@ -121,7 +124,7 @@ def _remote_main(args: dict) -> dict:  # type: ignore[type-arg]
                 n += len(b)
         return rel, h.hexdigest(), n, st
 
-    workers = max(1, min(4, os.cpu_count() or 1, len(todo)))
+    workers = max(1, min(8, os.cpu_count() or 1, len(todo)))
     with ThreadPoolExecutor(workers) as pool:
         for rel, sha, n, st in pool.map(digest, todo):
             entries[rel] = [sha, st.st_size, st.st_mtime_ns]
@@ -173,13 +176,14 @@ def remote_manifest(
     *,
     rehash: list[str] | None = None,
     delete: list[str] | None = None,
+    create: bool = False,
     timeout: float = 3600.0,
     step: str = "sync",
 ) -> RemoteState:
     """Run the remote program once: delete ``delete``, then the manifest of ``remote_dir`` on ``node``."""
     cache = _cache_file(remote_dir)
     args: dict[str, object] = {"root": remote_dir, "cache": cache, "rehash": rehash or [],
-                               "delete": delete or []}
+                               "delete": delete or [], "create": create}
     program = remote_program(args)  # "~" in the cache path is expanded by the node's python, not a shell
     res = node.run(["python3", "-"], stdin=program.encode(), timeout=timeout, step=step, check=False)
     if res.exit_code == 127:
@@ -281,7 +285,7 @@ def sync_dir(
         return SyncReport(node.name, "same-dir", verified=True, digest=m.digest,
                           seconds=time.monotonic() - t0)
     local = local_manifest or manifest(local_dir)
-    state = remote_manifest(node, remote_dir)
+    state = remote_manifest(node, remote_dir, create=True)
     diff = local.differing(state.manifest)
     extra = local.extra_in(state.manifest) if delete_extra else []
     report = SyncReport(node.name, "none", remote_hashed_bytes=state.manifest.hashed_bytes,
@@ -297,7 +301,6 @@ def sync_dir(
             raise NodeError(node.name, "sync", "rsync requested but missing on this machine or the node")
         if method == "sftp":
             use_rsync = False
-        node.run(["mkdir", "-p", "--", remote_dir], timeout=30, step="sync")
         if use_rsync:
             limit = timeout or max(300.0, size / MIN_RATE)
             report.wire_bytes = _rsync_copy(node, local_dir, remote_dir, diff, limit)
