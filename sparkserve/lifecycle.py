@@ -128,6 +128,25 @@ def sync_drafter(cfg: Config, nodes: dict[str, Node], say: Reporter) -> tuple[st
     return ref, {k: f"{k}: identical ({d[:12]})" for k, d in digests.items()}
 
 
+def validate_inputs(cfg: Config, nodes: dict[str, Node]) -> None:
+    """The pure pre-flight rules, on the drafter and target wherever they are (metadata only)."""
+    from sparkserve.preflight import validate
+    from sparkserve.remotemeta import fetch_meta
+
+    head = nodes[cfg.head.name]
+    with tmpdir() as tmp:
+        drafter_dir = local_drafter(cfg)
+        if drafter_dir is None:
+            drafter_dir = fetch_meta(head, str(cfg.drafter.path), Path(tmp) / "drafter", field="drafter.path")
+        target_dir = Path(cfg.model.target)
+        if not (target_dir / "config.json").is_file():
+            target_dir = fetch_meta(head, str(cfg.model.target), Path(tmp) / "target", field="model.target")
+        report = validate(cfg, drafter_dir=drafter_dir, target_dir=target_dir, parser="list")
+        for w in report.warnings:
+            print(f"warning: {w.where}: {w.what}", file=sys.stderr)
+        report.raise_first()
+
+
 # -- the running stack ------------------------------------------------------------------------------------
 
 
@@ -419,9 +438,17 @@ def status(cfg: Config, nodes: dict[str, Node]) -> dict[str, Any]:
     return out
 
 
-def show_logs(cfg: Config, nodes: dict[str, Node], *, node: str | None = None, follow: bool = False,
-              since: str | None = None, out: Callable[[str], None] = print) -> None:
+def show_logs(cfg: Config, node: str | None = None, follow: bool = False, since: str | None = None,
+              *, out: Callable[[str], None] = print) -> None:
     """Every node's sparkserve container logs, each line prefixed with its node; ``follow`` streams."""
+    from sparkserve.nodes.factory import open_nodes
+
+    with open_nodes(cfg) as nodes:
+        stream_logs(cfg, nodes, node=node, follow=follow, since=since, out=out)
+
+
+def stream_logs(cfg: Config, nodes: dict[str, Node], *, node: str | None = None, follow: bool = False,
+                since: str | None = None, out: Callable[[str], None] = print) -> None:
     names = [n.name for n in cfg.nodes if node is None or n.name == node]
     if node is not None and not names:
         raise BadInput("--node", f"no node named {node!r} (nodes: {', '.join(n.name for n in cfg.nodes)})")

@@ -1,9 +1,204 @@
-"""Commands (placeholder: filled by the owning work item)."""
+"""`up`, `down`, `status`, `doctor`, `swap-drafter`: thin wrappers over sparkserve.lifecycle."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+from typing import Annotated
+
 import typer
+from rich.live import Live
+from rich.table import Table
+
+from sparkserve import lifecycle
+from sparkserve.bootwatch import NodeView
+from sparkserve.commands._common import ConfigOpt, JsonOpt, config_from, emit_json, err_console
+from sparkserve.errors import GateFailed
+from sparkserve.nodes.factory import open_nodes
+
+AcceptNew = Annotated[bool, typer.Option("--accept-new-host-keys",
+                                         help="add unknown SSH host keys to known_hosts (default: refuse them)")]
+BreakLock = Annotated[bool, typer.Option("--break-lock", help="remove a lock left by a run that is gone")]
+
+
+def _say(json_out: bool):  # noqa: ANN202
+    def say(msg: str) -> None:
+        if not json_out:
+            err_console.print(f"[dim]·[/dim] {msg}", highlight=False)
+    return say
+
+
+class _BootView:
+    """A live per-node table (phase, last log line, elapsed) on a terminal; phase changes otherwise."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self.live: Live | None = None
+        self.phases: dict[str, str] = {}
+
+    def __enter__(self) -> _BootView:
+        if self.enabled and err_console.is_terminal:
+            self.live = Live(console=err_console, refresh_per_second=4, transient=True)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.live is not None:
+            self.live.__exit__(None, None, None)
+
+    def update(self, views: list[NodeView], elapsed: float) -> None:
+        if not self.enabled:
+            return
+        if self.live is not None:
+            t = Table(title=f"booting — {elapsed:.0f}s", expand=True)
+            for col in ("node", "rank", "phase", "free mem", "last log line"):
+                t.add_column(col, overflow="ellipsis", no_wrap=col == "last log line")
+            for v in views:
+                mem = f"{v.available / 2**30:.1f} GiB" if v.available is not None else "-"
+                t.add_row(v.node, str(v.rank), v.phase.value, mem, v.last_line)
+            self.live.update(t)
+            return
+        for v in views:
+            if self.phases.get(v.node) != v.phase.value:
+                self.phases[v.node] = v.phase.value
+                err_console.print(f"[dim]·[/dim] {v.node} (rank {v.rank}): {v.phase.value} after {elapsed:.1f}s",
+                                  highlight=False)
+
+
+def up_cmd(
+    config: ConfigOpt = None,
+    json_out: JsonOpt = False,
+    no_gates: Annotated[bool, typer.Option("--no-gates", help="do not run the gates after boot")] = False,
+    accept_new: AcceptNew = False,
+    break_lock: BreakLock = False,
+) -> None:
+    """Preflight, sync the drafter, start every rank (followers, then head), wait, check parity and gates.
+
+    On any failure or Ctrl-C every container this run started is stopped and removed on every node."""
+    cfg = config_from(config)
+    if accept_new:
+        cfg.ssh.accept_new_host_keys = True
+    from sparkserve.preflight import check_config
+
+    check_config(cfg).raise_first()  # config alone: before any node is touched
+    say = _say(json_out)
+    with open_nodes(cfg) as nodes:
+        lifecycle.validate_inputs(cfg, nodes)
+        gate_runner = None
+        if not no_gates:
+            from sparkserve.gates_live import gates_for_up
+
+            gate_runner = gates_for_up
+        with _BootView(not json_out) as view:
+            result = lifecycle.up(cfg, nodes, run_gates=not no_gates, break_lock=break_lock, say=say,
+                                  on_update=view.update, gate_runner=gate_runner)
+    if json_out:
+        emit_json(result.as_dict())
+        return
+    if result.status == "unchanged":
+        print(f"already up: {result.api_url} serves {result.served_name} (deployment {result.fingerprint[:12]})")
+    else:
+        boot = f" in {result.boot_seconds:.1f}s" if result.boot_seconds is not None else ""
+        gates = "" if result.gates is None else " — all gates passed"
+        print(f"{result.status}: {result.served_name} serving at {result.api_url}{boot}{gates}")
+
+
+def down_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: AcceptNew = False,
+             break_lock: BreakLock = False) -> None:
+    """Stop (gracefully) and remove every sparkserve container on every node; logs are saved first."""
+    cfg = config_from(config)
+    if accept_new:
+        cfg.ssh.accept_new_host_keys = True
+    with open_nodes(cfg) as nodes:
+        out = lifecycle.down(cfg, nodes, break_lock=break_lock, say=_say(json_out))
+    if json_out:
+        emit_json(out)
+    elif out["removed"]:
+        print(f"down: removed {sum(len(v) for v in out['removed'].values())} container(s); logs in {out['logs']}")
+    else:
+        print("down: nothing was running")
+
+
+def status_cmd(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
+    """What runs where: every node's sparkserve containers (liveness per node) and the head's API."""
+    cfg = config_from(config)
+    with open_nodes(cfg) as nodes:
+        st = lifecycle.status(cfg, nodes)
+    if json_out:
+        emit_json(st)
+    else:
+        t = Table(title="sparkserve status")
+        for col in ("node", "container", "rank", "role", "status", "deployment", "image"):
+            t.add_column(col)
+        for node, cs in st["nodes"].items():
+            if not cs:
+                t.add_row(node, "-", "-", "-", "[red]none[/red]", "-", "-")
+            for c in cs:
+                color = "green" if c["status"] == "running" else "red"
+                t.add_row(node, c["name"], str(c["rank"]), c["role"], f"[{color}]{c['status']}[/{color}]",
+                          c["deployment"], c["image_id"])
+        from sparkserve.commands._common import console
+
+        console.print(t)
+        api = st["api"]
+        print(f"api {api['url']}: {'serving' if api['serving'] else 'not serving'}")
+    if not st["ok"]:
+        raise typer.Exit(1)
+
+
+def doctor_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: AcceptNew = False) -> None:
+    """ssh, docker, disk, UMA memory headroom, ports, stale containers, paths, CX-7 fabric — every node."""
+    from sparkserve.nodecheck import as_json, check_all
+
+    cfg = config_from(config)
+    if accept_new:
+        cfg.ssh.accept_new_host_keys = True
+    with open_nodes(cfg) as nodes:
+        checks = check_all(cfg, nodes, None, check_ports=True)
+    out = as_json(checks)
+    if json_out:
+        emit_json(out)
+    else:
+        t = Table(title="sparkserve doctor")
+        for col in ("node", "check", "", "detail"):
+            t.add_column(col, overflow="fold")
+        for c in checks:
+            mark = {"ok": "[green]ok[/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]FAIL[/red]"}[c.status]
+            t.add_row(c.node, c.name, mark, c.detail)
+        from sparkserve.commands._common import console
+
+        console.print(t)
+    if not out["ok"]:
+        raise typer.Exit(1)
+
+
+def swap_drafter_cmd(
+    path: Annotated[Path, typer.Argument(help="the new drafter directory (on this machine)")],
+    config: ConfigOpt = None,
+    json_out: JsonOpt = False,
+    break_lock: BreakLock = False,
+) -> None:
+    """Validate PATH, sync it to every node, restart with the new bind mount, run the gates; roll back
+    to the previous drafter if anything fails."""
+    from sparkserve.swap import swap_drafter
+
+    cfg = config_from(config)
+    result = swap_drafter(cfg, path, break_lock=break_lock, say=_say(json_out))
+    if json_out:
+        emit_json(result)
+    else:
+        print(result["message"])
+    if not result["ok"]:
+        raise GateFailed("swap-drafter", result["message"])
 
 
 def register(app: typer.Typer) -> None:
-    return None
+    app.command("up")(up_cmd)
+    app.command("down")(down_cmd)
+    app.command("status")(status_cmd)
+    app.command("doctor")(doctor_cmd)
+    app.command("swap-drafter")(swap_drafter_cmd)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit("use the sparkserve command")
