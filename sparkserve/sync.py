@@ -190,8 +190,9 @@ def remote_manifest(
         raise NodeError(node.name, step, "python3 not found on the node (the drafter check needs it)",
                         argv=res.argv, last_lines=res.tail())
     if not res.ok:
-        raise NodeError(node.name, step, f"manifest of {remote_dir} failed (exit {res.exit_code})",
-                        argv=res.argv, last_lines=res.tail())
+        why = (res.stderr.strip().splitlines() or [f"exit {res.exit_code}"])[-1]
+        raise NodeError(node.name, step, f"manifest of {remote_dir} failed: {why}", argv=res.argv,
+                        last_lines=res.tail())
     try:
         data = json.loads(res.stdout)
     except ValueError:
@@ -208,7 +209,7 @@ def remote_manifest(
 @dataclass
 class SyncReport:
     node: str
-    method: str  # "none" (already identical), "rsync", "sftp", "same-dir"
+    method: str  # "none" (already identical), "rsync", "sftp", "copy" (LocalNode), "same-dir"
     files_copied: list[str] = field(default_factory=list)
     bytes_copied: int = 0  # file bytes written on the node
     wire_bytes: int | None = None  # rsync's "Total bytes sent" (None for SFTP)
@@ -307,7 +308,7 @@ def sync_dir(
             report.method = "rsync"
         else:
             _sftp_copy(node, local_dir, remote_dir, diff)
-            report.method = "sftp"
+            report.method = "sftp" if node.rsync_remote() is not None else "copy"
         report.files_copied = diff
         report.bytes_copied = size
     after = remote_manifest(node, remote_dir, rehash=diff, delete=extra)

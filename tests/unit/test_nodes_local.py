@@ -1,0 +1,148 @@
+"""The node layer without a rig: LocalNode, remote command lines, the rsync transport, the remote
+manifest program run as a node would run it, and drafter sync between two local directories."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkserve.config import NodeConfig, SSHConfig
+from sparkserve.engine import normalize_ref
+from sparkserve.manifest import manifest
+from sparkserve.nodes import LocalNode, Node, NodeError, SSHNode
+from sparkserve.sync import remote_manifest, remote_program, sync_dir
+
+
+@pytest.fixture()
+def local() -> LocalNode:
+    return LocalNode("head")
+
+
+def test_local_node_satisfies_the_protocol(local: LocalNode) -> None:
+    assert isinstance(local, Node)
+    assert isinstance(SSHNode(NodeConfig(name="b", host="h", fabric_ip="10.0.0.2"), SSHConfig()), Node)
+
+
+def test_local_run_takes_argv_without_a_shell(local: LocalNode, tmp_path: Path) -> None:
+    marker = tmp_path / "pwned"
+    res = local.run(["echo", f"x; touch {marker}"])
+    assert res.stdout == f"x; touch {marker}\n" and not marker.exists()
+
+
+def test_local_run_errors_name_node_and_step(local: LocalNode) -> None:
+    with pytest.raises(NodeError, match=r"^head: probe: sh -c 'exit 4' exited 4"):
+        local.run(["sh", "-c", "exit 4"], step="probe")
+    assert local.run(["no-such-binary-h5"], check=False).exit_code == 127
+    with pytest.raises(NodeError, match="command not found"):
+        local.run(["no-such-binary-h5"])
+
+
+def test_local_timeout_kills_the_process_group(local: LocalNode, tmp_path: Path) -> None:
+    t0 = time.monotonic()
+    with pytest.raises(NodeError, match="timed out after 0.5s"):
+        local.run(["sh", "-c", "sleep 30 & sleep 30"], timeout=0.5)
+    assert time.monotonic() - t0 < 3
+    out = subprocess.run(["pgrep", "-f", "^sleep 30$"], capture_output=True)
+    assert out.stdout == b""
+
+
+def test_local_files_are_written_atomically(local: LocalNode, tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.write_bytes(b"abc")
+    dst = tmp_path / "a" / "b" / "dst"
+    local.put(src, str(dst), mode=0o600)
+    assert dst.read_bytes() == b"abc" and (dst.stat().st_mode & 0o777) == 0o600
+    local.write_bytes(str(tmp_path / "w"), b"w")
+    assert local.read_text(str(tmp_path / "w")) == "w"
+    assert sorted(p.name for p in (tmp_path / "a" / "b").iterdir()) == ["dst"]
+    with pytest.raises(NodeError, match="^head: read: cannot read"):
+        local.read_text(str(tmp_path / "missing"))
+
+
+def test_ssh_command_line_quotes_every_argument_under_timeout() -> None:
+    node = SSHNode(NodeConfig(name="b", host="h", fabric_ip="10.0.0.2"), SSHConfig())
+    argv = ["ls", "--", "/m/x; touch /tmp/pwned", "$(id)", "a b"]
+    line = node.command_line(argv, 2.5)
+    assert shlex.split(line) == ["timeout", "-k", "3", "3", *argv]
+
+
+def test_rsync_uses_the_same_key_and_known_hosts_strictly(tmp_path: Path) -> None:
+    ssh = SSHConfig(known_hosts=tmp_path / "kh", identity_file=tmp_path / "id", connect_timeout_s=4)
+    node = SSHNode(NodeConfig(name="b", host="127.0.0.3", port=2222, user="ubuntu", fabric_ip="10.0.0.2"), ssh)
+    r = node.rsync_remote()
+    argv = list(r.ssh_argv)
+    assert r.target == "ubuntu@127.0.0.3"
+    assert argv[:3] == ["ssh", "-F", "/dev/null"]
+    for opt in (f"UserKnownHostsFile={tmp_path / 'kh'}", "StrictHostKeyChecking=yes", "BatchMode=yes",
+                "IdentitiesOnly=yes", "ConnectTimeout=4"):
+        assert opt in argv
+    assert argv[argv.index("-i") + 1] == str(tmp_path / "id") and argv[argv.index("-p") + 1] == "2222"
+    assert shlex.split(r.rsh) == argv
+
+
+@pytest.mark.parametrize(("ref", "want"), [("foo", "foo:latest"), ("reg:5000/a/b", "reg:5000/a/b:latest"),
+                                           ("a/b:1", "a/b:1"), ("a@sha256:00", "a@sha256:00")])
+def test_normalize_ref(ref: str, want: str) -> None:
+    assert normalize_ref(ref) == want
+
+
+# -- the remote manifest program and sync, on this machine ------------------------------------------------
+
+
+@pytest.fixture()
+def drafter(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SPARKSERVE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # the node program's cache lives under ~/.cache
+    d = tmp_path / "drafter"
+    (d / "sub").mkdir(parents=True)
+    (d / "model.safetensors").write_bytes(os.urandom(100_000))
+    (d / "config.json").write_text("{}\n")
+    (d / "sub" / "x.bin").write_bytes(b"x")
+    old = time.time() - 60
+    for p in d.rglob("*"):
+        os.utime(p, (old, old))
+    return d
+
+
+def test_remote_program_is_standalone_and_matches_the_local_manifest(drafter: Path, tmp_path: Path) -> None:
+    cache = tmp_path / "c.json"
+    args = {"root": str(drafter), "cache": str(cache), "rehash": [], "delete": []}
+    out = subprocess.run([sys.executable, "-"], input=remote_program(args).encode(), capture_output=True,
+                         check=True, env={"PATH": os.environ["PATH"]})
+    data = json.loads(out.stdout)
+    want = {r: [e.sha256, e.size] for r, e in manifest(drafter, use_cache=False).files.items()}
+    assert data["files"] == want and data["exists"] and data["hashed_bytes"] == 100_000 + 3 + 1
+    again = json.loads(subprocess.run([sys.executable, "-"], input=remote_program(args).encode(),
+                                      capture_output=True, check=True).stdout)
+    assert again["files"] == want and again["hashed_bytes"] == 0  # answered from the cache file
+
+
+def test_remote_program_refuses_paths_outside_the_root(drafter: Path, local: LocalNode) -> None:
+    with pytest.raises(NodeError, match="refusing path"):
+        remote_manifest(local, str(drafter), delete=["../escape"])
+
+
+def test_sync_between_local_dirs_copies_only_what_differs(drafter: Path, tmp_path: Path, local: LocalNode) -> None:
+    dst = tmp_path / "dst"
+    first = sync_dir(local, drafter, str(dst))
+    assert first.method == "copy" and first.verified and len(first.files_copied) == 3
+    assert manifest(dst).digest == manifest(drafter).digest
+    same = sync_dir(local, drafter, str(dst))
+    assert (same.method, same.bytes_copied, same.remote_hashed_bytes) == ("none", 0, 0)
+    (drafter / "config.json").write_text('{"a": 1}\n')
+    (dst / "extra.txt").write_text("stale")
+    r = sync_dir(local, drafter, str(dst))
+    assert r.files_copied == ["config.json"] and r.deleted == ["extra.txt"]
+    assert manifest(dst).digest == manifest(drafter).digest
+
+
+def test_sync_onto_itself_is_a_no_op(drafter: Path, local: LocalNode) -> None:
+    r = sync_dir(local, drafter, str(drafter))
+    assert r.method == "same-dir" and r.bytes_copied == 0 and r.verified
