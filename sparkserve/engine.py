@@ -196,9 +196,12 @@ class Engine:
             try:
                 container.start()
             except docker.errors.APIError as e:
-                msg = e.explanation or str(e)
+                msg = str(e.explanation or e)
                 with contextlib.suppress(Exception):  # ours, created, never started: nothing to stop
                     container.remove()
+                if "error setting rlimit type 8" in msg:  # RLIMIT_MEMLOCK
+                    msg = (f"the node refused ulimit memlock={spec.ulimits.get('memlock')} (dockerd's own hard "
+                           f"limit is lower and it lacks CAP_SYS_RESOURCE): {msg}")
                 raise NodeError(self.name, "run", f"{spec.name} did not start: {msg}") from None
             return str(container.id)
 
