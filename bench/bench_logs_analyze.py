@@ -56,7 +56,7 @@ def generate(path: Path, target_bytes: int, seed: int = 7) -> int:
             chunk = []
             for _ in range(rnd.randint(3, 8)):
                 chunk.append(
-                    f'(APIServer pid=3003) INFO:     127.0.0.1:{rnd.randint(30000, 60000)} - '
+                    f"(APIServer pid=3003) INFO:     127.0.0.1:{rnd.randint(30000, 60000)} - "
                     f'"POST /v1/chat/completions HTTP/1.1" 200 OK\n'
                 )
             gen = rnd.uniform(150, 300)
@@ -120,7 +120,9 @@ def main() -> None:
     t_cli = timed(
         lambda: subprocess.run(
             [sys.executable, "-m", "sparkserve", "logs", "analyze", "--json", str(path)],
-            check=True, capture_output=True, cwd=ROOT,
+            check=True,
+            capture_output=True,
+            cwd=ROOT,
         ),
         repeat=1,
     )
@@ -128,20 +130,36 @@ def main() -> None:
     with tempfile.NamedTemporaryFile("w", suffix=".needles", delete=False) as nf:
         nf.write("\n".join(NEEDLES) + "\n")
     try:
-        t_grep_all = timed(lambda: subprocess.run(["grep", "-c", "-F", "-f", nf.name, str(path)], capture_output=True))
+        t_grep_all = timed(
+            lambda: subprocess.run(["grep", "-c", "-F", "-f", nf.name, str(path)], capture_output=True)
+        )
     finally:
         os.unlink(nf.name)
     j = result["json"]
-    print(f"log: {mb:.1f} MB, {sum(1 for _ in path.open('rb')):,} lines; "
-          f"{len(j['spec']['mean_acceptance_length']):,} SpecDecoding lines, kv={j['kv_cache_tokens']}, "
-          f"faults={len(j['faults'])}")
+    print(
+        f"log: {mb:.1f} MB, {sum(1 for _ in path.open('rb')):,} lines; "
+        f"{len(j['spec']['mean_acceptance_length']):,} SpecDecoding lines, kv={j['kv_cache_tokens']}, "
+        f"faults={len(j['faults'])}"
+    )
     print(f"logs analyze (in-process, 1 core): {t_an:.2f} s = {mb / t_an:.1f} MB/s")
     print(f"logs analyze (CLI, --json, incl. interpreter start): {t_cli:.2f} s = {mb / t_cli:.1f} MB/s")
     print(f"grep -c 'KV cache size':               {t_grep:.3f} s = {mb / t_grep:.0f} MB/s")
     print(f"grep -c -F -f <{len(NEEDLES)} needles>:          {t_grep_all:.3f} s = {mb / t_grep_all:.0f} MB/s")
-    print(f"ratio analyze/grep-one: {t_an / t_grep:.1f}x slower; analyze/grep-all-needles: {t_an / t_grep_all:.1f}x")
-    print(json.dumps({"mb": round(mb, 1), "analyze_s": round(t_an, 3), "analyze_mb_s": round(mb / t_an, 1),
-                      "cli_s": round(t_cli, 3), "grep_s": round(t_grep, 4), "grep_all_s": round(t_grep_all, 4)}))
+    print(
+        f"ratio analyze/grep-one: {t_an / t_grep:.1f}x slower; analyze/grep-all-needles: {t_an / t_grep_all:.1f}x"
+    )
+    print(
+        json.dumps(
+            {
+                "mb": round(mb, 1),
+                "analyze_s": round(t_an, 3),
+                "analyze_mb_s": round(mb / t_an, 1),
+                "cli_s": round(t_cli, 3),
+                "grep_s": round(t_grep, 4),
+                "grep_all_s": round(t_grep_all, 4),
+            }
+        )
+    )
     if tmp:
         tmp.cleanup()
 

@@ -97,7 +97,12 @@ class Analysis:
             "model_runner": self.model_runner,
             "ready": self.ready,
             "faults": [
-                {"file": log.file, "line": e.line, "kind": e.fault.value if e.fault else "other", "text": e.text}
+                {
+                    "file": log.file,
+                    "line": e.line,
+                    "kind": e.fault.value if e.fault else "other",
+                    "text": e.text,
+                }
                 for log, e in self.faults
             ],
         }
@@ -227,9 +232,13 @@ def _spec_from_args(args: str) -> tuple[str | None, int | None]:
     return (method.group(1) if method else None), (int(k.group(1)) if k else None)
 
 
-def _ordered_faults(logs: Sequence[ParsedLog]) -> tuple[list[tuple[ParsedLog, Event]], list[tuple[ParsedLog, Event]]]:
+def _ordered_faults(
+    logs: Sequence[ParsedLog],
+) -> tuple[list[tuple[ParsedLog, Event]], list[tuple[ParsedLog, Event]]]:
     """Rule 3 (cross-file stop) and the order of faults: by time, then file order, then position."""
-    stops = [(i, log.stop.ts) for i, log in enumerate(logs) if log.stop is not None and log.stop.ts is not None]
+    stops = [
+        (i, log.stop.ts) for i, log in enumerate(logs) if log.stop is not None and log.stop.ts is not None
+    ]
     faults: list[tuple[int, ParsedLog, Event]] = []
     artefacts = [(log, e) for log in logs for e in log.artefacts]
     for i, log in enumerate(logs):

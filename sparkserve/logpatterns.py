@@ -225,8 +225,8 @@ PATTERNS: tuple[LogPattern, ...] = (
        "mp executor `TimeoutError: RPC call to %s timed out.`; API server `TimeoutError: Timed out waiting for "
        "engine core processes to start …`; shm ring buffer stall `No available shared memory broadcast block "
        "found in %d seconds …` — logged at INFO, yet the only sign of a dead follower", FaultKind.TIMEOUT),
-    _p(Kind.FAULT, ("Worker proc", "RayWorkerProc rank=", "WorkerProc failed", "WorkerProc hit an exception", "WorkerProc was terminated",
-                    "RayWorkerProc failed", "Worker failed with error"),
+    _p(Kind.FAULT, ("Worker proc", "RayWorkerProc rank=", "WorkerProc failed", "WorkerProc hit an exception",
+                    "WorkerProc was terminated", "RayWorkerProc failed", "Worker failed with error"),
        r"Worker proc \S+ died unexpectedly|RayWorkerProc rank=\d+ died unexpectedly|WorkerProc failed"
        r"|WorkerProc hit an exception|WorkerProc was terminated|RayWorkerProc failed|Worker failed with error",
        "mp executor `Worker proc %s died unexpectedly[ (exit code: %s)], shutting down executor.` (exit -9 = "

@@ -137,7 +137,13 @@ def strip_ansi(s: str) -> str:
 
 def _ts(mmdd_hms: str) -> tuple[int, int, int, int, int]:
     # "11-29 16:02:41"
-    return (int(mmdd_hms[0:2]), int(mmdd_hms[3:5]), int(mmdd_hms[6:8]), int(mmdd_hms[9:11]), int(mmdd_hms[12:14]))
+    return (
+        int(mmdd_hms[0:2]),
+        int(mmdd_hms[3:5]),
+        int(mmdd_hms[6:8]),
+        int(mmdd_hms[9:11]),
+        int(mmdd_hms[12:14]),
+    )
 
 
 def _unwrap(s: str) -> tuple[str, str, str | None]:
@@ -145,7 +151,7 @@ def _unwrap(s: str) -> tuple[str, str, str | None]:
     end = 0
     source = None
     for _ in range(4):
-        c = s[end:end + 1]
+        c = s[end : end + 1]
         if not c:
             break
         m = None
@@ -169,7 +175,9 @@ def _unwrap(s: str) -> tuple[str, str, str | None]:
     return s[:end], s[end:], source
 
 
-def _parse_segment(lineno: int, wrapper: str, seg: str, source: str | None, inherit: tuple[Proc, ...]) -> Record:
+def _parse_segment(
+    lineno: int, wrapper: str, seg: str, source: str | None, inherit: tuple[Proc, ...]
+) -> Record:
     pos = 0
     procs: list[Proc] = []
     while pos < len(seg) and seg[pos] == "(":
@@ -177,10 +185,17 @@ def _parse_segment(lineno: int, wrapper: str, seg: str, source: str | None, inhe
         if not m:
             break
         procs.append(
-            Proc(m.group("name"), int(m.group("pid")), m.group("ip"), int(m.group("rank")) if m.group("rank") else None)
+            Proc(
+                m.group("name"),
+                int(m.group("pid")),
+                m.group("ip"),
+                int(m.group("rank")) if m.group("rank") else None,
+            )
         )
         pos = m.end()
-    rec = Record(lineno=lineno, text=wrapper + seg, msg="", procs=tuple(procs) if procs else inherit, source=source)
+    rec = Record(
+        lineno=lineno, text=wrapper + seg, msg="", procs=tuple(procs) if procs else inherit, source=source
+    )
     rest = seg[pos:]
     m = _LOGGER.match(rest)
     if m is None and rest and not procs and rest[0] not in "[ ({" and "pid=" not in rest[:40]:
@@ -191,12 +206,12 @@ def _parse_segment(lineno: int, wrapper: str, seg: str, source: str | None, inhe
     if m is not None:
         rec.level = m.group("level")
         rec.ts = _ts(m.group("ts"))
-        msg = rest[m.end():]
+        msg = rest[m.end() :]
     elif rest.startswith(("INFO:", "WARNING:", "ERROR:", "DEBUG:", "CRITICAL:", "TRACE:")):
         u = _UVICORN.match(rest)
         if u:
             rec.level = u.group("level")
-            msg = rest[u.end():]
+            msg = rest[u.end() :]
         else:
             msg = rest
     elif rest.startswith("[") and (c := _C10.match(rest)):
@@ -204,7 +219,7 @@ def _parse_segment(lineno: int, wrapper: str, seg: str, source: str | None, inhe
         rec.ts = (int(c.group("mo")), int(c.group("dd")), *map(int, c.group("hms").split(":")))  # type: ignore[assignment]
         if c.group("rank") is not None:
             rec.c10_rank = int(c.group("rank"))
-        msg = rest[c.end():]
+        msg = rest[c.end() :]
     elif rest.startswith("{") and rest.rstrip().endswith("}") and '"message"' in rest:
         msg = _parse_json_line(rec, rest)
     else:
@@ -461,7 +476,12 @@ class _Reader:
                 if r.stream != stream:
                     continue
                 m = r.msg
-                if not m.strip() or m[0] in " \t" or m.startswith(_CHAIN) or m.startswith("Traceback (most recent"):
+                if (
+                    not m.strip()
+                    or m[0] in " \t"
+                    or m.startswith(_CHAIN)
+                    or m.startswith("Traceback (most recent")
+                ):
                     tb.lines.add(j)
                     continue
                 if EXCEPTION_LINE.match(m):
@@ -533,7 +553,7 @@ def parse_log(text: str | bytes, *, file: str, node: str | None = None) -> Parse
             m = spec_pattern.regex.search(line)
             if m and "\r" not in line.rstrip("\r") and (not reader.ansi or "[" not in m.group("al")):
                 text = strip_ansi(line).rstrip("\r") if reader.ansi else line.rstrip("\r")
-                rec = Record(lineno=idx + 1, text=text, msg=text[text.find("SpecDecoding metrics:"):])
+                rec = Record(lineno=idx + 1, text=text, msg=text[text.find("SpecDecoding metrics:") :])
                 events.append(Event(Kind.SPEC_METRICS, rec, m.groupdict(), sort_line=idx))
                 continue
         for rec in reader.records(idx):
@@ -547,7 +567,9 @@ def parse_log(text: str | bytes, *, file: str, node: str | None = None) -> Parse
                     full, used = reader.wrapped_tail(idx, rec.msg)
                     consumed.update(used)
                     key = "config" if ev.kind is Kind.ENGINE_CONFIG else "args"
-                    m = re.search(r"with config: (.*)$" if key == "config" else r"non-default args: (.*)$", full)
+                    m = re.search(
+                        r"with config: (.*)$" if key == "config" else r"non-default args: (.*)$", full
+                    )
                     if m:
                         ev.data[key] = m.group(1)
                 ev.sort_line = idx
@@ -607,5 +629,3 @@ def parse_log(text: str | bytes, *, file: str, node: str | None = None) -> Parse
         stop=stop,
         line_count=len(reader.lines),
     )
-
-
