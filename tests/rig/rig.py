@@ -1,0 +1,834 @@
+#!/usr/bin/env python3
+"""The rehearsal rig: N fake "DGX Spark" nodes on one Debian machine (stdlib only, run as root).
+
+    scripts/rig up [--nodes N]     # idempotent; N defaults to the running count, else 2
+    scripts/rig status             # exit 0 when every node answers over SSH and docker
+    scripts/rig down [--purge]     # stops only what `up` started (by pid); --purge also deletes node data
+    scripts/rig info               # rig.json (what the pytest fixtures read)
+
+Each node ``node-a``, ``node-b``, … is:
+
+* a **mount namespace** held open by one ``sleep`` process (``unshare --mount --propagation private``),
+  in which ``$SSRIG_DIR/nodes/<name>/srv`` is bind-mounted on ``/srv/spark``. Everything below runs
+  inside that namespace, so ``/srv/spark/...`` is node-local for SSH sessions *and* for the bind mounts
+  of that node's containers (a drafter can differ between nodes; a path can exist on one node only).
+  The node's fake sysfs lives at ``/srv/spark/sys`` (twin ConnectX-7 HCAs, RoCEv2 GID index 3, 5, 7, …
+  per node).
+* one **dockerd** (own data-root, exec-root, socket, pidfile; ``--bridge none``, no iptables): its own
+  image store, so shipping images is real.
+* one **sshd** on ``127.0.0.(2+i):2222``, key-only root login, ``SetEnv DOCKER_HOST=<that daemon>``.
+
+Also made once and cached: an offline Debian base image (``debootstrap --variant=minbase
+--include=python3 bookworm``; the rootfs tarball is kept in ``$SSRIG_DIR/cache``), the engine-emulator
+image built FROM it on node-a and loaded into every other node (same image ID everywhere), tiny real
+target/drafter model directories on every node, and ``rig.yaml``: a sparkserve config for the rig.
+
+Environment: ``SSRIG_DIR`` (default /var/lib/sparkserve-rig), ``SSRIG_NODE_ROOT`` (default /srv/spark),
+``SSRIG_PYTHON`` (python with numpy/safetensors/torch for the model fixtures; default the repo .venv),
+``SSRIG_MIRROR`` (Debian mirror for debootstrap). Rig variables are ``SSRIG_*`` on purpose: sparkserve
+reads ``SPARKSERVE_*`` as config overrides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import hashlib
+import http.client
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from urllib.parse import quote
+
+REPO = Path(__file__).resolve().parents[2]
+EMU_DIR = Path(__file__).resolve().parent / "emulator"
+SERVE_ARGS_JSON = REPO / "sparkserve" / "data" / "vllm-0.33.0-serve-args.json"
+TINY_MODELS = REPO / "tests" / "helpers" / "tiny_models.py"
+
+RIG_DIR = Path(os.environ.get("SSRIG_DIR", "/var/lib/sparkserve-rig"))
+NODE_ROOT = Path(os.environ.get("SSRIG_NODE_ROOT", "/srv/spark"))
+SSH_PORT = 2222
+BASE_REF = "sparkserve-rig/base:bookworm"
+EMU_REF = "sparkserve-emu/vllm:0.33.0-emu"
+EMU_HASH_LABEL = "io.sparkserve.rig.emu-hash"
+SERVED_NAME = "tiny"
+DEFAULT_NODES = 2
+# Model fixtures on every node (under NODE_ROOT/models): name -> tiny_models.py drafter options.
+DRAFTER_VARIANTS: dict[str, dict[str, object]] = {
+    "drafter": {},  # DFlash2DraftModel, block 8, mask_embedding.pt (dict form, id 154856)
+    "drafter-nomask": {"mask_file": None},
+    "drafter-badmask": {"mask_file_token_id": 5},
+    "drafter-v1": {"architecture": "DFlashDraftModel"},
+    "drafter-b16": {"block_size": 16},
+}
+
+
+def log(msg: str) -> None:
+    print(f"rig: {msg}", file=sys.stderr, flush=True)
+
+
+class RigError(RuntimeError):
+    pass
+
+
+# ----------------------------------------------------------------------------------------------- model
+
+
+@dataclass
+class NodeInfo:
+    name: str
+    index: int
+    host: str
+    port: int
+    fabric_ip: str
+    dir: str  # host path of the node's rig directory
+    srv_dir: str  # host path that the node sees as NODE_ROOT
+    docker_socket: str  # host path of the node's dockerd socket
+    gid_index: int  # RoCEv2/IPv4 GID index of both HCAs in the node's fake sysfs
+    hcas: list[str] = field(default_factory=lambda: ["rocep1s0f1", "roceP2p1s0f1"])
+    interfaces: list[str] = field(default_factory=lambda: ["enp1s0f1np1", "enP2p1s0f1np1"])
+
+    @property
+    def docker_url(self) -> str:
+        return f"unix://{self.docker_socket}"
+
+    def host_path(self, node_path: str | Path) -> Path:
+        """Host path of a path as the node sees it (under NODE_ROOT)."""
+        rel = Path(node_path).relative_to(NODE_ROOT)
+        return Path(self.srv_dir) / rel
+
+
+def node_name(i: int) -> str:
+    return f"node-{chr(ord('a') + i)}"
+
+
+def make_node(i: int) -> NodeInfo:
+    d = RIG_DIR / "nodes" / node_name(i)
+    ip = f"127.0.0.{2 + i}"
+    return NodeInfo(
+        name=node_name(i), index=i, host=ip, port=SSH_PORT, fabric_ip=ip, dir=str(d), srv_dir=str(d / "srv"),
+        docker_socket=str(d / "docker.sock"), gid_index=3 + 2 * i,
+    )
+
+
+# ------------------------------------------------------------------------------------------ utilities
+
+
+def run(argv: list[str], *, check: bool = True, capture: bool = True, **kw) -> subprocess.CompletedProcess:
+    p = subprocess.run(argv, text=True, capture_output=capture, **kw)
+    if check and p.returncode != 0:
+        tail = (p.stderr or p.stdout or "").strip().splitlines()[-5:]
+        raise RigError(f"{' '.join(argv[:4])}… exited {p.returncode}: " + " | ".join(tail))
+    return p
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie is not alive
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] != "Z"
+    except OSError:
+        return False
+
+
+def cmdline(pid: int) -> list[str]:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace").split("\0")
+    except OSError:
+        return []
+
+
+def mnt_ns(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/mnt")
+    except OSError:
+        return None
+
+
+def read_pid(path: Path) -> int | None:
+    try:
+        return int(path.read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def stop_pid(pid: int | None, what: str, timeout: float = 20.0) -> None:
+    if not pid_alive(pid):
+        return
+    assert pid is not None
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if not pid_alive(pid):
+            return
+        time.sleep(0.1)
+    log(f"{what} (pid {pid}) ignored SIGTERM for {timeout:.0f}s; SIGKILL")
+    os.kill(pid, signal.SIGKILL)
+    while pid_alive(pid):
+        time.sleep(0.05)
+
+
+def port_open(ip: str, port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection((ip, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+class _UnixHTTPConnection(http.client.HTTPConnection):
+    def __init__(self, path: str, timeout: float = 60.0) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self._path = path
+
+    def connect(self) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.settimeout(self.timeout)
+        s.connect(self._path)
+        self.sock = s
+
+
+def docker_api(sock: str, method: str, path: str, body=None, headers=None, timeout: float = 60.0):
+    """One Docker Engine API call over the node's unix socket → (status, body bytes)."""
+    conn = _UnixHTTPConnection(sock, timeout=timeout)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        r = conn.getresponse()
+        return r.status, r.read()
+    finally:
+        conn.close()
+
+
+def docker_ping(sock: str) -> bool:
+    try:
+        return docker_api(sock, "GET", "/_ping", timeout=2)[0] == 200
+    except OSError:
+        return False
+
+
+def image_inspect(sock: str, ref: str) -> dict | None:
+    st, body = docker_api(sock, "GET", f"/images/{ref}/json")
+    return json.loads(body) if st == 200 else None
+
+
+def docker_cli(node: NodeInfo, *args: str, **kw) -> subprocess.CompletedProcess:
+    return run(["docker", "-H", node.docker_url, *args], **kw)
+
+
+# ------------------------------------------------------------------------------------------- packages
+
+
+PACKAGES = {"dockerd": "docker.io", "/usr/sbin/sshd": "openssh-server", "debootstrap": "debootstrap",
+            "rsync": "rsync", "unshare": "util-linux", "ssh-keygen": "openssh-client"}
+
+
+def ensure_packages() -> None:
+    missing = sorted({pkg for binary, pkg in PACKAGES.items() if not shutil.which(binary)})
+    if not missing:
+        return
+    log(f"installing Debian packages: {' '.join(missing)}")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    run(["apt-get", "update", "-qq"], env=env)
+    run(["apt-get", "install", "-y", "-qq", "--no-install-recommends", *missing], env=env)
+
+
+# ---------------------------------------------------------------------------------------------- nodes
+
+
+def _ssh_dir() -> Path:
+    return RIG_DIR / "ssh"
+
+
+def ensure_keys(nodes: list[NodeInfo]) -> None:
+    sd = _ssh_dir()
+    sd.mkdir(parents=True, exist_ok=True)
+    os.chmod(sd, 0o700)
+    key = sd / "id_ed25519"
+    if not key.exists():
+        run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "sparkserve-rig-client", "-f", str(key)])
+    (sd / "authorized_keys").write_text((sd / "id_ed25519.pub").read_text())
+    os.chmod(sd / "authorized_keys", 0o600)
+    lines = []
+    for n in nodes:
+        hk = Path(n.dir) / "ssh" / "ssh_host_ed25519_key"
+        hk.parent.mkdir(parents=True, exist_ok=True)
+        if not hk.exists():
+            run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", f"rig-{n.name}", "-f", str(hk)])
+        kind, b64 = (hk.with_suffix(".pub")).read_text().split()[:2]
+        lines.append(f"[{n.host}]:{n.port} {kind} {b64}\n")
+    (sd / "known_hosts").write_text("".join(lines))
+
+
+def _sshd_config(n: NodeInfo) -> str:
+    sd = _ssh_dir()
+    nd = Path(n.dir) / "ssh"
+    return "\n".join([
+        f"ListenAddress {n.host}:{n.port}",
+        f"HostKey {nd / 'ssh_host_ed25519_key'}",
+        f"PidFile {nd / 'sshd.pid'}",
+        f"AuthorizedKeysFile {sd / 'authorized_keys'}",
+        "PermitRootLogin prohibit-password",
+        "PubkeyAuthentication yes",
+        "PasswordAuthentication no",
+        "KbdInteractiveAuthentication no",
+        "UsePAM no",
+        "StrictModes no",
+        "AllowTcpForwarding yes",
+        "X11Forwarding no",
+        "PrintMotd no",
+        "MaxSessions 64",
+        "MaxStartups 64:30:128",
+        "LogLevel VERBOSE",
+        f"SetEnv DOCKER_HOST=unix://{n.docker_socket} SSRIG_NODE={n.name}",
+        "Subsystem sftp internal-sftp",
+        "",
+    ])
+
+
+def _holder_ok(n: NodeInfo) -> int | None:
+    pid = read_pid(Path(n.dir) / "ns.pid")
+    if not pid_alive(pid) or "sleep" not in " ".join(cmdline(pid)):
+        return None
+    assert pid is not None
+    if mnt_ns(pid) == mnt_ns(os.getpid()):
+        return None
+    try:
+        mounts = Path(f"/proc/{pid}/mountinfo").read_text()
+    except OSError:
+        return None
+    if f" {NODE_ROOT} " not in mounts:
+        return None
+    return pid
+
+
+def _dockerd_ok(n: NodeInfo, holder: int) -> int | None:
+    pid = read_pid(Path(n.dir) / "dockerd.pid")
+    if not pid_alive(pid) or n.docker_socket not in " ".join(cmdline(pid)):
+        return None
+    assert pid is not None
+    if mnt_ns(pid) != mnt_ns(holder) or not docker_ping(n.docker_socket):
+        return None
+    return pid
+
+
+def _sshd_ok(n: NodeInfo, holder: int) -> int | None:
+    pid = read_pid(Path(n.dir) / "ssh" / "sshd.pid")
+    if not pid_alive(pid) or "sshd" not in " ".join(cmdline(pid)):
+        return None
+    assert pid is not None
+    if mnt_ns(pid) != mnt_ns(holder) or not port_open(n.host, n.port):
+        return None
+    return pid
+
+
+def _wait(pred, what: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pred():
+            return
+        time.sleep(0.1)
+    raise RigError(f"{what} not ready after {timeout:.0f}s")
+
+
+def stop_node(n: NodeInfo) -> None:
+    """Stop one node's sshd, containers, dockerd and namespace holder (each by its pid)."""
+    d = Path(n.dir)
+    stop_pid(read_pid(d / "ssh" / "sshd.pid"), f"{n.name} sshd")
+    dpid = read_pid(d / "dockerd.pid")
+    if pid_alive(dpid) and docker_ping(n.docker_socket):
+        _remove_containers(n)
+    stop_pid(dpid, f"{n.name} dockerd", timeout=30)
+    # processes the daemon started (containerd, shims) that outlived it: ours, found by our paths
+    for pid in _pids_referencing(n.dir):
+        stop_pid(pid, f"{n.name} leftover {cmdline(pid)[0]}")
+    stop_pid(read_pid(d / "ns.pid"), f"{n.name} namespace holder")
+    for f in (d / "ns.pid", d / "dockerd.pid", d / "ssh" / "sshd.pid"):
+        f.unlink(missing_ok=True)
+
+
+def _pids_referencing(path: str) -> list[int]:
+    out = []
+    for p in Path("/proc").iterdir():
+        if p.name.isdigit() and int(p.name) != os.getpid():
+            if any(path in a for a in cmdline(int(p.name))):
+                out.append(int(p.name))
+    return out
+
+
+def _remove_containers(n: NodeInfo) -> None:
+    st, body = docker_api(n.docker_socket, "GET", "/containers/json?all=1")
+    if st != 200:
+        return
+    for c in json.loads(body):
+        docker_api(n.docker_socket, "DELETE", f"/containers/{c['Id']}?force=1&v=1", timeout=60)
+
+
+def start_node(n: NodeInfo) -> dict[str, int]:
+    """Bring one node up (idempotent): namespace holder, dockerd, sshd. Returns their pids."""
+    d = Path(n.dir)
+    for sub in ("docker", "exec", "srv", "ssh"):
+        (d / sub).mkdir(parents=True, exist_ok=True)
+    holder = _holder_ok(n)
+    if holder is None:
+        stop_node(n)  # whatever is left of an older generation
+        NODE_ROOT.mkdir(parents=True, exist_ok=True)
+        script = 'mount --bind "$1" "$2" && exec sleep infinity'
+        p = subprocess.Popen(
+            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "rig-ns", n.srv_dir,
+             str(NODE_ROOT)],
+            stdin=subprocess.DEVNULL, stdout=open(d / "ns.log", "w"), stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        (d / "ns.pid").write_text(f"{p.pid}\n")
+        _wait(lambda: _holder_ok(n) is not None or p.poll() is not None, f"{n.name} namespace", 10)
+        holder = _holder_ok(n)
+        if holder is None:
+            raise RigError(f"{n.name}: mount namespace failed: {(d / 'ns.log').read_text().strip()}")
+    nsenter = ["nsenter", f"--mount=/proc/{holder}/ns/mnt", "--"]
+    dockerd = _dockerd_ok(n, holder)
+    if dockerd is None:
+        stop_pid(read_pid(d / "dockerd.pid"), f"{n.name} stale dockerd")
+        (d / "dockerd.pid").unlink(missing_ok=True)
+        Path(n.docker_socket).unlink(missing_ok=True)
+        subprocess.Popen(
+            [*nsenter, "dockerd", "--data-root", str(d / "docker"), "--exec-root", str(d / "exec"),
+             "--pidfile", str(d / "dockerd.pid"), "-H", n.docker_url, "--bridge", "none",
+             "--iptables=false", "--ip-masq=false", "--log-level", "warn"],
+            stdin=subprocess.DEVNULL, stdout=open(d / "dockerd.log", "a"), stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        _wait(lambda: _dockerd_ok(n, holder) is not None, f"{n.name} dockerd", 60)
+        dockerd = _dockerd_ok(n, holder)
+        assert dockerd is not None
+    sshd = _sshd_ok(n, holder)
+    if sshd is None:
+        stop_pid(read_pid(d / "ssh" / "sshd.pid"), f"{n.name} stale sshd")
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+        cfg = d / "ssh" / "sshd_config"
+        cfg.write_text(_sshd_config(n))
+        run([*nsenter, "/usr/sbin/sshd", "-t", "-f", str(cfg)])
+        run([*nsenter, "/usr/sbin/sshd", "-f", str(cfg), "-E", str(d / "ssh" / "sshd.log")])
+        _wait(lambda: _sshd_ok(n, holder) is not None, f"{n.name} sshd", 15)
+        sshd = _sshd_ok(n, holder)
+        assert sshd is not None
+    return {"holder": holder, "dockerd": dockerd, "sshd": sshd}
+
+
+# --------------------------------------------------------------------------------------------- images
+
+
+def base_tarball() -> Path:
+    cache = RIG_DIR / "cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    tar = cache / "basefs-bookworm.tar"
+    if tar.exists():
+        return tar
+    tmp = cache / "basefs.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    log("debootstrap --variant=minbase --include=python3 bookworm (once; cached)")
+    argv = ["debootstrap", "--variant=minbase", "--include=python3", "bookworm", str(tmp)]
+    if os.environ.get("SSRIG_MIRROR"):
+        argv.append(os.environ["SSRIG_MIRROR"])
+    run(argv)
+    # apt caches and logs are not needed in the image
+    for sub in ("var/cache/apt/archives", "var/lib/apt/lists", "var/log"):
+        for f in (tmp / sub).glob("*"):
+            if f.is_file():
+                f.unlink()
+    run(["tar", "-C", str(tmp), "--numeric-owner", "-cf", str(tar) + ".part", "."])
+    os.replace(str(tar) + ".part", tar)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return tar
+
+
+def emulator_context() -> tuple[bytes, str]:
+    """The emulator image build context (a tar) and its content hash."""
+    files = {
+        "Dockerfile": (EMU_DIR / "Dockerfile").read_bytes(),
+        "vllm_emulator.py": (EMU_DIR / "vllm_emulator.py").read_bytes(),
+        "serve-args.json": SERVE_ARGS_JSON.read_bytes(),
+        "bin/vllm": (EMU_DIR / "bin" / "vllm").read_bytes(),
+        "bin/ray": (EMU_DIR / "bin" / "ray").read_bytes(),
+    }
+    h = hashlib.sha256()
+    for name in sorted(files):
+        h.update(name.encode() + b"\0" + files[name] + b"\0")
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, data in sorted(files.items()):
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            ti.mode = 0o755 if name.startswith("bin/") else 0o644
+            ti.mtime = 0
+            tf.addfile(ti, io.BytesIO(data))
+    return buf.getvalue(), h.hexdigest()[:16]
+
+
+def ensure_images(nodes: list[NodeInfo]) -> str:
+    """Base image + emulator image on node-a, shipped to the others; returns the emulator image ID."""
+    a = nodes[0]
+    ctx, emu_hash = emulator_context()
+    emu = image_inspect(a.docker_socket, EMU_REF)
+    if emu is None or (emu.get("Config") or {}).get("Labels", {}).get(EMU_HASH_LABEL) != emu_hash:
+        if image_inspect(a.docker_socket, BASE_REF) is None:
+            tar = base_tarball()
+            log(f"importing {BASE_REF} into {a.name}")
+            docker_cli(a, "import", "-c", 'CMD ["/bin/bash"]', "-c",
+                       "ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", str(tar), BASE_REF)
+        log(f"building {EMU_REF} on {a.name}")
+        labels = quote(json.dumps({EMU_HASH_LABEL: emu_hash}))
+        q = f"/build?t={quote(EMU_REF)}&rm=1&forcerm=1&networkmode=none&labels={labels}"
+        st, body = docker_api(a.docker_socket, "POST", q, body=ctx,
+                              headers={"Content-Type": "application/x-tar"}, timeout=300)
+        errors = [json.loads(x).get("error") for x in body.decode().splitlines() if x.strip().startswith("{")]
+        errors = [e for e in errors if e]
+        if st != 200 or errors:
+            raise RigError(f"emulator image build failed ({st}): {errors or body[-500:]!r}")
+        emu = image_inspect(a.docker_socket, EMU_REF)
+        assert emu is not None
+    emu_id = emu["Id"]
+    for n in nodes[1:]:
+        have = image_inspect(n.docker_socket, EMU_REF)
+        if have and have["Id"] == emu_id:
+            continue
+        log(f"shipping {EMU_REF} {emu_id[7:19]} to {n.name} (docker save | docker load)")
+        save = subprocess.Popen(["docker", "-H", a.docker_url, "save", EMU_REF, BASE_REF], stdout=subprocess.PIPE)
+        load = subprocess.run(["docker", "-H", n.docker_url, "load", "-q"], stdin=save.stdout,
+                              capture_output=True, text=True)
+        assert save.stdout is not None
+        save.stdout.close()
+        if save.wait() != 0 or load.returncode != 0:
+            raise RigError(f"shipping the emulator image to {n.name} failed: {load.stderr.strip()}")
+        got = image_inspect(n.docker_socket, EMU_REF)
+        if not got or got["Id"] != emu_id:
+            raise RigError(f"{n.name} has {EMU_REF} with another image ID after load")
+    return emu_id
+
+
+# ------------------------------------------------------------------------------- node filesystem views
+
+
+def _python_for_models() -> str:
+    py = os.environ.get("SSRIG_PYTHON") or str(REPO / ".venv" / "bin" / "python")
+    if not Path(py).exists():
+        raise RigError(f"{py} not found: the model fixtures need a python with numpy, safetensors and torch "
+                       "(scripts/test builds .venv; or set SSRIG_PYTHON)")
+    return py
+
+
+def ensure_models() -> Path:
+    """Tiny real target/drafter directories, generated once per tiny_models.py version."""
+    src = TINY_MODELS.read_bytes() + json.dumps(DRAFTER_VARIANTS, sort_keys=True).encode()
+    key = hashlib.sha256(src).hexdigest()[:12]
+    out = RIG_DIR / "cache" / f"models-{key}"
+    if (out / ".complete").exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    log("generating tiny target/drafter fixtures")
+    code = (
+        "import json, sys\n"
+        f"sys.path.insert(0, {str(TINY_MODELS.parent)!r})\n"
+        "from pathlib import Path\n"
+        "import tiny_models as tm\n"
+        "out = Path(sys.argv[1]); variants = json.loads(sys.argv[2])\n"
+        "tm.write_target(out / 'target')\n"
+        "for name, opts in variants.items():\n"
+        "    tm.write_drafter(out / name, tm.DrafterSpec(**opts))\n"
+    )
+    run([_python_for_models(), "-c", code, str(out), json.dumps(DRAFTER_VARIANTS)])
+    (out / ".complete").write_text("ok\n")
+    return out
+
+
+def sync_models(n: NodeInfo, models: Path) -> None:
+    dst = Path(n.srv_dir) / "models"
+    dst.mkdir(parents=True, exist_ok=True)
+    names = ["target", *DRAFTER_VARIANTS]
+    for name in names:
+        run(["rsync", "-a", "--delete", "--checksum", f"{models / name}/", f"{dst / name}/"])
+    for sub in ("vllm", "flashinfer", "triton"):
+        (Path(n.srv_dir) / "cache" / sub).mkdir(parents=True, exist_ok=True)
+
+
+def _mac(i: int, port: int) -> str:
+    return f"4c:bb:47:a{i % 10}:{port:02x}:0{i % 10}"
+
+
+def _gid_from_mac(mac: str) -> str:
+    b = [int(x, 16) for x in mac.split(":")]
+    eui = [b[0] ^ 0x02, b[1], b[2], 0xFF, 0xFE, b[3], b[4], b[5]]
+    words = ["fe80", "0000", "0000", "0000"] + [f"{eui[k]:02x}{eui[k + 1]:02x}" for k in range(0, 8, 2)]
+    return ":".join(words)
+
+
+def _gid_v4(ip: str) -> str:
+    o = [int(x) for x in ip.split(".")]
+    return f"0000:0000:0000:0000:0000:ffff:{o[0]:02x}{o[1]:02x}:{o[2]:02x}{o[3]:02x}"
+
+
+def write_fake_sysfs(n: NodeInfo) -> None:
+    """A node's /sys/class/{net,infiniband} subset as on a DGX Spark, under NODE_ROOT/sys.
+
+    Both CX-7 twins are ACTIVE with MTU 9000; the IPv4 RoCEv2 GID sits at index ``n.gid_index``
+    (3 on node-a, 5 on node-b, …) because each node carries ``n.index`` extra IPv6 GID pairs first.
+    Unused GID entries read as all zeros and have no ``types`` file (the kernel answers EINVAL there).
+    """
+    root = Path(n.srv_dir) / "sys"
+    shutil.rmtree(root, ignore_errors=True)
+    twins = [("enp1s0f1np1", "rocep1s0f1", n.fabric_ip), ("enP2p1s0f1np1", "roceP2p1s0f1", f"127.1.0.{2 + n.index}")]
+
+    def w(path: Path, text: str) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
+
+    for k, (ifname, hca, ip) in enumerate(twins):
+        mac = _mac(n.index, k + 1)
+        nd = root / "class" / "net" / ifname
+        for f, v in {"operstate": "up", "carrier": "1", "mtu": "9000", "address": mac, "type": "1",
+                     "ifindex": str(10 + k), "speed": "100000"}.items():
+            w(nd / f, v)
+        (nd / "device" / "infiniband" / hca).mkdir(parents=True, exist_ok=True)
+        port = root / "class" / "infiniband" / hca / "ports" / "1"
+        for f, v in {"state": "4: ACTIVE", "phys_state": "5: LinkUp", "link_layer": "Ethernet",
+                     "rate": "100 Gb/sec (2X NDR)"}.items():
+            w(port / f, v)
+        (root / "class" / "infiniband" / hca / "device" / "net" / ifname).mkdir(parents=True, exist_ok=True)
+        ll = _gid_from_mac(mac)
+        entries = [(ll, "IB/RoCE v1"), (ll, "RoCE v2")]
+        for j in range(n.index):
+            v6 = f"fd00:0000:0000:{j + 1:04x}:0000:0000:0000:{n.index + 2:04x}"
+            entries += [(v6, "IB/RoCE v1"), (v6, "RoCE v2")]
+        entries += [(_gid_v4(ip), "IB/RoCE v1"), (_gid_v4(ip), "RoCE v2")]
+        assert entries.index((_gid_v4(ip), "RoCE v2")) == n.gid_index
+        for idx in range(16):
+            if idx < len(entries):
+                gid, typ = entries[idx]
+                w(port / "gids" / str(idx), gid)
+                w(port / "gid_attrs" / "types" / str(idx), typ)
+                w(port / "gid_attrs" / "ndevs" / str(idx), ifname)
+            else:
+                w(port / "gids" / str(idx), "0000:0000:0000:0000:0000:0000:0000:0000")
+    mg = root / "class" / "net" / "enP7s7"
+    for f, v in {"operstate": "up", "carrier": "1", "mtu": "1500", "address": _mac(n.index, 7), "type": "1"}.items():
+        w(mg / f, v)
+
+
+# ----------------------------------------------------------------------------------------- rig config
+
+
+def pool_tokens_for(models: Path, kv_bytes: int, kv_dtype: str, tp: int, max_model_len: int) -> int:
+    sys.path.insert(0, str(EMU_DIR))
+    import vllm_emulator as emu  # noqa: E402  (stdlib-only module next to this file)
+
+    target = json.loads((models / "target" / "config.json").read_text())
+    drafter = json.loads((models / "drafter" / "config.json").read_text())
+    return emu.kv_cache_plan(target, drafter, kv_bytes=kv_bytes, kv_cache_dtype=kv_dtype, tp=tp,
+                             max_model_len=max_model_len).tokens
+
+
+def write_rig_yaml(nodes: list[NodeInfo], models: Path) -> Path:
+    kv_bytes, kv_dtype, mml = 8 * 2**30, "fp8_e4m3", 262144
+    pool = pool_tokens_for(models, kv_bytes, kv_dtype, len(nodes), mml)
+    lines = [
+        "# sparkserve config for the local rehearsal rig (written by scripts/rig up; do not edit).",
+        "# The engine is the sparkserve engine emulator, not vLLM; GPUs and RDMA devices are off.",
+        "nodes:",
+    ]
+    for n in nodes:
+        lines.append(f"  - {{name: {n.name}, host: {n.host}, port: {n.port}, fabric_ip: {n.fabric_ip}, user: root}}")
+    lines += [
+        "ssh:",
+        f"  known_hosts: {_ssh_dir() / 'known_hosts'}",
+        f"  identity_file: {_ssh_dir() / 'id_ed25519'}",
+        "fabric:",
+        f"  sysfs_root: {NODE_ROOT / 'sys'}",
+        "  master_port: 29501",
+        "image:",
+        f"  ref: {EMU_REF}",
+        "model:",
+        f"  target: {NODE_ROOT / 'models' / 'target'}",
+        f"  served_name: {SERVED_NAME}",
+        "drafter:",
+        f"  path: {NODE_ROOT / 'models' / 'drafter'}",
+        "serve:",
+        f"  tensor_parallel_size: {len(nodes)}",
+        f"  host: {nodes[0].host}             # head API on loopback",
+        "  port: 8000",
+        f"  max_model_len: {mml}",
+        f"  kv_cache_dtype: {kv_dtype}",
+        "  kv_cache_memory_bytes: 8GiB",
+        "  ready_timeout_s: 120",
+        "container:",
+        "  gpus: none",
+        "  rdma_devices: []",
+        f"  cache_root: {NODE_ROOT / 'cache'}",
+        "  stop_timeout_s: 5",
+        "gates:",
+        f"  pool_tokens: {pool}        # what the emulator computes for this config",
+        "  mask_token_id: 154856",
+        "",
+    ]
+    path = RIG_DIR / "rig.yaml"
+    path.write_text("\n".join(lines))
+    return path
+
+
+# ----------------------------------------------------------------------------------------------- state
+
+
+def state_path() -> Path:
+    return RIG_DIR / "rig.json"
+
+
+def load_info() -> dict:
+    """rig.json as written by `up` (raises RigError when the rig was never brought up)."""
+    try:
+        return json.loads(state_path().read_text())
+    except OSError:
+        raise RigError(f"{state_path()} missing: run scripts/rig up") from None
+
+
+def nodes_from_info(info: dict) -> list[NodeInfo]:
+    return [NodeInfo(**n) for n in info["nodes"]]
+
+
+def _current_count() -> int | None:
+    try:
+        return len(load_info()["nodes"])
+    except (RigError, KeyError, ValueError):
+        return None
+
+
+# ----------------------------------------------------------------------------------------------- verbs
+
+
+def up(nnodes: int | None = None) -> dict:
+    if os.geteuid() != 0:
+        raise RigError("the rig needs root (it starts dockerd and sshd)")
+    t0 = time.monotonic()
+    ensure_packages()
+    RIG_DIR.mkdir(parents=True, exist_ok=True)
+    os.chmod(RIG_DIR, 0o700)
+    count = nnodes or _current_count() or DEFAULT_NODES
+    if count < 1 or count > 20:
+        raise RigError(f"--nodes {count}: between 1 and 20")
+    # shrink: stop nodes beyond the requested count
+    for d in sorted((RIG_DIR / "nodes").glob("node-*")) if (RIG_DIR / "nodes").exists() else []:
+        i = ord(d.name[-1]) - ord("a")
+        if i >= count:
+            log(f"stopping {d.name} (not in --nodes {count})")
+            stop_node(make_node(i))
+    nodes = [make_node(i) for i in range(count)]
+    ensure_keys(nodes)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=count) as ex:
+        pids = dict(zip([n.name for n in nodes], ex.map(start_node, nodes), strict=True))
+    t_nodes = time.monotonic() - t0
+    emu_id = ensure_images(nodes)
+    models = ensure_models()
+    for n in nodes:
+        sync_models(n, models)
+        write_fake_sysfs(n)
+    rig_yaml = write_rig_yaml(nodes, models)
+    info = {
+        "rig_dir": str(RIG_DIR),
+        "node_root": str(NODE_ROOT),
+        "nodes": [asdict(n) for n in nodes],
+        "pids": pids,
+        "ssh": {"user": "root", "identity_file": str(_ssh_dir() / "id_ed25519"),
+                "known_hosts": str(_ssh_dir() / "known_hosts")},
+        "image": {"ref": EMU_REF, "id": emu_id, "base_ref": BASE_REF},
+        "models": {name: str(NODE_ROOT / "models" / name) for name in ["target", *DRAFTER_VARIANTS]},
+        "served_name": SERVED_NAME,
+        "rig_yaml": str(rig_yaml),
+    }
+    state_path().write_text(json.dumps(info, indent=2) + "\n")
+    log(f"up: {count} nodes in {time.monotonic() - t0:.1f}s (daemons {t_nodes:.1f}s); config {rig_yaml}")
+    return info
+
+
+def down(purge: bool = False) -> None:
+    nodes_dir = RIG_DIR / "nodes"
+    dirs = sorted(nodes_dir.glob("node-*")) if nodes_dir.exists() else []
+    for d in dirs:
+        n = make_node(ord(d.name[-1]) - ord("a"))
+        stop_node(n)
+        log(f"{n.name} stopped")
+    leftovers = _pids_referencing(str(RIG_DIR))
+    mounts = [line for line in Path("/proc/self/mounts").read_text().splitlines() if str(RIG_DIR) in line]
+    if leftovers or mounts:
+        raise RigError(f"left behind: pids {leftovers} mounts {mounts}")
+    if purge:
+        for d in dirs:
+            shutil.rmtree(d, ignore_errors=True)
+        state_path().unlink(missing_ok=True)
+        log("node data removed (the base rootfs tarball stays in cache/)")
+    try:
+        NODE_ROOT.rmdir()  # only if empty (a mount point we created)
+    except OSError:
+        pass
+
+
+def status() -> bool:
+    try:
+        info = load_info()
+    except RigError as e:
+        log(str(e))
+        return False
+    ok = True
+    for n in nodes_from_info(info):
+        holder = _holder_ok(n)
+        dockerd = _dockerd_ok(n, holder) if holder else None
+        sshd = _sshd_ok(n, holder) if holder else None
+        img = image_inspect(n.docker_socket, EMU_REF) if dockerd else None
+        same = bool(img) and img["Id"] == info["image"]["id"]
+        good = bool(holder and dockerd and sshd and same)
+        ok &= good
+        print(f"{n.name} {n.host}:{n.port} ns={holder} dockerd={dockerd} sshd={sshd} "
+              f"emulator-image={'ok' if same else 'MISSING'} {'up' if good else 'DOWN'}")
+    return ok
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="scripts/rig", description=__doc__.splitlines()[0])
+    sub = ap.add_subparsers(dest="verb", required=True)
+    u = sub.add_parser("up", help="start (or reuse) the rig")
+    u.add_argument("--nodes", type=int, default=None)
+    d = sub.add_parser("down", help="stop everything the rig started")
+    d.add_argument("--purge", action="store_true", help="also delete node data (images, models)")
+    sub.add_parser("status", help="is every node up?")
+    sub.add_parser("info", help="print rig.json")
+    a = ap.parse_args(argv)
+    try:
+        if a.verb == "up":
+            up(a.nodes)
+        elif a.verb == "down":
+            down(a.purge)
+        elif a.verb == "status":
+            return 0 if status() else 1
+        elif a.verb == "info":
+            print(json.dumps(load_info(), indent=2))
+    except RigError as e:
+        print(f"error: rig: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
