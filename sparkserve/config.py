@@ -214,7 +214,7 @@ class ServeConfig(Strict):
     @model_validator(mode="after")
     def _one_key_source(self) -> ServeConfig:
         if self.api_key_env and self.api_key_file:
-            raise ValueError("set api_key_env or api_key_file, not both")
+            raise ValueError("@api_key_file: set api_key_env or api_key_file, not both")
         return self
 
 
@@ -291,7 +291,7 @@ class Config(BaseSettings):
                 if attr == "host" and n.local:
                     continue
                 if key in seen and not (attr == "host" and self._same_host_ok(i, seen[key])):
-                    raise ValueError(f"nodes[{i}].{attr} {key!r} repeats nodes[{seen[key]}]")
+                    raise ValueError(f"@nodes.{i}.{attr}: {key!r} repeats nodes[{seen[key]}]")
                 seen[key] = i
         return self
 
@@ -350,6 +350,9 @@ def _format_error(e: ValidationError, source: str) -> BadInput:
     for prefix in ("Value error, ", "Assertion failed, "):
         if msg.startswith(prefix):
             msg = msg[len(prefix):]
+    if msg.startswith("@") and ": " in msg:  # a model-level rule naming its own field: "@nodes.1.name: ..."
+        field, msg = msg[1:].split(": ", 1)
+        loc = f"{loc}.{field}" if err["loc"] else field
     if err["type"] == "extra_forbidden":
         msg = "unknown field (check the spelling; names follow `vllm serve`)"
     elif err["type"] == "missing":

@@ -76,8 +76,8 @@ def validate(
         if not report.ok:
             raise typer.Exit(2)
         return
+    report.raise_first()  # on failure: one line (warnings are in --json)
     _print_findings(report)
-    report.raise_first()
     d, t = report.drafter, report.target
     lines = ["config ok (fingerprint " + cfg.fingerprint()[:16] + ")"]
     if d:
