@@ -323,11 +323,22 @@ def analyze(logs: Sequence[ParsedLog]) -> Analysis:
             st.downgrades.append(e)
         elif e.kind is Kind.RANK_PRESENCE and e.data.get("gib"):
             st.loaded = True
+    # model runner
+    if of(Kind.RUNNER_V1_FALLBACK):
+        runner: str | None = "v1"
+    elif of(Kind.RUNNER_V2):
+        runner = "v2"
+    elif of(Kind.RUNNER_V1):
+        runner = "v1"
+    else:
+        runner = None
     global_eager = [e for _, e in of(Kind.EAGER) if e.rank is None]
     eager_known = bool(global_eager) or enforce_eager is True
     captures = of(Kind.GRAPH_CAPTURED)
+    # V1 (0.12+) logs `Graph capturing finished` with info_once: once per node, standing for its ranks
+    v1_nodes = {log.node for log, e in captures if e.rank is not None} if runner == "v1" else set()
     for st in ranks.values():
-        if st.capture:
+        if st.capture or st.nodes & v1_nodes:
             st.graphs = "captured"
         elif st.eager or eager_known:
             st.graphs = "eager"
@@ -380,19 +391,10 @@ def analyze(logs: Sequence[ParsedLog]) -> Analysis:
         spec.mask_token_id = int(mask_events[0][1].data["id"])
         lacking = [r for r in finished if not ranks[r].mask]
         spec.mask_embedding_loaded = not lacking
-    elif dflash and (finished or of(Kind.RANK_PRESENCE)):
+    elif dflash and finished:
         spec.mask_embedding_loaded = False
     spec.mean_acceptance_length = [float(e.data["al"]) for _, e in of(Kind.SPEC_METRICS)]
 
-    # model runner
-    if of(Kind.RUNNER_V1_FALLBACK):
-        runner: str | None = "v1"
-    elif of(Kind.RUNNER_V2):
-        runner = "v2"
-    elif of(Kind.RUNNER_V1):
-        runner = "v1"
-    else:
-        runner = None
 
     # readiness
     if of(Kind.READY):

@@ -197,8 +197,7 @@ PATTERNS: tuple[LogPattern, ...] = (
        r"Engine core proc \S+ died unexpectedly",
        "0.10–0.11 `Engine core proc %s died unexpectedly, shutting down client.`", FaultKind.ENGINE_DEAD),
     _p(Kind.FAULT, ("EngineCore failed to start", "EngineCore encountered a fatal error", "EngineDeadError",
-                    "Engine core initialization failed", "engine core exited unexpectedly",
-                    "Timed out waiting for engine core"),
+                    "Engine core initialization failed", "engine core exited unexpectedly"),
        r"EngineCore failed to start|EngineCore encountered a fatal error|EngineDeadError"
        r"|Engine core initialization failed|engine core exited unexpectedly",
        "EngineCore `EngineCore failed to start.` / `EngineCore encountered a fatal error.` (logger.exception → "

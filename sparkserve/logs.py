@@ -426,8 +426,13 @@ def _has_needle(msg: str, p: LogPattern) -> bool:
     return any(n in msg for n in p.needles)
 
 
+_QUOTED = re.compile(r"'[^']*'")
+
+
 def classify_fault(msg: str) -> FaultKind | None:
-    """The fault kind a message names, or None."""
+    """The fault kind a message names, or None. Quoted text (an error relayed from elsewhere) does not count."""
+    if "'" in msg:
+        msg = _QUOTED.sub("''", msg)
     for p in PATTERNS:
         if p.kind is Kind.FAULT and _has_needle(msg, p) and p.regex.search(msg):
             return p.fault
