@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import contextlib
 import hashlib
 import http.client
 import io
@@ -105,6 +106,31 @@ class NodeInfo:
         """Host path of a path as the node sees it (under NODE_ROOT)."""
         rel = Path(node_path).relative_to(NODE_ROOT)
         return Path(self.srv_dir) / rel
+
+
+def memlock_hard_limit(n: NodeInfo) -> int | None:
+    """RLIMIT_MEMLOCK hard limit of the node's dockerd (None = unlimited): containers cannot exceed it
+    unless the daemon holds CAP_SYS_RESOURCE."""
+    pid = read_pid(Path(n.dir) / "dockerd.pid")
+    try:
+        for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+            if line.startswith("Max locked memory"):
+                hard = line.split()[4]
+                return None if hard == "unlimited" else int(hard)
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
+def can_raise_memlock() -> bool:
+    """Whether this machine lets root raise RLIMIT_MEMLOCK (CAP_SYS_RESOURCE in the bounding set)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapBnd:"):
+                return bool(int(line.split()[1], 16) >> 24 & 1)
+    except (OSError, ValueError):
+        pass
+    return True
 
 
 def node_name(i: int) -> str:
@@ -273,6 +299,17 @@ def ensure_keys(nodes: list[NodeInfo]) -> None:
         kind, b64 = (hk.with_suffix(".pub")).read_text().split()[:2]
         lines.append(f"[{n.host}]:{n.port} {kind} {b64}\n")
     (sd / "known_hosts").write_text("".join(lines))
+    # an ssh client config + `ssh` wrapper for scripts that call plain `ssh -p 2222 root@127.0.0.3`
+    # (the launcher): OpenSSH takes ~ from the passwd entry, so HOME cannot redirect it
+    (sd / "config").write_text(
+        "Host " + " ".join(n.host for n in nodes) + "\n"
+        f"  IdentityFile {key}\n  IdentitiesOnly yes\n  UserKnownHostsFile {sd / 'known_hosts'}\n"
+        "  StrictHostKeyChecking yes\n  BatchMode yes\n  User root\n"
+    )
+    bindir = RIG_DIR / "bin"
+    bindir.mkdir(exist_ok=True)
+    (bindir / "ssh").write_text(f'#!/bin/sh\nexec /usr/bin/ssh -F {sd / "config"} "$@"\n')
+    os.chmod(bindir / "ssh", 0o755)
 
 
 def _sshd_config(n: NodeInfo) -> str:
@@ -365,9 +402,8 @@ def stop_node(n: NodeInfo) -> None:
 def _pids_referencing(path: str) -> list[int]:
     out = []
     for p in Path("/proc").iterdir():
-        if p.name.isdigit() and int(p.name) != os.getpid():
-            if any(path in a for a in cmdline(int(p.name))):
-                out.append(int(p.name))
+        if p.name.isdigit() and int(p.name) != os.getpid() and any(path in a for a in cmdline(int(p.name))):
+            out.append(int(p.name))
     return out
 
 
@@ -389,12 +425,12 @@ def start_node(n: NodeInfo) -> dict[str, int]:
         stop_node(n)  # whatever is left of an older generation
         NODE_ROOT.mkdir(parents=True, exist_ok=True)
         script = 'mount --bind "$1" "$2" && exec sleep infinity'
-        p = subprocess.Popen(
-            ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "rig-ns", n.srv_dir,
-             str(NODE_ROOT)],
-            stdin=subprocess.DEVNULL, stdout=open(d / "ns.log", "w"), stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with open(d / "ns.log", "w") as out:
+            p = subprocess.Popen(
+                ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "rig-ns", n.srv_dir,
+                 str(NODE_ROOT)],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
         (d / "ns.pid").write_text(f"{p.pid}\n")
         _wait(lambda: _holder_ok(n) is not None or p.poll() is not None, f"{n.name} namespace", 10)
         holder = _holder_ok(n)
@@ -406,13 +442,13 @@ def start_node(n: NodeInfo) -> dict[str, int]:
         stop_pid(read_pid(d / "dockerd.pid"), f"{n.name} stale dockerd")
         (d / "dockerd.pid").unlink(missing_ok=True)
         Path(n.docker_socket).unlink(missing_ok=True)
-        subprocess.Popen(
-            [*nsenter, "dockerd", "--data-root", str(d / "docker"), "--exec-root", str(d / "exec"),
-             "--pidfile", str(d / "dockerd.pid"), "-H", n.docker_url, "--bridge", "none",
-             "--iptables=false", "--ip-masq=false", "--log-level", "warn"],
-            stdin=subprocess.DEVNULL, stdout=open(d / "dockerd.log", "a"), stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
+        with open(d / "dockerd.log", "a") as out:
+            subprocess.Popen(
+                [*nsenter, "dockerd", "--data-root", str(d / "docker"), "--exec-root", str(d / "exec"),
+                 "--pidfile", str(d / "dockerd.pid"), "-H", n.docker_url, "--bridge", "none",
+                 "--iptables=false", "--ip-masq=false", "--log-level", "warn"],
+                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )
         _wait(lambda: _dockerd_ok(n, holder) is not None, f"{n.name} dockerd", 60)
         dockerd = _dockerd_ok(n, holder)
         assert dockerd is not None
@@ -752,7 +788,8 @@ def up(nnodes: int | None = None) -> dict:
         "nodes": [asdict(n) for n in nodes],
         "pids": pids,
         "ssh": {"user": "root", "identity_file": str(_ssh_dir() / "id_ed25519"),
-                "known_hosts": str(_ssh_dir() / "known_hosts")},
+                "known_hosts": str(_ssh_dir() / "known_hosts"), "config": str(_ssh_dir() / "config"),
+                "wrapper_dir": str(RIG_DIR / "bin")},
         "image": {"ref": EMU_REF, "id": emu_id, "base_ref": BASE_REF},
         "models": {name: str(NODE_ROOT / "models" / name) for name in ["target", *DRAFTER_VARIANTS]},
         "served_name": SERVED_NAME,
@@ -779,10 +816,8 @@ def down(purge: bool = False) -> None:
             shutil.rmtree(d, ignore_errors=True)
         state_path().unlink(missing_ok=True)
         log("node data removed (the base rootfs tarball stays in cache/)")
-    try:
+    with contextlib.suppress(OSError):
         NODE_ROOT.rmdir()  # only if empty (a mount point we created)
-    except OSError:
-        pass
 
 
 def status() -> bool:

@@ -101,7 +101,8 @@ AT = {
     "logo": "startup.py:38", "nondefault": "startup.py:96", "arch": "model.py:744",
     "maxlen": "model.py:2170", "kvdtype": "cache.py:484", "kvdtype_head": "cache.py:477",
     "dp_infer": "arg_utils.py:2513", "draft_len": "speculative.py:1799", "chunked": "scheduler.py:310",
-    "ir": "kernel.py:480", "eager_warn": "vllm.py:1778", "inductor_off": "vllm.py:1802", "eager": "vllm.py:2005", "headless": "serve.py:224",
+    "ir": "kernel.py:480", "eager_warn": "vllm.py:1778", "inductor_off": "vllm.py:1802", "eager": "vllm.py:2005",
+    "headless": "serve.py:224",
     "engine_cfg": "core.py:139", "dp_leader": "multiproc_executor.py:167", "dist_init": "parallel_state.py:1929",
     "nccl": "pynccl.py:148", "mnnvl": "custom_all_reduce.py:232", "ar": "cuda_communicator.py:353",
     "assigned": "parallel_state.py:2385", "v2": "gpu_worker.py:513", "scratch": "model_runner.py:399",
@@ -161,8 +162,9 @@ TOP_USAGE = ("usage: vllm [-h] [-v]\n"
 SERVE_USAGE = "vllm serve [model_tag] [options]"
 ROUTES = [("/health", "GET"), ("/metrics", "GET"), ("/ping", "GET"), ("/ping", "POST"), ("/version", "GET"),
           ("/load", "GET"), ("/v1/models", "GET"), ("/v1/chat/completions", "POST"), ("/v1/completions", "POST")]
-WORDS = ("the spark node holds a draft of tokens while the target checks each block and the bonus token "
-         "lands after every accepted run of guesses so the stream keeps moving across both ranks").split()
+_FILLER = ("the spark node holds a draft of tokens while the target checks each block and the bonus token "
+           "lands after every accepted run of guesses so the stream keeps moving across both ranks")
+WORDS = tuple(_FILLER.split(" "))
 
 
 def env_float(name: str, default: float) -> float:
@@ -358,8 +360,9 @@ FRAMES_HEADLESS = [
 
 def _serve_args_json() -> dict:
     here = Path(__file__).resolve().parent
+    repo = here.parents[2] / "sparkserve" / "data" / "vllm-0.33.0-serve-args.json" if len(here.parents) > 2 else None
     for p in (os.environ.get("SSEMU_SERVE_ARGS"), here / "serve-args.json", Path("/opt/sparkserve-emu/serve-args.json"),
-              here.parents[2] / "sparkserve" / "data" / "vllm-0.33.0-serve-args.json" if len(here.parents) > 2 else None):
+              repo):
         if p and Path(p).is_file():
             return json.loads(Path(p).read_text())
     raise SystemExit("sparkserve engine emulator: vllm-0.33.0-serve-args.json not found (set SSEMU_SERVE_ARGS)")
@@ -1172,9 +1175,11 @@ class Emulator:
             self.wk_once(rank, "weights", f"Loading weights took {time.monotonic() - t2:.2f} seconds",
                          "weights-drafter")
         gib = round((t_bytes + d_bytes) / self.tp / GiB, 2)
-        self.wk(rank, "INFO", "model_load", f"Model loading took {gib} GiB memory and {time.monotonic() - t:.6f} seconds")
+        self.wk(rank, "INFO", "model_load",
+                f"Model loading took {gib} GiB memory and {time.monotonic() - t:.6f} seconds")
         if os.environ.get("VLLM_USE_FLASHINFER_SAMPLER") == "0":
-            self.wk_once(rank, "flashinfer", "FlashInfer top-p/top-k sampling disabled via VLLM_USE_FLASHINFER_SAMPLER=0.")
+            self.wk_once(rank, "flashinfer",
+                         "FlashInfer top-p/top-k sampling disabled via VLLM_USE_FLASHINFER_SAMPLER=0.")
 
     def aux_layers(self) -> tuple:
         top = self.drafter_cfg.get("eagle_aux_hidden_state_layer_ids")
@@ -1542,7 +1547,7 @@ class Emulator:
             if rpc:  # the RPC never returns: EngineCore waits on the response queue
                 self.stall(lambda: False, ph, True)
             deadline = time.monotonic() + env_float("SSEMU_PEER_TIMEOUT_S", 10.0)
-            self.stall(lambda: time.monotonic() > deadline, ph, False)
+            self.stall(lambda d=deadline: time.monotonic() > d, ph, False)
             self.watchdog_line(self.ranks[0])
             self.engine_failed_lines(None, None)
         return out
@@ -1823,7 +1828,8 @@ class Emulator:
                                       "rate: 0.0%")
             if iv.drafts:
                 rates = ", ".join(f"{x / iv.drafts:.3f}" for x in iv.per_pos)
-                self.api("INFO", "spec", f"SpecDecoding metrics: Mean acceptance length: {1 + iv.accepted / iv.drafts:.2f}"
+                mal = 1 + iv.accepted / iv.drafts
+                self.api("INFO", "spec", f"SpecDecoding metrics: Mean acceptance length: {mal:.2f}"
                                          f", Accepted throughput: {iv.accepted / dt:.2f} tokens/s, Drafted throughput: "
                                          f"{iv.draft_tokens / dt:.2f} tokens/s, Accepted: {iv.accepted} tokens, "
                                          f"Drafted: {iv.draft_tokens} tokens, Per-position acceptance rate: {rates}, "
@@ -1914,7 +1920,7 @@ def compilation_repr(comp: dict, resolved: Emulator | None) -> str:
     for k, v in comp.items():
         if k == "cudagraph_mode":
             vals[k] = CG_ENUM.get(str(v).upper(), repr(v))
-        elif k in vals or True:
+        elif True:
             vals[k] = repr(v)
     if resolved is not None:
         e = resolved
