@@ -36,7 +36,9 @@ KNOWN_ARCHITECTURES: dict[str, DrafterKind] = {
 DFLASH2_REQUIRED_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 
 CONV_RE = re.compile(r"(?:^|\.)layers\.(\d+)\.(attention_conv|mlp_conv)\.(base_kernel|kernel_projection\.weight)$")
-SELECTOR_RE = re.compile(r"(?:^|\.)candidate_selector\.(predecessor_codebook|successor_codebook|hidden_projection\.weight)$")
+SELECTOR_RE = re.compile(
+    r"(?:^|\.)candidate_selector\.(predecessor_codebook|successor_codebook|hidden_projection\.weight)$"
+)
 FC_RE = re.compile(r"(?:^|\.)fc\.weight$")
 
 

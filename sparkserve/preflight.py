@@ -68,7 +68,9 @@ class Report:
         if not self.errors:
             return
         first, more = self.errors[0], len(self.errors) - 1
-        suffix = f" (and {more} more problem{'s' if more > 1 else ''}; `sparkserve validate` lists them)" if more else ""
+        suffix = ""
+        if more:
+            suffix = f" (and {more} more problem{'s' if more > 1 else ''}; `sparkserve validate` lists them)"
         raise BadInput(first.where, first.what + suffix)
 
     def to_json(self) -> dict[str, Any]:
@@ -92,7 +94,10 @@ def check_config(cfg: Config, report: Report | None = None) -> Report:
     gpus = sum(n.gpus for n in cfg.nodes)
     if s.tensor_parallel_size != gpus:
         per = {n.gpus for n in cfg.nodes}
-        how = f"{len(cfg.nodes)} nodes x {per.pop()} GPU" if len(per) == 1 else f"{gpus} GPUs over {len(cfg.nodes)} nodes"
+        if len(per) == 1:
+            how = f"{len(cfg.nodes)} nodes x {per.pop()} GPU"
+        else:
+            how = f"{gpus} GPUs over {len(cfg.nodes)} nodes"
         r.error("serve.tensor_parallel_size", f"{s.tensor_parallel_size} but the nodes hold {how} = {gpus}; "
                 "TP must use every GPU of every node")
     if s.gpu_memory_utilization > GMU_WARN_ABOVE:

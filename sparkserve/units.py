@@ -25,10 +25,8 @@ def parse_size(value: int | str) -> int:
     if not m:
         raise ValueError(f"{value!r} is not a size (use e.g. 8GiB, 8G or 8589934592)")
     number, letter, iec, b = m.groups()
-    if iec or (letter.isupper() and not b):
-        factor = _BINARY[letter.lower()]
-    else:
-        factor = _DECIMAL[letter.lower()]
+    binary = iec or (letter.isupper() and not b)
+    factor = (_BINARY if binary else _DECIMAL)[letter.lower()]
     n = float(number) * factor
     if n != int(n) or n <= 0:
         raise ValueError(f"{value!r} is not a whole positive number of bytes")

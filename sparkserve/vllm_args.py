@@ -75,7 +75,7 @@ class RealParser:
         self.python = python or vllm_python()
         if not self.python:
             raise ParserUnavailable("vllm is not importable here (install the `vllm` extra: vllm==0.33.0)")
-        self._stderr = tempfile.TemporaryFile()
+        self._stderr = tempfile.TemporaryFile()  # noqa: SIM115 (lives as long as the subprocess; closed in close())
         env = {**os.environ, "VLLM_TARGET_DEVICE": "cpu", "VLLM_CONFIGURE_LOGGING": "0",
                "PYTHONUNBUFFERED": "1", "TQDM_DISABLE": "1"}
         self.proc = subprocess.Popen(
@@ -295,11 +295,11 @@ class OptionList:
                     if nargs is None:
                         break
                 if not values:
-                    raise _Reject(f"argument {name}: expected {'one argument' if nargs is None else 'at least one argument'}")
-            elif nargs == "?":
-                if i < len(args) and not args[i].startswith("-"):
-                    values.append(args[i])
-                    i += 1
+                    want = "one argument" if nargs is None else "at least one argument"
+                    raise _Reject(f"argument {name}: expected {want}")
+            elif nargs == "?" and i < len(args) and not args[i].startswith("-"):
+                values.append(args[i])
+                i += 1
             type_name = _OPTIONAL_INNER.get(opt["dest"]) if opt["type"] == "_optional_type" else opt["type"]
             for v in values:
                 if opt["choices"] is not None and v not in [str(c) for c in opt["choices"]]:

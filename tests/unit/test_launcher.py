@@ -160,11 +160,14 @@ def test_eager_knob_renders_enforce_eager_from_the_eager_plan(tmp_path: Path) ->
 
 def test_graphs_is_the_default(tmp_path: Path) -> None:
     rig = Rig(tmp_path)
-    p = rig.run(_drafter(tmp_path), GRAPHS="1")
-    assert p.returncode == 0, p.stderr
-    for r in rig.runs():
-        i = r["argv"].index("--compilation-config")
-        assert r["argv"][i + 1] == '{"cudagraph_mode":"FULL_AND_PIECEWISE","cudagraph_capture_sizes":[1,2,4,8,16,24,32]}'
+    drafter = _drafter(tmp_path)
+    graphs = '{"cudagraph_mode":"FULL_AND_PIECEWISE","cudagraph_capture_sizes":[1,2,4,8,16,24,32]}'
+    for env in ({}, {"GRAPHS": "1"}):
+        p = rig.run(drafter, **env)
+        assert p.returncode == 0, p.stderr
+        for r in rig.runs():
+            assert r["argv"][r["argv"].index("--compilation-config") + 1] == graphs
+            assert "--enforce-eager" not in r["argv"]
 
 
 def test_default_drafter_path_from_the_config_is_used_without_override(tmp_path: Path) -> None:

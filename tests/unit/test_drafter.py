@@ -1,0 +1,155 @@
+"""Drafter inspection from config.json, safetensors headers (never the data) and mask_embedding.pt."""
+
+from __future__ import annotations
+
+import json
+import struct
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _fixtures import DrafterSpec, write_drafter, write_speculators_drafter
+from safetensors.numpy import save_file
+
+from sparkserve.drafter import CONV_RE, SELECTOR_RE, inspect_drafter
+from sparkserve.errors import BadInput
+from sparkserve.safetensors_header import HeaderError, read_header
+
+
+def test_fixture_dflash2_facts(tmp_path: Path) -> None:
+    d = inspect_drafter(write_drafter(tmp_path / "d"))
+    assert (d.architecture, d.kind, d.format, d.known) == ("DFlash2DraftModel", "dflash2", "dflash", True)
+    assert (d.hidden_size, d.target_hidden_size, d.num_hidden_layers, d.vocab_size) == (256, 256, 2, 154880)
+    assert (d.block_size, d.expected_k, d.mask_token_id) == (8, 7, 154856)
+    assert d.mask_token_id_source == "dflash_config.mask_token_id"
+    assert (d.target_layer_ids, d.aux_layer_ids, d.taps) == ([0, 1, 2], [1, 2, 3], 3)
+    assert (d.conv_kernel_size, d.conv_group_size, d.selector_rank, d.selector_top_k) == (4, 64, 8, 4)
+    w = d.weights
+    assert w is not None and w.files == ["model.safetensors"]
+    assert (w.selector_tensors, w.conv_tensors) == (3, 4 * 2)  # 3 selector + 4 per layer, as the card counts
+    assert w.fc_shape == [256, 768] and w.fc_input_width == 768 and d.fc_taps == 3
+    assert w.dtype == "F16" and w.dtypes == {"F16": w.param_count}
+    assert w.tensor_count == 26 and w.param_count == 3_112_448
+    assert (d.mask.present, d.mask.form, d.mask.mask_token_id, d.mask.embedding_shape) == (True, "dict", 154856, [256])
+    assert d.problems == []
+
+
+def test_dflash_v1_has_no_selector_or_conv(tmp_path: Path) -> None:
+    d = inspect_drafter(write_drafter(tmp_path / "d", DrafterSpec(architecture="DFlashDraftModel")))
+    assert d.kind == "dflash" and d.weights and (d.weights.selector_tensors, d.weights.conv_tensors) == (0, 0)
+    assert d.conv_group_size is None
+
+
+def test_dflash2e_shaped_counts_32_conv_tensors(tmp_path: Path) -> None:
+    """The model card verified 3 selector + 32 conv tensors for dflash2E: 8 layers x 4."""
+    d = inspect_drafter(write_drafter(tmp_path / "d", DrafterSpec(num_hidden_layers=8, hidden_size=128,
+                                                                   conv_group_size=32)))
+    assert d.weights and (d.weights.selector_tensors, d.weights.conv_tensors) == (3, 32)
+
+
+def test_speculators_format_is_converted_like_vllm_does(tmp_path: Path) -> None:
+    d = inspect_drafter(write_speculators_drafter(tmp_path / "d", speculative_tokens=7))
+    assert (d.format, d.architecture, d.kind) == ("speculators", "DFlash2DraftModel", "dflash2")
+    assert d.aux_layer_ids == [1, 2, 3] and d.target_layer_ids == [0, 1, 2]  # aux - 1, as update_dflash does
+    assert (d.mask_token_id, d.block_size, d.speculative_tokens, d.conv_group_size) == (154856, 8, 7, 64)
+    assert d.hidden_size == 256 and d.target_hidden_size == 256
+
+
+def test_layer_id_precedence_eagle_aux_ids_win(tmp_path: Path) -> None:
+    path = write_drafter(tmp_path / "d")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["eagle_aux_hidden_state_layer_ids"] = [2, 3, 4]
+    (path / "config.json").write_text(json.dumps(cfg))
+    d = inspect_drafter(path)
+    assert d.aux_layer_ids == [2, 3, 4] and d.target_layer_ids == [1, 2, 3]
+
+
+def test_top_level_mask_token_id_is_the_fallback(tmp_path: Path) -> None:
+    path = write_drafter(tmp_path / "d")
+    cfg = json.loads((path / "config.json").read_text())
+    cfg["mask_token_id"] = cfg["dflash_config"].pop("mask_token_id")
+    (path / "config.json").write_text(json.dumps(cfg))
+    d = inspect_drafter(path)
+    assert (d.mask_token_id, d.mask_token_id_source) == (154856, "mask_token_id")
+
+
+def test_sharded_weights_and_a_missing_shard(tmp_path: Path) -> None:
+    path = write_drafter(tmp_path / "d")
+    (path / "model.safetensors").rename(path / "model-00001-of-00002.safetensors")
+    save_file({"lm_head.weight": np.zeros((4, 4), dtype=np.float32)}, str(path / "model-00002-of-00002.safetensors"))
+    index = {"weight_map": {"fc.weight": "model-00001-of-00002.safetensors",
+                            "lm_head.weight": "model-00002-of-00002.safetensors"}}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    d = inspect_drafter(path)
+    assert d.weights and d.weights.tensor_count == 27 and d.weights.dtypes["F32"] == 16 and d.problems == []
+    assert d.weights.dtype == "F16"
+    (path / "model-00002-of-00002.safetensors").unlink()
+    d = inspect_drafter(path)
+    assert [p.what for p in d.problems] == ["missing (listed in model.safetensors.index.json)"]
+
+
+def test_header_is_read_without_touching_the_data(tmp_path: Path) -> None:
+    """A 64 GiB (sparse) file: only its header is read, so this takes milliseconds."""
+    f = tmp_path / "big.safetensors"
+    n_params = 32 * 2**30
+    header = json.dumps({"w": {"dtype": "BF16", "shape": [n_params], "data_offsets": [0, 2 * n_params]}}).encode()
+    with f.open("wb") as fh:
+        fh.write(struct.pack("<Q", len(header)) + header)
+        fh.truncate(8 + len(header) + 2 * n_params)
+    t = time.perf_counter()
+    tensors, _ = read_header(f)
+    assert time.perf_counter() - t < 0.5
+    assert tensors[0].numel == n_params and tensors[0].dtype == "BF16"
+
+
+_H = json.dumps({"w": {"dtype": "F16", "shape": [4], "data_offsets": [0, 8]}}).encode()
+
+
+@pytest.mark.parametrize(("content", "needle"), [
+    (b"abc", "too short"),
+    (struct.pack("<Q", 10**12) + b"{}", "does not fit"),
+    (struct.pack("<Q", 4) + b"nope", "not JSON"),
+    (struct.pack("<Q", 2) + b"[]", "not a JSON object"),
+    (struct.pack("<Q", len(_H)) + _H + b"\0" * 4, "truncated: tensors need"),
+])
+def test_bad_headers(tmp_path: Path, content: bytes, needle: str) -> None:
+    f = tmp_path / "x.safetensors"
+    f.write_bytes(content)
+    with pytest.raises(HeaderError, match=needle):
+        read_header(f)
+
+
+def test_unreadable_dir_or_config_raises_bad_input_naming_it(tmp_path: Path) -> None:
+    with pytest.raises(BadInput) as e:
+        inspect_drafter(tmp_path / "nope")
+    assert e.value.where == "drafter.path"
+    (tmp_path / "f").write_text("")
+    with pytest.raises(BadInput, match="not a directory"):
+        inspect_drafter(tmp_path / "f")
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "config.json").write_text("[1]")
+    with pytest.raises(BadInput) as e:
+        inspect_drafter(tmp_path / "d")
+    assert e.value.where.endswith("config.json") and "JSON object" in e.value.what
+
+
+def test_unreadable_mask_file_is_a_fact_not_a_crash(tmp_path: Path) -> None:
+    path = write_drafter(tmp_path / "d")
+    (path / "mask_embedding.pt").write_bytes(b"garbage")
+    d = inspect_drafter(path)
+    assert d.mask.present and d.mask.error and "zip" in d.mask.error
+
+
+def test_tensor_name_matchers_tolerate_a_prefix() -> None:
+    assert CONV_RE.search("model.layers.3.mlp_conv.kernel_projection.weight")
+    assert CONV_RE.search("layers.0.attention_conv.base_kernel")
+    assert not CONV_RE.search("layers.0.attention_conv.kernel_projection.weight_scale")
+    assert SELECTOR_RE.search("model.candidate_selector.hidden_projection.weight")
+    assert not SELECTOR_RE.search("candidate_selector.bias")
+
+
+def test_to_json_is_serialisable(tmp_path: Path) -> None:
+    d = inspect_drafter(write_drafter(tmp_path / "d"))
+    data = json.loads(json.dumps(d.to_json()))
+    assert data["fc_input_width"] == 768 and data["expected_k"] == 7 and data["known"] is True
