@@ -448,13 +448,53 @@ class _Traceback:
     stream: tuple[Any, ...]
     lines: set[int]
     root: Record | None
-    header: Record | None = None
+    first: Record | None = None  # the `Traceback (most recent call last):` record
+
+
+_RECORD_START = re.compile(
+    rb"(?:\x1b\[[0-9;]*m|\^\[\[[0-9;]*m|\[[0-9;]+m)?(?:\([A-Za-z_][\w.\-]*(?: [A-Za-z_][\w\-]*)?(?: rank=\d+)? pid=\d+"
+    rb"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)[ :]|\[rank\d+\]:|\[[IWEF]\d{4} |\{\"|Traceback |\d{4}-\d\d-\d\dT"
+    rb"|[A-Z][a-z]{2} [ \d]\d \d\d:|[\w.-]+\s+\| |[\w.-]+:\d+:\d+ \[)"
+)
+
+
+def _join_hard_wraps(lines: list[bytes]) -> tuple[list[bytes], list[int]] | None:
+    """A log copied from a terminal is cut at a fixed width W: the longest length occurs again and again, and
+    such a line is followed by a fragment that starts no record. Join those; None if the file is not wrapped."""
+    if len(lines) < 4:
+        return None
+    lens = list(map(len, lines))
+    width = max(lens)
+    if width < 40 or lens.count(width) < 3:
+        return None
+    cut = [i for i, n in enumerate(lens) if n == width and i + 1 < len(lines)]
+    cont = [i for i in cut if not _RECORD_START.match(lines[i + 1])]
+    if len(cont) * 2 < len(cut):
+        return None
+    out: list[bytes] = []
+    first: list[int] = []
+    i = 0
+    while i < len(lines):
+        first.append(i + 1)
+        cur = lines[i]
+        while len(lines[i]) == width and i + 1 < len(lines) and not _RECORD_START.match(lines[i + 1]):
+            i += 1
+            cur += lines[i]
+        out.append(cur)
+        i += 1
+    return out, first
 
 
 class _Reader:
     def __init__(self, data: bytes) -> None:
-        self.data = data
         self.lines, self.starts = _line_index(data)
+        self.first_line: list[int] | None = None
+        joined = _join_hard_wraps(self.lines)
+        if joined is not None:
+            self.lines, self.first_line = joined
+            data = b"\n".join(self.lines)
+            self.starts = [0, *accumulate(len(x) + 1 for x in self.lines)]
+        self.data = data
         # colour codes anywhere in the file? (raw ESC, pasted ^[, or bare `[36m`) — else skip stripping
         self.ansi = b"\x1b[" in data or b"^[[" in data or _ANSI_BYTES.search(data) is not None
         self._cache: dict[int, list[Record]] = {}
@@ -462,16 +502,20 @@ class _Reader:
     def text(self, idx: int) -> str:
         return self.lines[idx].decode("utf-8", "replace")
 
+    def lineno(self, idx: int) -> int:
+        """1-based line number in the file as given (hard-wrapped lines count from their first piece)."""
+        return self.first_line[idx] if self.first_line is not None else idx + 1
+
     def records(self, idx: int) -> list[Record]:
         got = self._cache.get(idx)
         if got is None:
-            got = normalise(idx + 1, self.text(idx), ansi=self.ansi)
+            got = normalise(self.lineno(idx), self.text(idx), ansi=self.ansi)
             self._cache[idx] = got
         return got
 
     def traceback(self, idx: int, rec: Record, max_lines: int = 4000) -> _Traceback:
         stream = rec.stream
-        tb = _Traceback(idx, stream, {idx}, None)
+        tb = _Traceback(idx, stream, {idx}, None, rec)
         excs: list[Record] = []
         j = idx + 1
         n = len(self.lines)
@@ -542,8 +586,8 @@ def _bracket_depth(s: str) -> int:
 
 def parse_log(text: str | bytes, *, file: str, node: str | None = None) -> ParsedLog:
     """Parse one log file's text (str, or bytes read as UTF-8) into events (rules: module docstring)."""
-    data = text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text
-    reader = _Reader(data)
+    reader = _Reader(text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text)
+    data = reader.data
     events: list[Event] = []
     tracebacks: dict[int, _Traceback] = {}
     consumed: set[int] = set()
@@ -558,7 +602,7 @@ def parse_log(text: str | bytes, *, file: str, node: str | None = None) -> Parse
             m = spec_pattern.regex.search(line)
             if m and "\r" not in line.rstrip("\r") and (not reader.ansi or "[" not in m.group("al")):
                 text = strip_ansi(line).rstrip("\r") if reader.ansi else line.rstrip("\r")
-                rec = Record(lineno=idx + 1, text=text, msg=text[text.find("SpecDecoding metrics:") :])
+                rec = Record(lineno=reader.lineno(idx), text=text, msg=text[text.find("SpecDecoding metrics:") :])
                 events.append(Event(Kind.SPEC_METRICS, rec, m.groupdict(), sort_line=idx))
                 continue
         for rec in reader.records(idx):
@@ -595,9 +639,18 @@ def parse_log(text: str | bytes, *, file: str, node: str | None = None) -> Parse
     for ev in events:
         if ev.kind is not Kind.FAULT:
             continue
-        idx = ev.rec.lineno - 1
+        idx = ev.sort_line
         nxt = reader.next_in_stream(idx, ev.rec.stream)
-        if nxt is not None and nxt[0] in tracebacks and tracebacks[nxt[0]].root is not None:
+        tb = tracebacks.get(nxt[0]) if nxt is not None else None
+        # logger.exception: the header and its traceback share the whole prefix (level and time included)
+        if (
+            tb is not None
+            and tb.root is not None
+            and tb.first is not None
+            and ev.rec.level is not None
+            and (tb.first.level, tb.first.ts) == (ev.rec.level, ev.rec.ts)
+        ):
+            assert nxt is not None
             folded.add(id(ev))
             for te in tb_events:
                 if te.sort_line == nxt[0]:
@@ -624,7 +677,7 @@ def parse_log(text: str | bytes, *, file: str, node: str | None = None) -> Parse
                 seen.add(key)
                 faults.append(ev)
     for ev in (*faults, *artefacts, *([stop] if stop else [])):
-        ev.ts = ev.rec.ts or reader.stamp_before(ev.rec.lineno - 1)
+        ev.ts = ev.rec.ts or reader.stamp_before(ev.sort_line)
     return ParsedLog(
         file=file,
         node=node or file,
