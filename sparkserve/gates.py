@@ -158,6 +158,7 @@ class SmokeResult:
     stream_errors: int
     incomplete: int
     errors: tuple[SmokeError, ...] = ()
+    node: str | None = None  # where the API server answered (the head)
 
 
 @dataclass(frozen=True)
@@ -224,8 +225,7 @@ def _pool(an: Analysis, ex: Expectations) -> Verdict:
             True,
             expected,
             observed,
-            f"{got:,} tokens; nothing to compare with (no gates.pool_tokens, nothing banked): "
-            "`--bank` records it",
+            f"{got:,} tokens; nothing to compare with (no gates.pool_tokens, nothing banked): `--bank` records it",
             evidence,
         )
     source = "banked pool" if ex.banked_pool is not None else "gates.pool_tokens"
@@ -330,8 +330,7 @@ def _mask(an: Analysis, ex: Expectations) -> Verdict:
         if st is None or not st.mask:
             where = ", ".join(sorted(st.nodes)) if st else _nodes_text(an)
             problems.append(
-                f"rank {r}: no `Loaded DFlash mask embedding` line (looked in {where}): "
-                "the mask was silently ignored"
+                f"rank {r}: no `Loaded DFlash mask embedding` line (looked in {where}): the mask was silently ignored"
             )
         elif ex.mask_token_id is not None and st.mask_token_id != ex.mask_token_id:
             problems.append(f"rank {r} loaded mask_token_id {st.mask_token_id}, expected {ex.mask_token_id}")
@@ -343,8 +342,7 @@ def _mask(an: Analysis, ex: Expectations) -> Verdict:
         True,
         expected,
         observed,
-        f"mask embedding loaded on every rank ({', '.join(ex.ranks)}), mask_token_id "
-        f"{', '.join(map(str, ids))}",
+        f"mask embedding loaded on every rank ({', '.join(ex.ranks)}), mask_token_id {', '.join(map(str, ids))}",
         evidence,
     )
 
@@ -352,16 +350,23 @@ def _mask(an: Analysis, ex: Expectations) -> Verdict:
 def _smoke(smoke: SmokeResult | None, ex: Expectations) -> Verdict:
     expected = {"requests": ex.smoke_prompts, "stream_errors": 0, "incomplete": 0}
     if smoke is None:
-        return Verdict(
-            "smoke", False, expected, None, "not run: no smoke result (the smoke cell did not run)"
-        )
+        return Verdict("smoke", False, expected, None, "not run: no smoke result (the smoke cell did not run)")
     observed = {
         "requests": smoke.requests,
         "requests_ok": smoke.requests_ok,
         "stream_errors": smoke.stream_errors,
         "incomplete": smoke.incomplete,
     }
-    evidence = [Evidence(e.node or "head", None, e.text) for e in smoke.errors]
+    head = smoke.node or "head"
+    evidence = [Evidence(e.node or head, None, e.text) for e in smoke.errors]
+    evidence.append(
+        Evidence(
+            head,
+            None,
+            f"smoke cell: {smoke.requests_ok} of {smoke.requests} requests complete, "
+            f"{smoke.stream_errors} stream errors, {smoke.incomplete} incomplete",
+        )
+    )
     want = ex.smoke_prompts if ex.smoke_prompts is not None else smoke.requests
     problems = []
     if smoke.stream_errors:
@@ -390,8 +395,7 @@ def _faults(an: Analysis, liveness: Mapping[str, bool | None] | None, ex: Expect
     missing = [n for n in (ex.nodes or ()) if n not in {log.node for log in an.logs}]
     observed = {
         "faults": [
-            {"node": log.node, "line": e.line, "kind": e.fault.value if e.fault else "other"}
-            for log, e in faults
+            {"node": log.node, "line": e.line, "kind": e.fault.value if e.fault else "other"} for log, e in faults
         ],
         "dead_containers": dead,
     }
@@ -418,14 +422,12 @@ def _faults(an: Analysis, liveness: Mapping[str, bool | None] | None, ex: Expect
     else:
         unknown = sorted(n for n, a in liveness.items() if a is None)
         alive = "every engine container alive" + (f" (not checked: {', '.join(unknown)})" if unknown else "")
-    arte = (
-        f"; {len(an.artefacts)} shutdown artefact line(s) after a deliberate stop ignored"
-        if an.artefacts
-        else ""
-    )
-    return Verdict(
-        "faults", True, expected, observed, f"no fault lines in {_nodes_text(an)}; {alive}{arte}", evidence
-    )
+    arte = f"; {len(an.artefacts)} shutdown artefact line(s) after a deliberate stop ignored" if an.artefacts else ""
+    for log in an.logs:
+        state = {True: "engine container running", False: "engine container NOT running", None: "liveness not checked"}
+        live = state[(liveness or {}).get(log.node)] if liveness is not None else "liveness not checked (offline)"
+        evidence.append(Evidence(log.node, None, f"{log.line_count} log lines read, no fault line; {live}"))
+    return Verdict("faults", True, expected, observed, f"no fault lines in {_nodes_text(an)}; {alive}{arte}", evidence)
 
 
 def _runner(an: Analysis, ex: Expectations) -> Verdict:
@@ -460,9 +462,7 @@ def _runner(an: Analysis, ex: Expectations) -> Verdict:
 def _identity(identity: Mapping[str, NodeIdentity] | None, ex: Expectations) -> Verdict:
     expected = "the same image ID and drafter digest on every node"
     if not identity:
-        return Verdict(
-            "identity", False, expected, None, "not run: no image IDs or drafter digests collected"
-        )
+        return Verdict("identity", False, expected, None, "not run: no image IDs or drafter digests collected")
     observed = {n: {"image_id": i.image_id, "drafter_digest": i.drafter_digest} for n, i in identity.items()}
     evidence = []
     for n, i in identity.items():
@@ -476,9 +476,7 @@ def _identity(identity: Mapping[str, NodeIdentity] | None, ex: Expectations) -> 
             problems.append(f"no {what} from {', '.join(missing)}")
         distinct = {v for v in vals.values() if v}
         if len(distinct) > 1:
-            problems.append(
-                f"{what}s differ: " + ", ".join(f"{n}={(v or '?')[:19]}" for n, v in vals.items())
-            )
+            problems.append(f"{what}s differ: " + ", ".join(f"{n}={(v or '?')[:19]}" for n, v in vals.items()))
     for n in ex.nodes or ():
         if n not in identity:
             problems.append(f"no identity facts from {n}")
