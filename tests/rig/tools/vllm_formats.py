@@ -67,11 +67,23 @@ def logger_calls(root: Path) -> Iterator[LoggerCall]:
                 continue
             recv = node.func.value
             name = recv.id if isinstance(recv, ast.Name) else getattr(recv, "attr", "")
-            if "log" not in name.lower():
+            if "log" not in name.lower() and name != "lgr":
                 continue
             fmt = _literal(node.args[0])
             if fmt is not None:
                 yield LoggerCall(str(f.relative_to(root)), node.lineno, level, fmt)
+
+
+def string_literals(path: Path) -> list[tuple[int, str]]:
+    """Every string literal expression of a file (f-string holes as ``{}``), with its first line."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Constant, ast.JoinedStr)):
+            text = _literal(node)
+            if text:
+                out.append((node.lineno, text))
+    return out
 
 
 def main() -> None:
