@@ -168,7 +168,7 @@ class Engine:
             image=spec.image,
             command=list(spec.command),
             name=spec.name,
-            environment=dict(spec.env),
+            environment=spec.run_env(),  # env + secrets (VLLM_API_KEY on the head)
             labels=dict(spec.labels),
             mounts=[docker.types.Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
                     for m in spec.mounts],

@@ -27,7 +27,7 @@ from platformdirs import user_state_dir
 
 from sparkserve import lock
 from sparkserve.bootwatch import BootFailure, NodeView, explain, served_models, wait_ready
-from sparkserve.config import Config
+from sparkserve.config import Config, resolve_api_key
 from sparkserve.engine import Engine, ManagedContainer, ensure_same_image
 from sparkserve.errors import BadInput, GateFailed, RemoteFailure, SparkserveError
 from sparkserve.fabric import detect_all, fabric_envs
@@ -276,7 +276,7 @@ def up(
         digest, sync_summary = sync_drafter(cfg, nodes, say)
         facts = detect_all(nodes, cfg)
         fp = deploy_fingerprint(cfg, image_id, digest)
-        plan = build_plan(cfg, fabric_env=fabric_envs(facts), fingerprint=fp)
+        plan = build_plan(cfg, fabric_env=fabric_envs(facts), fingerprint=fp, api_key=resolve_api_key(cfg))
         existing = managed_on_all(nodes)
         running = _healthy_existing(cfg, plan, nodes, existing)
         if running is not None:

@@ -36,6 +36,7 @@ RANK_SPECIFIC_FLAGS = ("--node-rank", "--headless", "--host", "--port", "--api-s
 NODE_SPECIFIC_ENV = (
     "VLLM_HOST_IP", "NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES",
     "NCCL_IB_HCA", "NCCL_IB_GID_INDEX", "MN_IF_NAME", "RAY_NODE_IP_ADDRESS", "RAY_OVERRIDE_NODE_IP_ADDRESS",
+    API_KEY_ENV,  # the API key lives on the head only (the API server runs there)
 )
 
 # Environment every rank gets (spark-field-notes.md: what the working Spark launchers set).
