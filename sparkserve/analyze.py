@@ -152,13 +152,14 @@ def attribute_ranks(logs: Sequence[ParsedLog]) -> int | None:
     """Set ``Event.rank`` on every event that belongs to a worker rank; returns the TP size if known."""
     tp_size, pp_size = _parallel_sizes(logs)
     for log in logs:
-        by_pid: dict[tuple[str | None, int], str] = {}
-        identity: dict[tuple[str | None, int], str] = {}
+        # keyed by (source, ip, pid): one file may interleave nodes (compose columns, `sparkserve logs` output)
+        by_pid: dict[tuple[str | None, str | None, int], str] = {}
+        identity: dict[tuple[str | None, str | None, int], str] = {}
         for e in log.events:
             p = e.rec.proc
             if p is None:
                 continue
-            key = (p.ip, p.pid)
+            key = (e.rec.source, p.ip, p.pid)
             if e.kind is Kind.RANK_IDENTITY:
                 r = e.data.get("rank") or e.data.get("rank2")
                 if r is not None:
@@ -175,7 +176,7 @@ def attribute_ranks(logs: Sequence[ParsedLog]) -> int | None:
             p = e.rec.proc
             rank = None
             if p is not None:
-                rank = by_pid.get((p.ip, p.pid))
+                rank = by_pid.get((e.rec.source, p.ip, p.pid))
                 if rank is None and p.rank is not None:
                     rank = str(p.rank)
                 if rank is None:
@@ -183,7 +184,7 @@ def attribute_ranks(logs: Sequence[ParsedLog]) -> int | None:
             if rank is None and e.rec.c10_rank is not None:
                 rank = str(e.rec.c10_rank)
             if rank is None and e.rec.nccl_pid is not None:
-                rank = by_pid.get((None, e.rec.nccl_pid))
+                rank = by_pid.get((e.rec.source, None, e.rec.nccl_pid))
             if rank is None and single and not (p and p.name.startswith(_API_NAMES)):
                 rank = "0"
             e.rank = rank

@@ -496,7 +496,11 @@ class _Reader:
             self.starts = [0, *accumulate(len(x) + 1 for x in self.lines)]
         self.data = data
         # colour codes anywhere in the file? (raw ESC, pasted ^[, or bare `[36m`) — else skip stripping
-        self.ansi = b"\x1b[" in data or b"^[[" in data or _ANSI_BYTES.search(data) is not None
+        self.ansi = (
+            b"\x1b" in data  # memchr-fast single bytes first; `[` is everywhere in a log, `^` and ESC are not
+            or (b"^" in data and b"^[[" in data)
+            or _ANSI_BYTES.search(data) is not None
+        )
         self._cache: dict[int, list[Record]] = {}
 
     def text(self, idx: int) -> str:

@@ -8,6 +8,7 @@ container liveness is not checked offline (the `faults` reason says so).
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -71,6 +72,8 @@ def _node_files(pairs: list[str], option: str) -> list[tuple[str, Path]]:
 
 
 def _read(path: Path, option: str) -> bytes:
+    if str(path) == "-":
+        return sys.stdin.buffer.read()
     try:
         return path.read_bytes()
     except FileNotFoundError:

@@ -237,3 +237,16 @@ def test_v1_runner_capture_line_once_per_node_stands_for_its_ranks() -> None:
 def test_single_rank_engine_is_rank_0() -> None:
     j = analyze_files([(str(LOGS / "v0-gpu-blocks.log"), None)]).to_json()
     assert j["ranks"] == {"0": {"graphs": "captured", "kv_cache_tokens": None}}
+
+
+def test_one_file_holding_both_nodes_with_name_columns() -> None:
+    # what `sparkserve logs > both.log` saves: each line prefixed `<node> | `, the two nodes interleaved
+    head = [f"spark-a | {x}" for x in (LOGS / "v0.33-head.log").read_text().splitlines()]
+    follower = [f"spark-b | {x}" for x in (LOGS / "v0.33-follower.log").read_text().splitlines()]
+    mixed = [x for pair in zip(head, follower, strict=False) for x in pair] + head[len(follower) :]
+    j = analyze_texts({"both.log": "\n".join(mixed) + "\n"}).to_json()
+    assert j["ranks"] == {
+        "0": {"graphs": "captured", "kv_cache_tokens": 366749},
+        "1": {"graphs": "captured", "kv_cache_tokens": 366749},
+    }
+    assert j["spec"]["mask_embedding_loaded"] is True and j["faults"] == []

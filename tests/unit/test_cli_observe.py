@@ -235,3 +235,16 @@ def test_live_logs_without_lifecycle_support_is_bad_input(monkeypatch, capsys) -
     monkeypatch.delattr(lifecycle, "show_logs")
     rc, _, err = main(monkeypatch, capsys, "logs")
     assert rc == 2 and "not available yet" in err
+
+
+def test_logs_analyze_reads_stdin(env: dict[str, str]) -> None:
+    p = subprocess.run(
+        [sys.executable, "-m", "sparkserve", "logs", "analyze", "--json", "-"],
+        input=(LOGS / "v0.33-head.log").read_text(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout)["kv_cache_tokens"] == [366749]
