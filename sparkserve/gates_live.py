@@ -1,0 +1,116 @@
+"""The gates on the running stack: collect, then judge (sparkserve.gates does the judging).
+
+For every node: the engine container's log since it started, whether it is alive, its image ID, and the
+drafter digest at the configured path. On the head: the smoke cell (every request has a deadline — a hang
+is a stream error, not a stuck command). The banked pool for this deployment comes from the journal;
+``bank=True`` records the observed one.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from sparkserve.bench import CELLS, Cell, run_cell
+from sparkserve.config import Config, resolve_api_key
+from sparkserve.engine import Engine
+from sparkserve.errors import RemoteFailure
+from sparkserve.gates import Expectations, GateReport, NodeIdentity, SmokeError, SmokeResult, judge
+from sparkserve.journal import Journal
+from sparkserve.logs import parse_log
+from sparkserve.nodes.base import Node
+from sparkserve.parallel import on_all
+from sparkserve.plan import Plan, build_plan
+from sparkserve.prompts import builtin_prompts
+from sparkserve.sync import remote_manifest
+
+
+def smoke_cell(cfg: Config) -> Cell:
+    s = cfg.gates.smoke
+    base = CELLS["smoke"]
+    return Cell(base.name, prompts=s.prompts, concurrency=s.concurrency, max_tokens=s.max_tokens)
+
+
+def run_smoke(cfg: Config, plan: Plan) -> tuple[SmokeResult, dict[str, Any]]:
+    cell = smoke_cell(cfg)
+    res = run_cell(plan.api_url, plan.served_name, cell, builtin_prompts(), node=plan.head.node,
+                   api_key=resolve_api_key(cfg), deadline_s=cfg.gates.smoke.request_timeout_s,
+                   stall_timeout_s=min(60.0, cfg.gates.smoke.request_timeout_s), progress=False)
+    errors = tuple(SmokeError(plan.head.node, f"request {e.request}: {e.kind}: {e.detail}") for e in res.errors)
+    incomplete = res.incomplete
+    return SmokeResult(requests=cell.prompts, requests_ok=res.requests_ok, stream_errors=res.stream_errors,
+                       incomplete=incomplete, errors=errors, node=plan.head.node), res.model_dump(mode="json")
+
+
+def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str, str], *,
+                      smoke: bool = True, bank: bool = False, skip: tuple[str, ...] = ()) -> GateReport:
+    def per_node(name: str) -> tuple[str, bool, str | None, str | None]:
+        eng = Engine(nodes[name])
+        cid = containers.get(name)
+        if cid is None:
+            return "", False, None, None
+        text = "\n".join(eng.logs(cid)) + "\n"
+        alive = eng.state(cid).running
+        image = eng.managed(cid)
+        digest = remote_manifest(nodes[name], str(cfg.drafter.path)).manifest.digest
+        return text, alive, image.image_id if image else None, digest
+
+    facts = on_all([n.name for n in cfg.nodes], per_node)
+    logs = {name: parse_log(f[0], file=f"{name}.log", node=name) for name, f in facts.items()}
+    liveness = {name: f[1] for name, f in facts.items()}
+    identity = {name: NodeIdentity(image_id=f[2], drafter_digest=f[3]) for name, f in facts.items()}
+    mask_file = _drafter_has_mask(nodes[cfg.head.name], str(cfg.drafter.path))
+    with Journal.open() as j:
+        banked = j.get_banked_pool(plan.fingerprint)
+    expect = Expectations.from_config(cfg, banked_pool=banked, mask_file=mask_file)
+    smoke_result = None
+    raw_smoke = None
+    if smoke and all(liveness.values()):
+        smoke_result, raw_smoke = run_smoke(cfg, plan)
+    report = judge(logs, expect, smoke=smoke_result, liveness=liveness, identity=identity, skip=skip)
+    out = report.to_json()
+    with Journal.open() as j:
+        if bank:
+            pool = next((g for g in out["gates"] if g["name"] == "pool"), None)
+            observed = pool.get("observed") if pool else None
+            if isinstance(observed, list):
+                observed = observed[0] if len(set(observed)) == 1 else None
+            if isinstance(observed, int):
+                j.put_banked_pool(plan.fingerprint, observed)
+        j.record_gate_run(plan.fingerprint, bool(out["ok"]), out)
+        if raw_smoke is not None:
+            j.record_bench(plan.fingerprint, "smoke", json.dumps(raw_smoke, sort_keys=True))
+    return report
+
+
+def _drafter_has_mask(node: Node, path: str) -> bool:
+    res = node.run(["test", "-f", f"{path.rstrip('/')}/mask_embedding.pt"], check=False, step="gates", timeout=20)
+    return res.ok
+
+
+def gates_for_up(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str, str]) -> dict[str, Any]:
+    """`up`'s last step: every gate, with the smoke cell."""
+    return collect_and_judge(cfg, nodes, plan, containers).to_json()
+
+
+def run_gates(cfg: Config, *, bank: bool = False) -> GateReport:
+    """`sparkserve gates` on the running stack: find its containers by label on every node."""
+    from sparkserve.nodes.factory import open_nodes
+
+    with open_nodes(cfg) as nodes:
+        existing = on_all(list(nodes.values()), lambda n: Engine(n).list_managed(), name=lambda n: n.name)
+        containers: dict[str, str] = {}
+        fps = set()
+        for n in cfg.nodes:
+            mine = existing.get(n.name, [])
+            if not mine:
+                continue
+            c = mine[0]
+            containers[n.name] = c.id
+            fps.add(c.fingerprint)
+        if not containers:
+            raise RemoteFailure("gates", "no sparkserve stack runs on any node (run `sparkserve up`)")
+        if len(fps) > 1:
+            raise RemoteFailure("gates", f"nodes run different deployments ({', '.join(f[:12] for f in fps)})")
+        plan = build_plan(cfg, fingerprint=fps.pop())
+        return collect_and_judge(cfg, nodes, plan, containers, bank=bank)
