@@ -312,12 +312,22 @@ def up(
                     failed = [g["name"] for g in result.gates.get("gates", []) if not g.get("ok")]
                     raise GateFailed("gates", f"{', '.join(failed)} failed after boot; the stack was stopped",
                                      details=_gate_lines(result.gates))
+            _journal(cfg, fp, image_id, digest, "up" if result.gates is None else "up+gates")
             return result
         except BaseException as e:
+            _journal(cfg, fp, image_id, digest, f"failed: {type(e).__name__}")
             with _sigint_deferred():
                 say("failure: stopping and removing every container this run started")
                 saved = teardown(cfg, nodes, started, tag="failed-up", say=say)
             raise _explain(e, saved) from None
+
+
+def _journal(cfg: Config, fp: str, image_id: str, digest: str, outcome: str) -> None:
+    """What ran, with sha256 pins; a journal problem never breaks a deploy."""
+    from sparkserve.journal import Journal
+
+    with contextlib.suppress(Exception), Journal.open() as j:
+        j.record_deployment(fp, cfg.normalized(), {n.name: image_id for n in cfg.nodes}, digest, outcome)
 
 
 def _gate_lines(gates: dict[str, Any]) -> list[str]:
