@@ -24,6 +24,7 @@ image built FROM it on node-a and loaded into every other node (same image ID ev
 target/drafter model directories on every node, and ``rig.yaml``: a sparkserve config for the rig.
 
 Environment: ``SSRIG_DIR`` (default /var/lib/sparkserve-rig), ``SSRIG_NODE_ROOT`` (default /srv/spark),
+``SSRIG_IP_BASE`` (2: nodes on 127.0.0.2, .3, …), ``SSRIG_SSH_PORT`` (2222), ``SSRIG_CACHE`` (``$SSRIG_DIR/cache``),
 ``SSRIG_PYTHON`` (python with numpy/safetensors/torch for the model fixtures; default the repo .venv),
 ``SSRIG_MIRROR`` (Debian mirror for debootstrap). Rig variables are ``SSRIG_*`` on purpose: sparkserve
 reads ``SPARKSERVE_*`` as config overrides.
@@ -57,7 +58,9 @@ TINY_MODELS = REPO / "tests" / "helpers" / "tiny_models.py"
 
 RIG_DIR = Path(os.environ.get("SSRIG_DIR", "/var/lib/sparkserve-rig"))
 NODE_ROOT = Path(os.environ.get("SSRIG_NODE_ROOT", "/srv/spark"))
-SSH_PORT = 2222
+SSH_PORT = int(os.environ.get("SSRIG_SSH_PORT", "2222"))
+IP_BASE = int(os.environ.get("SSRIG_IP_BASE", "2"))  # node i listens on 127.0.0.(IP_BASE + i)
+CACHE_DIR = Path(os.environ.get("SSRIG_CACHE", str(RIG_DIR / "cache")))
 BASE_REF = "sparkserve-rig/base:bookworm"
 EMU_REF = "sparkserve-emu/vllm:0.33.0-emu"
 EMU_HASH_LABEL = "io.sparkserve.rig.emu-hash"
@@ -139,7 +142,7 @@ def node_name(i: int) -> str:
 
 def make_node(i: int) -> NodeInfo:
     d = RIG_DIR / "nodes" / node_name(i)
-    ip = f"127.0.0.{2 + i}"
+    ip = f"127.0.0.{IP_BASE + i}"
     return NodeInfo(
         name=node_name(i), index=i, host=ip, port=SSH_PORT, fabric_ip=ip, dir=str(d), srv_dir=str(d / "srv"),
         docker_socket=str(d / "docker.sock"), gid_index=3 + 2 * i,
@@ -470,7 +473,7 @@ def start_node(n: NodeInfo) -> dict[str, int]:
 
 
 def base_tarball() -> Path:
-    cache = RIG_DIR / "cache"
+    cache = CACHE_DIR
     cache.mkdir(parents=True, exist_ok=True)
     tar = cache / "basefs-bookworm.tar"
     if tar.exists():
@@ -554,6 +557,8 @@ def ensure_images(nodes: list[NodeInfo]) -> str:
         got = image_inspect(n.docker_socket, EMU_REF)
         if not got or got["Id"] != emu_id:
             raise RigError(f"{n.name} has {EMU_REF} with another image ID after load")
+    for n in nodes:  # earlier emulator builds, untagged now
+        docker_api(n.docker_socket, "POST", "/images/prune?filters=" + quote('{"dangling":["true"]}'))
     return emu_id
 
 
@@ -572,7 +577,7 @@ def ensure_models() -> Path:
     """Tiny real target/drafter directories, generated once per tiny_models.py version."""
     src = TINY_MODELS.read_bytes() + json.dumps(DRAFTER_VARIANTS, sort_keys=True).encode()
     key = hashlib.sha256(src).hexdigest()[:12]
-    out = RIG_DIR / "cache" / f"models-{key}"
+    out = CACHE_DIR / f"models-{key}"
     if (out / ".complete").exists():
         return out
     shutil.rmtree(out, ignore_errors=True)
@@ -628,7 +633,8 @@ def write_fake_sysfs(n: NodeInfo) -> None:
     """
     root = Path(n.srv_dir) / "sys"
     shutil.rmtree(root, ignore_errors=True)
-    twins = [("enp1s0f1np1", "rocep1s0f1", n.fabric_ip), ("enP2p1s0f1np1", "roceP2p1s0f1", f"127.1.0.{2 + n.index}")]
+    twins = [("enp1s0f1np1", "rocep1s0f1", n.fabric_ip),
+             ("enP2p1s0f1np1", "roceP2p1s0f1", f"127.1.0.{IP_BASE + n.index}")]
 
     def w(path: Path, text: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -649,7 +655,7 @@ def write_fake_sysfs(n: NodeInfo) -> None:
         ll = _gid_from_mac(mac)
         entries = [(ll, "IB/RoCE v1"), (ll, "RoCE v2")]
         for j in range(n.index):
-            v6 = f"fd00:0000:0000:{j + 1:04x}:0000:0000:0000:{n.index + 2:04x}"
+            v6 = f"fd00:0000:0000:{j + 1:04x}:0000:0000:0000:{n.index + IP_BASE:04x}"
             entries += [(v6, "IB/RoCE v1"), (v6, "RoCE v2")]
         entries += [(_gid_v4(ip), "IB/RoCE v1"), (_gid_v4(ip), "RoCE v2")]
         assert entries.index((_gid_v4(ip), "RoCE v2")) == n.gid_index
@@ -716,6 +722,8 @@ def write_rig_yaml(nodes: list[NodeInfo], models: Path) -> Path:
         "  rdma_devices: []",
         f"  cache_root: {NODE_ROOT / 'cache'}",
         "  stop_timeout_s: 5",
+        *([f"  memlock: {cap}             # this daemon cannot grant unlimited (no CAP_SYS_RESOURCE)"]
+          if (cap := memlock_hard_limit(nodes[0])) is not None and not can_raise_memlock() else []),
         "gates:",
         f"  pool_tokens: {pool}        # what the emulator computes for this config",
         "  mask_token_id: 154856",
@@ -750,6 +758,57 @@ def _current_count() -> int | None:
         return len(load_info()["nodes"])
     except (RigError, KeyError, ValueError):
         return None
+
+
+@dataclass
+class RigHandle:
+    """What the pytest fixtures hand out: the rig as data (see tests/conftest.py)."""
+
+    dir: Path
+    node_root: Path
+    nodes: list[NodeInfo]
+    user: str
+    identity_file: Path
+    known_hosts: Path
+    ssh_config: Path
+    ssh_wrapper_dir: Path
+    rig_yaml: Path
+    image_ref: str
+    image_id: str
+    models: dict[str, str]  # fixture name -> node-local path (same on every node)
+    served_name: str
+    info: dict
+
+    @classmethod
+    def from_info(cls, info: dict) -> RigHandle:
+        return cls(
+            dir=Path(info["rig_dir"]), node_root=Path(info["node_root"]), nodes=nodes_from_info(info),
+            user=info["ssh"]["user"], identity_file=Path(info["ssh"]["identity_file"]),
+            known_hosts=Path(info["ssh"]["known_hosts"]), ssh_config=Path(info["ssh"]["config"]),
+            ssh_wrapper_dir=Path(info["ssh"]["wrapper_dir"]), rig_yaml=Path(info["rig_yaml"]),
+            image_ref=info["image"]["ref"], image_id=info["image"]["id"], models=dict(info["models"]),
+            served_name=info["served_name"], info=info,
+        )
+
+    def node(self, name: str) -> NodeInfo:
+        return next(n for n in self.nodes if n.name == name)
+
+    @property
+    def head(self) -> NodeInfo:
+        return self.nodes[0]
+
+    def ssh_argv(self, node: NodeInfo, *remote: str) -> list[str]:
+        """argv of an OpenSSH call to ``node`` with the rig's key and known_hosts (remote argv quoted)."""
+        import shlex
+
+        return ["/usr/bin/ssh", "-F", str(self.ssh_config), "-p", str(node.port), f"{self.user}@{node.host}",
+                " ".join(shlex.quote(a) for a in remote)]
+
+    def reset_models(self) -> None:
+        """Put the pristine model fixtures back on every node (tests that alter a drafter call this)."""
+        models = ensure_models()
+        for n in self.nodes:
+            sync_models(n, models)
 
 
 # ----------------------------------------------------------------------------------------------- verbs

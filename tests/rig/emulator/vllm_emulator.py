@@ -2345,6 +2345,8 @@ def go_float(d: float) -> str:
 
 
 def _labels(**kw: str) -> str:
+    if not kw:
+        return ""
     return "{" + ",".join(f'{k}="{v}"' for k, v in sorted(kw.items())) + "}"
 
 
