@@ -33,7 +33,6 @@ if TYPE_CHECKING:
     from sparkserve.config import NodeConfig, SSHConfig
 
 MAX_RUN_CHANNELS = 6  # + 1 SFTP + ≤2 docker pool channels + 1 spare stays under sshd's MaxSessions=10
-WINDOW = 64 * 2**20  # per-channel receive window for bulk transfers (paramiko's default is 2 MiB)
 SFTP_REQUEST = 255 * 1024  # bytes per SFTP write request (OpenSSH's sftp-server takes up to 256 KiB)
 KILL_GRACE_S = 3  # remote `timeout -k`: SIGKILL this long after SIGTERM
 
@@ -285,14 +284,16 @@ class SSHNode:
     # -- files ------------------------------------------------------------------------------------------
 
     def sftp(self) -> paramiko.SFTPClient:
-        """The node's one SFTP channel (large window), opened on first use."""
+        """The node's one SFTP channel, opened on first use (writes use 255 KiB requests, pipelined)."""
         with self._lock:
             client = self.ssh_client()
             if self._sftp is None or self._sftp.get_channel().closed:
                 transport = client.get_transport()
                 assert transport is not None
                 try:
-                    sftp = paramiko.SFTPClient.from_transport(transport, window_size=WINDOW)
+                    # uploads are paced by the node's window; ours only bounds what we receive, and
+                    # paramiko reads get slower with a larger backlog (see dockerssh.WINDOW)
+                    sftp = paramiko.SFTPClient.from_transport(transport)
                 except (paramiko.SSHException, OSError, EOFError) as e:
                     raise self._fail(f"cannot open SFTP: {e}", "sftp") from None
                 assert sftp is not None
