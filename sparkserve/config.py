@@ -246,6 +246,7 @@ class ContainerConfig(Strict):
     shm_size: ByteSize = 64 * 2**30
     cache_root: HostPath = Field(default=Path("/var/cache/sparkserve"), description="host dir for JIT caches")
     stop_timeout_s: int = Field(default=30, ge=1)
+    memlock: int = Field(default=-1, ge=-1, description="RLIMIT_MEMLOCK bytes for RDMA (-1 = unlimited)")
 
 
 class WatchdogConfig(Strict):

@@ -358,6 +358,7 @@ def build_plan(
                     LABEL_RANK: str(rank),
                     LABEL_ROLE: "head" if rank == 0 else "follower",
                 },
+                ulimits={"memlock": (c.memlock, c.memlock)},
                 shm_size=c.shm_size,
                 devices=list(c.rdma_devices),
                 gpus=c.gpus == "all",
