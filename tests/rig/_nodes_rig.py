@@ -1,14 +1,12 @@
-"""Fixtures for the node-layer rig tests (test_nodes_*.py): the rig's config and connected Nodes.
+"""Fixtures for the node-layer rig tests (test_nodes_*.py), on top of tests/conftest.py's ``rig``.
 
-They read ``$SSRIG_DIR/rig.json`` (written by ``scripts/rig up``) and FAIL — never skip — when the rig
-is not up. A test module takes them with ``globals().update(_nodes_rig.FIXTURES)`` (pytest finds
-fixtures among module globals; importing them by name trips ruff's F811).
+``rig`` brings the rig up (or FAILS the test, never skips). A test module takes these with
+``globals().update(_nodes_rig.FIXTURES)`` (pytest finds fixtures among module globals; importing them by
+name trips ruff's F811).
 """
 
 from __future__ import annotations
 
-import json
-import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,20 +16,10 @@ import pytest
 from sparkserve.config import Config, load_config
 from sparkserve.nodes import Node, SSHNode, close_nodes, connect_nodes
 
-RIG_DIR = Path(os.environ.get("SSRIG_DIR", "/var/lib/sparkserve-rig"))
-
-
-def _info() -> dict:
-    path = RIG_DIR / "rig.json"
-    try:
-        return json.loads(path.read_text())
-    except OSError:
-        pytest.fail(f"the rig is not up ({path} missing): run scripts/rig up", pytrace=False)
-
 
 @pytest.fixture(scope="session")
-def rig_info() -> dict:
-    info = _info()
+def rig_info(rig) -> dict:  # type: ignore[no-untyped-def]
+    info = rig.info
     if len(info.get("nodes", [])) < 2:
         pytest.fail("the rig needs at least two nodes (scripts/rig up --nodes 2)", pytrace=False)
     return info

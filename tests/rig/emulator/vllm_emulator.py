@@ -1249,8 +1249,9 @@ class Emulator:
                                                  f"(1, {self.max_batched}) from the cache, took "
                                                  f"{time.monotonic() - t2:.3f} s")
             else:
-                self.wk(rank, "INFO", "tc_store", f"{p}Cache the graph of compile range (1, {self.max_batched}) "
-                                                  "for later use")
+                if tag == "backbone":  # the real capture logs the cache store for the backbone only
+                    self.wk(rank, "INFO", "tc_store", f"{p}Cache the graph of compile range (1, "
+                                                      f"{self.max_batched}) for later use")
                 t2 = time.monotonic()
                 self.pause(0.08)
                 self.wk(rank, "INFO", "tc_compile", f"{p}Compiling a graph for compile range (1, {self.max_batched})"
@@ -1465,6 +1466,8 @@ class Emulator:
         self.core("INFO", "init_engine_eager" if not self.compile else "init_engine",
                   f"init engine (profile, create kv cache, warmup model) took {time.monotonic() - self.t0:.2f} s"
                   + (f" (compilation: {self.compile_seconds:.2f} s)" if self.compile else ""))
+        self.core("INFO", "ir", "Final IR op priority after setting platform defaults: IrOpPriorityConfig("
+                                "rms_norm=['native'], fused_add_rms_norm=['native'], gelu_and_mul_sparse=['native'])")
         return self.serve_api()
 
     def kv_pool_line(self, kv_bytes: int) -> None:
