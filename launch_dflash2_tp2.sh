@@ -11,8 +11,8 @@
 # DRAFTER_JSON_READER=python3|jq picks how the drafter's config.json is read (default: python3, else jq).
 # Exit codes: 0 started, 2 bad input (knob, drafter), 3 a node step failed.
 #
-# Config fingerprints: graphs eaaf50011388eac7240f67cf954f59225e6e0869d453352d4331c3650f31883f
-#                      eager  af9bd2657a4bbc634a184b20b62dff95848e127c9051f34c86b8aa77c1d09f0a
+# Config fingerprints: graphs 4f9f286fbf5c6d9a2ceec16e496db036145b1d4de8e5106fbe79b70c51b6316f
+#                      eager  176696cbc577b9ad2da0cb467bc7787c7d94274990b9f9a91ff0ee6f81e31cbc
 set -euo pipefail
 
 DEFAULT_DRAFTER_HOST_PATH=/models/GLM-5.3-Flash-DFlash2-E
@@ -111,7 +111,7 @@ node_argv() {  # node_argv RANK: ARGV = that rank's `docker run` for $MODE (from
         --restart no
         --stop-timeout 30
         --label io.sparkserve.managed=1
-        --label io.sparkserve.fingerprint=eaaf50011388eac7240f67cf954f59225e6e0869d453352d4331c3650f31883f
+        --label io.sparkserve.fingerprint=4f9f286fbf5c6d9a2ceec16e496db036145b1d4de8e5106fbe79b70c51b6316f
         --label io.sparkserve.node=spark-a
         --label io.sparkserve.rank=0
         --label io.sparkserve.role=head
@@ -167,7 +167,7 @@ node_argv() {  # node_argv RANK: ARGV = that rank's `docker run` for $MODE (from
         --restart no
         --stop-timeout 30
         --label io.sparkserve.managed=1
-        --label io.sparkserve.fingerprint=af9bd2657a4bbc634a184b20b62dff95848e127c9051f34c86b8aa77c1d09f0a
+        --label io.sparkserve.fingerprint=176696cbc577b9ad2da0cb467bc7787c7d94274990b9f9a91ff0ee6f81e31cbc
         --label io.sparkserve.node=spark-a
         --label io.sparkserve.rank=0
         --label io.sparkserve.role=head
@@ -223,7 +223,7 @@ node_argv() {  # node_argv RANK: ARGV = that rank's `docker run` for $MODE (from
         --restart no
         --stop-timeout 30
         --label io.sparkserve.managed=1
-        --label io.sparkserve.fingerprint=eaaf50011388eac7240f67cf954f59225e6e0869d453352d4331c3650f31883f
+        --label io.sparkserve.fingerprint=4f9f286fbf5c6d9a2ceec16e496db036145b1d4de8e5106fbe79b70c51b6316f
         --label io.sparkserve.node=spark-b
         --label io.sparkserve.rank=1
         --label io.sparkserve.role=follower
@@ -279,7 +279,7 @@ node_argv() {  # node_argv RANK: ARGV = that rank's `docker run` for $MODE (from
         --restart no
         --stop-timeout 30
         --label io.sparkserve.managed=1
-        --label io.sparkserve.fingerprint=af9bd2657a4bbc634a184b20b62dff95848e127c9051f34c86b8aa77c1d09f0a
+        --label io.sparkserve.fingerprint=176696cbc577b9ad2da0cb467bc7787c7d94274990b9f9a91ff0ee6f81e31cbc
         --label io.sparkserve.node=spark-b
         --label io.sparkserve.rank=1
         --label io.sparkserve.role=follower
