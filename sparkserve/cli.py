@@ -6,7 +6,7 @@ import sys
 
 import typer
 
-from sparkserve.commands import core, deploy, measure, observe
+from sparkserve.commands import core, deploy, image, measure, observe
 from sparkserve.errors import SparkserveError
 
 app = typer.Typer(
@@ -20,6 +20,7 @@ core.register(app)
 deploy.register(app)
 observe.register(app)
 measure.register(app)
+image.register(app)
 
 
 def main() -> None:
