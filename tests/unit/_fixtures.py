@@ -29,7 +29,7 @@ from sparkserve.config import default_yaml_text  # noqa: E402
 __all__ = [
     "DEFAULT_MASK_TOKEN_ID", "DrafterSpec", "TargetSpec", "write_drafter", "write_mask_embedding",
     "write_speculators_drafter", "write_target", "REPO", "clean_env", "cli", "config_file", "default_data",
-    "install_shims", "read_shim_log",
+    "install_shims", "read_shim_log", "cli_batch",
 ]
 
 
@@ -49,6 +49,57 @@ def cli(*args: str, env: dict[str, str], cwd: Path | None = None, timeout: float
     """Run the real CLI (`python -m sparkserve`) as a user would."""
     return subprocess.run([sys.executable, "-m", "sparkserve", *args], capture_output=True, text=True,
                           env=env, cwd=str(cwd or env["HOME"]), timeout=timeout)
+
+
+_BATCH_DRIVER = r"""
+import json, os, sys, traceback
+from sparkserve.cli import main  # imported once; every job runs in a fresh fork of this process
+results = []
+for job in json.load(sys.stdin):
+    pid = os.fork()
+    if pid == 0:
+        code = 0
+        try:
+            os.chdir(job["cwd"])
+            os.environ.clear()
+            os.environ.update(job["env"])
+            for fd, path in ((1, job["out"]), (2, job["err"])):
+                os.dup2(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644), fd)
+            sys.argv = ["sparkserve", *job["args"]]
+            main()
+        except SystemExit as e:
+            if isinstance(e.code, int) or e.code is None:
+                code = e.code or 0
+            else:
+                print(e.code, file=sys.stderr)
+                code = 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    results.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+print(json.dumps(results))
+"""
+
+
+def cli_batch(jobs: list[tuple[list[str], dict[str, str]]], work: Path) -> list[subprocess.CompletedProcess[str]]:
+    """Many CLI runs, each its own process (a fork of one interpreter that imported sparkserve once):
+    real exit codes, real stdout/stderr, a fraction of the start-up cost."""
+    work.mkdir(parents=True, exist_ok=True)
+    spec = []
+    for i, (args, env) in enumerate(jobs):
+        spec.append({"args": args, "env": env, "cwd": env["HOME"], "out": str(work / f"{i}.out"),
+                     "err": str(work / f"{i}.err")})
+    driver_env = {**jobs[0][1]} if jobs else clean_env(work)
+    p = subprocess.run([sys.executable, "-c", _BATCH_DRIVER], input=json.dumps(spec), capture_output=True,
+                       text=True, env=driver_env, timeout=600)
+    assert p.returncode == 0, p.stderr
+    codes = json.loads(p.stdout)
+    return [subprocess.CompletedProcess(["sparkserve", *j["args"]], code, Path(j["out"]).read_text(),
+                                        Path(j["err"]).read_text()) for j, code in zip(spec, codes, strict=True)]
 
 
 def default_data() -> dict[str, Any]:
@@ -76,47 +127,42 @@ def config_file(path: Path, over: dict[str, Any] | None = None, *, drop: list[st
 
 
 # --- fake `ssh` and `docker` for running the launcher -----------------------------------------------------
+# bash, not python: the launcher tests start hundreds of them. Each call appends one record to $SHIM_LOG:
+# NUL-terminated fields, then an RS (\x1e) field: prog, host, extra, argv...
 
-_DOCKER = r'''#!/usr/bin/env python3
-import json, os, sys
-log = os.environ["SHIM_LOG"]
-host = os.environ.get("SHIM_HOST", "local")
-argv = sys.argv[1:]
-with open(log, "a") as f:
-    f.write(json.dumps({"prog": "docker", "host": host, "argv": argv,
-                        "api_key_in_env": os.environ.get("VLLM_API_KEY")}) + "\n")
-existing = dict(x.split("=", 1) for x in os.environ.get("SHIM_EXISTING", "").split(";") if x)
-if argv[:2] == ["container", "inspect"]:
-    name, fmt = argv[-1], argv[argv.index("-f") + 1]
-    if "Labels" in fmt:
-        if name not in existing:
-            print(f"Error: No such container: {name}", file=sys.stderr)
-            sys.exit(1)
-        print(existing[name])
-    else:
-        print("false" if os.environ.get("SHIM_NOT_RUNNING") == name else "true")
-elif argv[:1] == ["run"]:
-    print("0123456789abcdef")
-'''
+_DOCKER = r"""#!/usr/bin/env bash
+printf '%s\0' docker "${SHIM_HOST:-local}" "${VLLM_API_KEY-<unset>}" "$@" $'\x1e' >>"$SHIM_LOG"
+if [[ "$1 $2" == "container inspect" ]]; then
+  name="${!#}"
+  fmt=""
+  for ((i = 1; i < $#; i++)); do [[ "${!i}" == -f ]] && { j=$((i + 1)); fmt="${!j}"; }; done
+  if [[ "$fmt" == *Labels* ]]; then
+    IFS=';' read -ra existing <<<"${SHIM_EXISTING:-}"
+    for e in "${existing[@]}"; do
+      [[ "${e%%=*}" == "$name" ]] && { echo "${e#*=}"; exit 0; }
+    done
+    echo "Error: No such container: $name" >&2
+    exit 1
+  fi
+  [[ "${SHIM_NOT_RUNNING:-}" == "$name" ]] && echo false || echo true
+elif [[ "$1" == run ]]; then
+  echo 0123456789abcdef
+fi
+"""
 
-_SSH = r'''#!/usr/bin/env python3
-import json, os, subprocess, sys
-args = sys.argv[1:]
-opts = []
-while args and args[0].startswith("-"):
-    flag = args.pop(0)
-    opts.append(flag)
-    if flag in ("-o", "-p", "-i", "-l"):
-        opts.append(args.pop(0))
-target, command = args[0], " ".join(args[1:])
-with open(os.environ["SHIM_LOG"], "a") as f:
-    f.write(json.dumps({"prog": "ssh", "host": target, "opts": opts, "command": command}) + "\n")
-if os.environ.get("SHIM_REMOTE_TEST_FAILS") and command.startswith("test "):
-    sys.exit(1)  # the file is missing on that node
-env = dict(os.environ, SHIM_HOST=target)
-env.pop("VLLM_API_KEY", None)  # a remote shell does not inherit the caller's environment
-sys.exit(subprocess.call(["bash", "-c", command], env=env))
-'''
+_SSH = r"""#!/usr/bin/env bash
+opts=()
+while [[ "$1" == -* ]]; do
+  case "$1" in -o | -p | -i | -l) opts+=("$1" "$2"); shift 2 ;; *) opts+=("$1"); shift ;; esac
+done
+target="$1"
+shift
+command="$*"
+printf '%s\0' ssh "$target" "${opts[*]}" "$command" $'\x1e' >>"$SHIM_LOG"
+if [[ -n "${SHIM_REMOTE_TEST_FAILS:-}" && "$command" == "test "* ]]; then exit 1; fi  # missing on that node
+unset VLLM_API_KEY  # a remote shell does not inherit the caller's environment
+SHIM_HOST="$target" exec bash -c "$command"
+"""
 
 
 def install_shims(bin_dir: Path) -> None:
@@ -128,6 +174,17 @@ def install_shims(bin_dir: Path) -> None:
 
 
 def read_shim_log(log: Path) -> list[dict[str, Any]]:
+    """docker records: {prog, host, api_key_in_env, argv}; ssh records: {prog, host, opts, command}."""
     if not log.exists():
         return []
-    return [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+    out: list[dict[str, Any]] = []
+    for rec in log.read_bytes().decode().split("\x1e\0"):
+        fields = rec.split("\0")[:-1]
+        if not fields:
+            continue
+        if fields[0] == "docker":
+            key = None if fields[2] == "<unset>" else fields[2]
+            out.append({"prog": "docker", "host": fields[1], "api_key_in_env": key, "argv": fields[3:]})
+        else:
+            out.append({"prog": "ssh", "host": fields[1], "opts": fields[2].split(), "command": fields[3]})
+    return out

@@ -10,7 +10,6 @@ import pickle
 import subprocess
 import zipfile
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from _fixtures import (
     TargetSpec,
     clean_env,
     cli,
+    cli_batch,
     config_file,
     write_drafter,
     write_speculators_drafter,
@@ -214,14 +214,14 @@ def test_there_are_at_least_25_bad_inputs_of_both_kinds() -> None:
 @pytest.fixture(scope="module")
 def bad_runs(tmp_path_factory: pytest.TempPathFactory, good: tuple[Path, Path],
              ) -> dict[str, tuple[Path, subprocess.CompletedProcess[str]]]:
-    """Every bad input through the real CLI, a few processes at a time (each test then reads its own)."""
-    jobs = []
+    """Every bad input through the real CLI, each in its own process (see cli_batch)."""
+    jobs, tmps = [], []
     for b in BAD:
         tmp = tmp_path_factory.mktemp(b.id)
-        jobs.append((b.id, tmp, _materialize(b, tmp, good)))
-    with ThreadPoolExecutor(max_workers=4) as pool:
-        futures = {i: (tmp, pool.submit(cli, *args, env=clean_env(tmp))) for i, tmp, args in jobs}
-        return {i: (tmp, f.result()) for i, (tmp, f) in futures.items()}
+        tmps.append(tmp)
+        jobs.append((_materialize(b, tmp, good), clean_env(tmp)))
+    runs = cli_batch(jobs, tmp_path_factory.mktemp("runs"))
+    return {b.id: (tmp, run) for b, tmp, run in zip(BAD, tmps, runs, strict=True)}
 
 
 @pytest.mark.parametrize("bad", BAD, ids=[b.id for b in BAD])
