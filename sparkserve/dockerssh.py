@@ -57,6 +57,16 @@ class _WidePool(SSHConnectionPool):
     def _new_conn(self) -> _WideConnection:
         return _WideConnection(self.ssh_transport, self.timeout, self.ssh_host)
 
+    def _get_conn(self, timeout: float | None) -> Any:
+        # docker-py's override skips urllib3's dropped-connection check: a pooled channel whose
+        # dial-stdio ended (dockerd restarted) would fail the next request once
+        conn = super()._get_conn(timeout)
+        chan = getattr(conn, "sock", None)
+        if chan is not None and (getattr(chan, "closed", False) or getattr(chan, "eof_received", False)):
+            conn.close()
+            return self._new_conn()
+        return conn
+
 
 class NodeSSHAdapter(SSHHTTPAdapter):
     """docker-py's SSH adapter on an existing SSHNode connection, every request in one pool."""
@@ -116,10 +126,10 @@ def docker_over_ssh(node: SSHNode, *, timeout: int = API_TIMEOUT_S) -> docker.Do
         return _client_with_adapter(adapter, timeout)
     except (docker.errors.DockerException, paramiko.SSHException, OSError) as e:
         adapter.close()
-        raise _docker_down(node, e) from None
+        raise docker_unreachable(node, e) from None
 
 
-def _docker_down(node: Any, e: BaseException) -> NodeError:
+def docker_unreachable(node: Any, e: BaseException, *, step: str = "docker") -> NodeError:
     """Ask the docker CLI on the node why the API did not answer; its message is the useful one."""
     why = ""
     try:
@@ -131,7 +141,9 @@ def _docker_down(node: Any, e: BaseException) -> NodeError:
             why = (res.stderr.strip().splitlines() or [f"docker version exited {res.exit_code}"])[-1]
     except NodeError as ne:
         why = ne.what
-    return NodeError(node.name, "docker", f"dockerd not reachable: {why or e}")
+    if not why:  # the daemon answers the CLI: the API connection itself broke
+        return NodeError(node.name, step, f"lost the docker connection: {type(e).__name__}: {e}")
+    return NodeError(node.name, step, f"dockerd not reachable: {why}")
 
 
 def docker_local(

@@ -32,6 +32,7 @@ import paramiko
 import requests
 
 import docker
+from sparkserve.dockerssh import docker_unreachable
 from sparkserve.nodes.base import Node, NodeError
 from sparkserve.parallel import on_all
 from sparkserve.plan import (
@@ -141,7 +142,7 @@ class Engine:
         except docker.errors.DockerException as e:
             raise NodeError(self.name, step, f"{what + ': ' if what else ''}{e}") from None
         except (requests.exceptions.RequestException, paramiko.SSHException, OSError, EOFError) as e:
-            raise NodeError(self.name, step, f"lost the docker connection: {type(e).__name__}: {e}") from None
+            raise docker_unreachable(self.node, e, step=step) from None
 
     # -- images ---------------------------------------------------------------------------------------
 

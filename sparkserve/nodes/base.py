@@ -25,12 +25,13 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from sparkserve.errors import RemoteFailure
 
 if TYPE_CHECKING:
     import docker
+    from sparkserve.sync import SyncReport
 
 
 @dataclass
@@ -137,6 +138,10 @@ class Node(Protocol):
 
     def write_bytes(self, remote: str, data: bytes, *, mode: int | None = None) -> None:
         """Write a small file on the node atomically; parent dirs are created."""
+        ...
+
+    def sync_dir(self, local_dir: Path, remote_dir: str, **kw: Any) -> SyncReport:
+        """Make ``remote_dir`` hold exactly ``local_dir``'s bytes (see :func:`sparkserve.sync.sync_dir`)."""
         ...
 
     def rsync_remote(self) -> RsyncRemote | None:

@@ -15,12 +15,13 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from sparkserve.nodes.base import CommandResult, NodeError
 
 if TYPE_CHECKING:
     import docker
+    from sparkserve.sync import SyncReport
 
 
 class LocalNode:
@@ -124,6 +125,11 @@ class LocalNode:
             return Path(remote).read_bytes().decode(errors="replace")
         except OSError as e:
             raise NodeError(self.name, "read", f"cannot read {remote}: {e.strerror or e}") from None
+
+    def sync_dir(self, local_dir: Path, remote_dir: str, **kw: Any) -> SyncReport:
+        from sparkserve.sync import sync_dir
+
+        return sync_dir(self, Path(local_dir), remote_dir, **kw)
 
     def rsync_remote(self) -> None:
         return None

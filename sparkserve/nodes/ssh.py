@@ -22,7 +22,7 @@ import stat
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import paramiko
 
@@ -31,6 +31,7 @@ from sparkserve.nodes.base import CommandResult, NodeError, RsyncRemote
 if TYPE_CHECKING:
     import docker
     from sparkserve.config import NodeConfig, SSHConfig
+    from sparkserve.sync import SyncReport
 
 MAX_RUN_CHANNELS = 6  # + 1 SFTP + ≤2 docker pool channels + 1 spare stays under sshd's MaxSessions=10
 SFTP_REQUEST = 255 * 1024  # bytes per SFTP write request (OpenSSH's sftp-server takes up to 256 KiB)
@@ -377,6 +378,11 @@ class SSHNode:
             raise self._fail(f"cannot read {remote}: {_reason(e)}", "read") from None
 
     # -- rsync and docker -------------------------------------------------------------------------------
+
+    def sync_dir(self, local_dir: Path, remote_dir: str, **kw: Any) -> SyncReport:
+        from sparkserve.sync import sync_dir
+
+        return sync_dir(self, Path(local_dir), remote_dir, **kw)
 
     def rsync_remote(self) -> RsyncRemote:
         argv = ["ssh", "-F", "/dev/null", "-p", str(self.port),

@@ -131,7 +131,7 @@ def test_remote_program_refuses_paths_outside_the_root(drafter: Path, local: Loc
 
 def test_sync_between_local_dirs_copies_only_what_differs(drafter: Path, tmp_path: Path, local: LocalNode) -> None:
     dst = tmp_path / "dst"
-    first = sync_dir(local, drafter, str(dst))
+    first = local.sync_dir(drafter, str(dst))  # the Node verb delegates to sparkserve.sync
     assert first.method == "copy" and first.verified and len(first.files_copied) == 3
     assert manifest(dst).digest == manifest(drafter).digest
     same = sync_dir(local, drafter, str(dst))
