@@ -19,14 +19,16 @@ What a physical line may look like (all handled, in any combination):
   lines, unprefixed follower main-process lines (0.25-style) and ``MainProcess`` (0.33); PyTorch c10
   ``[rank1]:[W1129 …]`` lines and NCCL ``host:pid:tid [dev] … NCCL WARN`` lines.
 
-Only lines holding a needle of :mod:`sparkserve.logpatterns` are parsed (a ``str.find`` sweep over the
-whole text picks them), plus the lines of each traceback; that keeps big logs fast.
+Only lines holding an anchor of :mod:`sparkserve.logpatterns` are parsed (one C-speed ``bytes.find`` sweep
+per anchor picks them), plus the lines of each traceback; that keeps big logs fast (bench/bench_logs_analyze.py).
+A copy hard-wrapped at a fixed terminal width is re-joined first; line numbers stay those of the file.
 
 Fault rules (explicit, tested):
 
 1. A traceback is one fault: its root-cause line (the last ``XxxError: …`` line; a "see root cause
-   above" pointer yields to an earlier exception line of the same traceback). A fatal header logged
-   just before it by the same process (``EngineCore failed to start.``) is folded into it.
+   above" pointer yields to an earlier exception line of the same traceback). The line that
+   ``logger.exception`` wrote just before it, under the same prefix (``EngineCore failed to start.``), is
+   folded into it. Its kind comes from the root line (quoted, relayed error text does not count).
 2. A deliberate stop starts at the first stop marker (``[shutdown] …``, uvicorn ``Shutting down``,
    ``received signal=SIGTERM``, ``Parent process exited…``, a ``KeyboardInterrupt`` traceback) that is
    *not* preceded by a fault in the same file. Fault lines after it are shutdown artefacts, not faults.
