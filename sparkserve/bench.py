@@ -32,6 +32,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from sparkserve.errors import BadInput, RemoteFailure
+from sparkserve.httpstream import StreamConnection, StreamError
 from sparkserve.metrics import (
     MetricsError,
     Snapshot,
@@ -225,52 +226,65 @@ class _SSE:
         return True
 
 
+class _Stalled(Exception):
+    pass
+
+
 async def stream_request(
-    client: httpx.AsyncClient,
-    url: str,
+    conn: StreamConnection,
     body: dict[str, Any],
     index: int,
     *,
     deadline_s: float,
+    stall_s: float,
     where: str,
+    headers: dict[str, str] | None = None,
     on_chunk: Callable[[], None] | None = None,
 ) -> RequestOutcome:
-    """POST one streamed chat completion and classify how it ended. Never raises for the server's
-    faults; ``deadline_s`` bounds the whole request, the client's read timeout bounds each stall."""
+    """POST one streamed chat completion on ``conn`` and classify how it ended. Never raises for the
+    server's faults: ``deadline_s`` bounds the whole request, ``stall_s`` any silence within it."""
     out = RequestOutcome(index=index)
     t0 = time.perf_counter()
     sse = _SSE(t0, on_chunk)
+    payload = json.dumps(body).encode()
     try:
-        async with asyncio.timeout(deadline_s), client.stream("POST", url, json=body) as resp:
-            if resp.status_code != 200:
-                text = (await resp.aread())[:300].decode("utf-8", "replace").strip()
-                out.error, out.detail = HTTP, f"HTTP {resp.status_code}: {text}"
-                return out
-            buf = b""
-            async for raw in resp.aiter_bytes():
-                buf += raw
-                if b"\n" not in raw:
-                    continue
-                *lines, buf = buf.split(b"\n")
-                for line in lines:
-                    if not sse.feed(line):
-                        out.error, out.detail = sse.error  # type: ignore[misc]
-                        return out
-            if buf and not sse.feed(buf):  # a last line without its newline
-                out.error, out.detail = sse.error  # type: ignore[misc]
-                return out
+        async with asyncio.timeout(deadline_s):
+            try:
+                async with asyncio.timeout(stall_s):
+                    status, _ = await conn.post(CHAT_PATH, payload, headers)
+                if status != 200:
+                    text = (await conn.read_text(300, stall_s=stall_s)).strip()
+                    out.error, out.detail = HTTP, f"HTTP {status}: {text}"
+                    return out
+                buf = b""
+                while raw := await conn.read(stall_s=stall_s):
+                    buf += raw
+                    if b"\n" not in raw:
+                        continue
+                    *lines, buf = buf.split(b"\n")
+                    for line in lines:
+                        if not sse.feed(line):
+                            out.error, out.detail = sse.error  # type: ignore[misc]
+                            return out
+                if buf and not sse.feed(buf):  # a last line without its newline
+                    out.error, out.detail = sse.error  # type: ignore[misc]
+                    return out
+            except TimeoutError:
+                raise _Stalled() from None
+    except _Stalled:
+        out.error = STALLED
+        out.detail = f"{where}: request {index} stalled: nothing received for {stall_s:g} s (hung?)"
+        return out
     except TimeoutError:
         out.error = HUNG
         out.detail = f"{where}: request {index} hung: not finished within the {deadline_s:g} s deadline"
         return out
-    except httpx.ReadTimeout:
-        out.error = STALLED
-        out.detail = f"{where}: request {index} stalled: nothing received within the stall timeout (hung?)"
-        return out
-    except httpx.TransportError as e:
-        out.error, out.detail = TRANSPORT, f"{where}: {type(e).__name__}: {e or 'connection failed'}"
+    except (StreamError, OSError) as e:
+        out.error, out.detail = TRANSPORT, f"{where}: {e}"
         return out
     finally:
+        if not conn.idle:
+            conn.abort()  # a response left part-way must not be mistaken for the next one
         out.latency_s = time.perf_counter() - t0
         out.ttft_s, out.finish_reason = sse.ttft_s, sse.finish_reason
     usage_tokens = sse.usage_tokens
@@ -327,7 +341,6 @@ class _Live:
 
 
 async def _run_requests(
-    client: httpx.AsyncClient,
     base_url: str,
     model: str,
     cell: Cell,
@@ -335,10 +348,11 @@ async def _run_requests(
     sampling: Sampling,
     *,
     deadline_s: float,
+    stall_s: float,
+    headers: dict[str, str],
     where: str,
     live: _Live,
 ) -> list[RequestOutcome]:
-    url = base_url + CHAT_PATH
     outcomes: list[RequestOutcome | None] = [None] * cell.prompts
     next_index = iter(range(cell.prompts))
 
@@ -346,6 +360,13 @@ async def _run_requests(
         live.chunks += 1
 
     async def worker() -> None:
+        conn = StreamConnection(base_url)
+        try:
+            await work(conn)
+        finally:
+            conn.abort()
+
+    async def work(conn: StreamConnection) -> None:
         for i in next_index:
             if live.hangs >= cell.concurrency:  # the server hangs: do not queue the rest behind it
                 outcomes[i] = RequestOutcome(
@@ -356,7 +377,9 @@ async def _run_requests(
                 live.done += 1
                 continue
             body = request_body(model, prompts[i % len(prompts)], cell.max_tokens, sampling)
-            o = await stream_request(client, url, body, i, deadline_s=deadline_s, where=where, on_chunk=tick)
+            o = await stream_request(
+                conn, body, i, deadline_s=deadline_s, stall_s=stall_s, where=where, headers=headers, on_chunk=tick
+            )
             outcomes[i] = o
             live.done += 1
             live.tokens += o.completion_tokens
@@ -505,10 +528,8 @@ async def run_cell_async(
     where = _where(base_url, node)
     deadline = deadline_s if deadline_s is not None else default_deadline_s(cell)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    n_conn = cell.concurrency + 2
-    limits = httpx.Limits(max_connections=n_conn, max_keepalive_connections=n_conn)
-    timeout = httpx.Timeout(connect=10.0, read=stall_timeout_s, write=30.0, pool=None)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits, headers=headers, trust_env=False) as client:
+    # httpx for the two scrapes and the model check; the streams use their own lean connections
+    async with httpx.AsyncClient(timeout=30.0, headers=headers, trust_env=False) as client:
         if check_served_model:
             await check_model(client, base_url, model, where)
         before = await scrape(client, base_url, model, where)
@@ -516,8 +537,8 @@ async def run_cell_async(
         live = _Live()
         t0 = time.perf_counter()
         runner = _run_requests(
-            client, base_url, model, cell, prompt_set.prompts, sampling,
-            deadline_s=deadline, where=where, live=live,
+            base_url, model, cell, prompt_set.prompts, sampling,
+            deadline_s=deadline, stall_s=stall_timeout_s, headers=headers, where=where, live=live,
         )
         if progress:
             outcomes = await _with_progress(runner, cell, live, where)

@@ -1,0 +1,239 @@
+#!/usr/bin/env python3
+"""sparkserve's bench client against vLLM 0.33.0's own ``vllm bench serve``, on one emulator server.
+
+Run (from the repository root, with the project venv)::
+
+    .venv/bin/python bench/bench_client_vs_vllm.py            # about two minutes
+    .venv/bin/python bench/bench_client_vs_vllm.py --json
+
+Part 1 — agreement. The engine emulator (tests/rig/emulator/vllm_emulator.py, a plain host process on
+127.0.0.1, DFlash K=7, default acceptance profile) serves both clients the same prompts with the same
+request (thinking on, T 1.0, top_p 0.95, forced length). The clients alternate, ours first, for
+``--rounds`` rounds per cell; each reports output tok/s = completion tokens / wall time. Goal: the two
+agree within 2 %. Both also read acceptance length from /metrics deltas; those are printed too.
+
+``vllm bench serve`` invocation (0.33.0): ``--backend openai-chat --endpoint /v1/chat/completions
+--dataset-name custom --dataset-path P.jsonl --skip-tokenizer-init --disable-shuffle --ignore-eos
+--temperature 1.0 --top-p 0.95 --chat-template-kwargs '{"enable_thinking": true}' --extra-body
+'{"max_completion_tokens": T, "min_tokens": T}' --max-concurrency C --num-prompts N --num-warmups 0``.
+Without a tokenizer its custom dataset sets every request to 1 output token; ``--extra-body`` (merged
+into the payload last) restores the forced length. The custom dataset loader needs ``pandas``.
+
+Part 2 — capacity. The emulator is pinned to CPU 1 with ``SSEMU_TOKEN_RATE=0`` (as fast as it can),
+our client to CPU 0. Reported: wall tokens/s, and tokens per CPU-second of the client process (what
+one core sustains). Goal ≥ 20,000 streamed tokens/s. Run with speculative decoding (several tokens
+per SSE chunk, as vLLM streams a spec-decode step) and without (one token per chunk).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from sparkserve.bench import Cell, run_cell  # noqa: E402
+from sparkserve.prompts import builtin_prompts  # noqa: E402
+
+EMULATOR = REPO / "tests" / "rig" / "emulator" / "vllm_emulator.py"
+TINY_MODELS = REPO / "tests" / "helpers" / "tiny_models.py"
+MODEL = "glm-5.3-flash"
+VLLM = Path(sys.executable).parent / "vllm"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Emulator:
+    proc: subprocess.Popen[bytes]
+    url: str
+    log: Path
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+def make_models(root: Path) -> tuple[Path, Path]:
+    target, drafter = root / "target", root / "drafter"
+    subprocess.run([sys.executable, str(TINY_MODELS), "target", str(target)], check=True)
+    subprocess.run([sys.executable, str(TINY_MODELS), "drafter", str(drafter)], check=True)
+    return target, drafter
+
+
+def start_emulator(
+    target: Path, drafter: Path, workdir: Path, *, rate: float, spec: bool = True, cpu: int | None = None
+) -> Emulator:
+    port = free_port()
+    argv = [sys.executable, str(EMULATOR), "serve", str(target), "--host", "127.0.0.1", "--port", str(port),
+            "--served-model-name", MODEL, "--seed", "1"]
+    if spec:
+        argv += ["--speculative-config",
+                 json.dumps({"method": "dflash", "model": str(drafter), "num_speculative_tokens": 7})]
+    env = {**os.environ, "SSEMU_TOKEN_RATE": str(rate), "SSEMU_BOOT_SECONDS": "0.5"}
+    log = workdir / f"emulator-{port}.log"
+    pre = (lambda: os.sched_setaffinity(0, {cpu})) if cpu is not None else None
+    with log.open("wb") as f:
+        proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, env=env, preexec_fn=pre)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"error: emulator exited ({proc.returncode}); see {log}")
+        try:
+            if httpx.get(url + "/v1/models", timeout=2).status_code == 200:
+                return Emulator(proc, url, log)
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"error: emulator not ready within 120 s; see {log}")
+
+
+def ours(url: str, cell: Cell) -> dict[str, float | None]:
+    r = run_cell(url, MODEL, cell, builtin_prompts())
+    if not r.ok:
+        raise SystemExit(f"error: our bench refused the cell: {r.refused}")
+    return {"tok_s": r.output_tok_s, "al": r.acceptance_length, "tokens": r.output_tokens}
+
+
+def theirs(url: str, cell: Cell, prompts: Path, workdir: Path) -> dict[str, float | None]:
+    out = workdir / f"vllm-bench-{time.monotonic_ns()}.json"
+    argv = [
+        str(VLLM), "bench", "serve", "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
+        "--base-url", url, "--model", MODEL, "--served-model-name", MODEL, "--skip-tokenizer-init",
+        "--dataset-name", "custom", "--dataset-path", str(prompts), "--disable-shuffle",
+        "--num-prompts", str(cell.prompts), "--max-concurrency", str(cell.concurrency),
+        "--ignore-eos", "--temperature", "1.0", "--top-p", "0.95",
+        "--chat-template-kwargs", json.dumps({"enable_thinking": True}),
+        "--extra-body", json.dumps({"max_completion_tokens": cell.max_tokens, "min_tokens": cell.max_tokens}),
+        "--num-warmups", "0", "--disable-tqdm",
+        "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name,
+    ]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
+    if p.returncode != 0 or not out.exists():
+        raise SystemExit(f"error: vllm bench serve failed ({p.returncode}):\n{p.stdout[-2000:]}{p.stderr[-2000:]}")
+    d = json.loads(out.read_text())
+    if d["failed"] or d["total_output_tokens"] != cell.prompts * cell.max_tokens:
+        raise SystemExit(f"error: vllm bench serve: {d['failed']} failed, {d['total_output_tokens']} tokens")
+    return {"tok_s": d["output_throughput"], "al": d.get("spec_decode_acceptance_length"),
+            "tokens": d["total_output_tokens"]}
+
+
+def agreement(target: Path, drafter: Path, workdir: Path, cells: list[tuple[Cell, float]], rounds: int) -> list[dict]:
+    prompts = workdir / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": p.messages[-1]["content"]}) + "\n"
+                               for p in builtin_prompts().prompts))
+    rows = []
+    for cell, rate in cells:
+        emu = start_emulator(target, drafter, workdir, rate=rate)
+        try:
+            a: list[dict] = []
+            b: list[dict] = []
+            for _ in range(rounds):
+                a.append(ours(emu.url, cell))
+                b.append(theirs(emu.url, cell, prompts, workdir))
+        finally:
+            emu.stop()
+        ta = statistics.mean(x["tok_s"] for x in a)  # type: ignore[misc]
+        tb = statistics.mean(x["tok_s"] for x in b)  # type: ignore[misc]
+        rows.append({
+            "cell": f"{cell.prompts}x c{cell.concurrency} x {cell.max_tokens}",
+            "emulator_rate_per_stream": rate,
+            "ours_tok_s": [x["tok_s"] for x in a],
+            "vllm_tok_s": [x["tok_s"] for x in b],
+            "ours_al": [x["al"] for x in a],
+            "vllm_al": [x["al"] for x in b],
+            "ratio": ta / tb,
+            "within_2pct": abs(ta / tb - 1) <= 0.02,
+        })
+    return rows
+
+
+def capacity(target: Path, drafter: Path, workdir: Path, spec: bool, cell: Cell) -> dict:
+    two_cpus = len(os.sched_getaffinity(0)) >= 2
+    emu = start_emulator(target, drafter, workdir, rate=0, spec=spec, cpu=1 if two_cpus else None)
+    old = os.sched_getaffinity(0)
+    try:
+        if two_cpus:
+            os.sched_setaffinity(0, {0})
+        run_cell(emu.url, MODEL, Cell("warm", 4, 4, 256), builtin_prompts())
+        c0 = time.process_time()
+        r = run_cell(emu.url, MODEL, cell, builtin_prompts())
+        cpu = time.process_time() - c0
+    finally:
+        os.sched_setaffinity(0, old)
+        emu.stop()
+    if not r.ok:
+        raise SystemExit(f"error: capacity run refused: {r.refused}")
+    return {
+        "speculative": spec,
+        "acceptance_length": r.acceptance_length,
+        "tokens": r.output_tokens,
+        "wall_tok_s": r.output_tok_s,
+        "client_cpu_s": cpu,
+        "tok_per_client_cpu_s": r.output_tokens / cpu,
+        "pinned": two_cpus,
+        "meets_20k": min(r.output_tok_s, r.output_tokens / cpu) >= 20000,
+    }
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if not VLLM.exists():
+        raise SystemExit(f"error: {VLLM}: vLLM 0.33.0 is not installed in this venv")
+    with tempfile.TemporaryDirectory(prefix="ssbench-") as tmp:
+        workdir = Path(tmp)
+        target, drafter = make_models(workdir / "models")
+        cells = [
+            (Cell("smoke", prompts=20, concurrency=1, max_tokens=512), 2000.0),
+            (Cell("c16-short", prompts=64, concurrency=16, max_tokens=1024), 1000.0),
+        ]
+        agree = agreement(target, drafter, workdir, cells, args.rounds)
+        cap_cell = Cell("capacity", prompts=96, concurrency=16, max_tokens=1024)
+        caps = [capacity(target, drafter, workdir, True, cap_cell),
+                capacity(target, drafter, workdir, False, cap_cell)]
+    ok = all(r["within_2pct"] for r in agree) and all(c["meets_20k"] for c in caps)
+    if args.json:
+        print(json.dumps({"ok": ok, "agreement": agree, "capacity": caps}, indent=2))
+        return 0 if ok else 1
+    print("Part 1 — output tok/s, sparkserve bench client vs `vllm bench serve` (vLLM 0.33.0), same emulator")
+    for r in agree:
+        print(f"  {r['cell']:<22} emulator {r['emulator_rate_per_stream']:.0f} tok/s/stream: "
+              f"ours {statistics.mean(r['ours_tok_s']):9.1f}  vllm {statistics.mean(r['vllm_tok_s']):9.1f}  "
+              f"ratio {r['ratio']:.4f} ({(r['ratio'] - 1) * 100:+.2f} %)  "
+              f"AL ours {statistics.mean(r['ours_al']):.3f} vllm {statistics.mean(r['vllm_al']):.3f}  "
+              f"{'OK' if r['within_2pct'] else 'OUTSIDE 2 %'}")
+    print("Part 2 — client capacity on one core (emulator on the other, SSEMU_TOKEN_RATE=0)")
+    for c in caps:
+        mode = f"spec K=7 (AL {c['acceptance_length']:.2f} tok/chunk)" if c["speculative"] else "no spec (1 tok/chunk)"
+        print(f"  {mode:<32} wall {c['wall_tok_s']:10,.0f} tok/s   client {c['tok_per_client_cpu_s']:10,.0f} "
+              f"tok per CPU-s   {'OK' if c['meets_20k'] else 'BELOW 20,000'}")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
