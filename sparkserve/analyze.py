@@ -84,9 +84,7 @@ class Analysis:
             "kv_cache_tokens": list(self.kv_cache_tokens),
             "graphs": self.graphs,
             "cudagraph_mode": self.cudagraph_mode,
-            "ranks": {
-                r: {"graphs": s.graphs, "kv_cache_tokens": s.kv_cache_tokens} for r, s in self.ranks.items()
-            },
+            "ranks": {r: {"graphs": s.graphs, "kv_cache_tokens": s.kv_cache_tokens} for r, s in self.ranks.items()},
             "spec": {
                 "method": self.spec.method,
                 "num_speculative_tokens": self.spec.num_speculative_tokens,
@@ -148,8 +146,26 @@ def _parallel_sizes(logs: Sequence[ParsedLog]) -> tuple[int | None, int | None]:
     return tp, pp
 
 
-def attribute_ranks(logs: Sequence[ParsedLog]) -> int | None:
-    """Set ``Event.rank`` on every event that belongs to a worker rank; returns the TP size if known."""
+#: Events that belong to one worker rank (the ones a node's rank can be inferred for).
+RANKED_KINDS = frozenset(
+    {
+        Kind.GRAPH_CAPTURED,
+        Kind.MASK_LOADED,
+        Kind.RANK_PRESENCE,
+        Kind.CUDAGRAPH_DOWNGRADE,
+        Kind.SPECULATOR_CAPTURE,
+        Kind.DRAFT_EAGER,
+    }
+)
+_NOT_WORKERS = ("APIServer", "ApiServer", "EngineCore")
+
+
+def attribute_ranks(logs: Sequence[ParsedLog], node_ranks: Mapping[str, Sequence[str]] | None = None) -> int | None:
+    """Set ``Event.rank`` on every event that belongs to a worker rank; returns the TP size if known.
+
+    ``node_ranks`` (node → the ranks it hosts, from the caller's config) attributes worker lines that carry
+    no rank of their own to the node's rank — only for a node that hosts exactly one rank.
+    """
     tp_size, pp_size = _parallel_sizes(logs)
     for log in logs:
         # keyed by (source, ip, pid): one file may interleave nodes (compose columns, `sparkserve logs` output)
@@ -188,6 +204,12 @@ def attribute_ranks(logs: Sequence[ParsedLog]) -> int | None:
             if rank is None and single and not (p and p.name.startswith(_API_NAMES)):
                 rank = "0"
             e.rank = rank
+        hosted = (node_ranks or {}).get(log.node)
+        if hosted is not None and len(hosted) == 1:
+            for e in log.events:
+                p = e.rec.proc
+                if e.rank is None and e.kind in RANKED_KINDS and not (p and p.name.startswith(_NOT_WORKERS)):
+                    e.rank = hosted[0]
     return tp_size
 
 
@@ -237,9 +259,7 @@ def _ordered_faults(
     logs: Sequence[ParsedLog],
 ) -> tuple[list[tuple[ParsedLog, Event]], list[tuple[ParsedLog, Event]]]:
     """Rule 3 (cross-file stop) and the order of faults: by time, then file order, then position."""
-    stops = [
-        (i, log.stop.ts) for i, log in enumerate(logs) if log.stop is not None and log.stop.ts is not None
-    ]
+    stops = [(i, log.stop.ts) for i, log in enumerate(logs) if log.stop is not None and log.stop.ts is not None]
     faults: list[tuple[int, ParsedLog, Event]] = []
     artefacts = [(log, e) for log in logs for e in log.artefacts]
     for i, log in enumerate(logs):
@@ -252,9 +272,10 @@ def _ordered_faults(
     return [(log, e) for _, log, e in faults], artefacts
 
 
-def analyze(logs: Sequence[ParsedLog]) -> Analysis:
-    """Combine the events of several files (e.g. head + follower) into one analysis."""
-    tp_size = attribute_ranks(logs)
+def analyze(logs: Sequence[ParsedLog], node_ranks: Mapping[str, Sequence[str]] | None = None) -> Analysis:
+    """Combine the events of several files (e.g. head + follower) into one analysis (``node_ranks``: see
+    :func:`attribute_ranks`)."""
+    tp_size = attribute_ranks(logs, node_ranks)
     evs = [(log, e) for log in logs for e in log.events]
     by_kind: dict[Kind, list[tuple[ParsedLog, Event]]] = {}
     for pair in evs:
@@ -395,7 +416,6 @@ def analyze(logs: Sequence[ParsedLog]) -> Analysis:
     elif dflash and finished:
         spec.mask_embedding_loaded = False
     spec.mean_acceptance_length = [float(e.data["al"]) for _, e in of(Kind.SPEC_METRICS)]
-
 
     # readiness
     if of(Kind.READY):

@@ -119,6 +119,7 @@ class Expectations:
     smoke_prompts: int | None = None
     runner: str = "v2"
     nodes: tuple[str, ...] | None = None  # every node must have a log (None: not checked)
+    node_ranks: Mapping[str, tuple[str, ...]] | None = None  # mp: node → ranks it hosts (by node rank × GPUs)
 
     @classmethod
     def from_config(
@@ -140,7 +141,21 @@ class Expectations:
             mask_token_id=cfg.gates.mask_token_id,
             smoke_prompts=cfg.gates.smoke.prompts,
             nodes=tuple(n.name for n in cfg.nodes) if check_nodes else None,
+            node_ranks=_node_ranks(cfg),
         )
+
+
+def _node_ranks(cfg: Config) -> dict[str, tuple[str, ...]] | None:
+    """With the mp executor node i (head = 0) hosts global ranks i·g … i·g+g−1; Ray gathers every rank's
+    output on the head, so no node→rank mapping holds there."""
+    if cfg.serve.executor != "mp":
+        return None
+    out: dict[str, tuple[str, ...]] = {}
+    first = 0
+    for n in cfg.nodes:
+        out[n.name] = tuple(str(r) for r in range(first, first + n.gpus))
+        first += n.gpus
+    return out
 
 
 @dataclass(frozen=True)
@@ -509,7 +524,7 @@ def judge(
     for node, log in logs.items():
         log.node = node
         parsed.append(log)
-    an = analyze(parsed)
+    an = analyze(parsed, expect.node_ranks)
     report = GateReport(
         [
             _pool(an, expect),

@@ -348,3 +348,21 @@ def test_real_025_eager_run_without_mask_fails_graphs_and_mask() -> None:
     r = judge(real_logs(("a", "B-head.log")), e, skip=["smoke", "identity"])
     assert failed(r) == {"graphs", "mask"}
     assert "Enforce eager set" in r.get("graphs").reason
+
+
+def test_rankless_worker_lines_are_attributed_by_node_when_it_hosts_one_rank(expect: Expectations) -> None:
+    # a follower whose worker lines lost their `(Worker_TP1_EP1 pid=N)` prefix: only the node says which rank
+    text = (LOGS / "v0.33-follower.log").read_text()
+    bare = "\n".join(x.split(") ", 1)[1] if x.startswith("(Worker") else x for x in text.splitlines()) + "\n"
+    lg = logs()
+    lg["spark-b"] = parse_log(bare, file="f")
+    assert run(expect, lg).ok
+    lg["spark-b"] = parse_log(bare, file="f")
+    r = run(replace(expect, node_ranks=None), lg)
+    assert failed(r) == {"graphs", "mask"} and "rank 1: no line from rank 1" in r.get("graphs").reason
+
+
+def test_ray_gives_no_node_to_rank_mapping() -> None:
+    cfg = load_config(None)
+    cfg.serve.executor = "ray"
+    assert Expectations.from_config(cfg).node_ranks is None
