@@ -821,6 +821,9 @@ def up(nnodes: int | None = None) -> dict:
     ensure_packages()
     RIG_DIR.mkdir(parents=True, exist_ok=True)
     os.chmod(RIG_DIR, 0o700)
+    longest = RIG_DIR / "nodes" / "node-a" / "exec" / "containerd" / "containerd.sock.ttrpc"
+    if len(str(longest)) > 100:
+        raise RigError(f"SSRIG_DIR {RIG_DIR} is too long: the daemons' unix sockets under it exceed 108 bytes")
     count = nnodes or _current_count() or DEFAULT_NODES
     if count < 1 or count > 20:
         raise RigError(f"--nodes {count}: between 1 and 20")
@@ -871,10 +874,11 @@ def down(purge: bool = False) -> None:
     if leftovers or mounts:
         raise RigError(f"left behind: pids {leftovers} mounts {mounts}")
     if purge:
-        for d in dirs:
-            shutil.rmtree(d, ignore_errors=True)
-        state_path().unlink(missing_ok=True)
-        log("node data removed (the base rootfs tarball stays in cache/)")
+        for sub in ("nodes", "ssh", "bin", "build"):
+            shutil.rmtree(RIG_DIR / sub, ignore_errors=True)
+        for f in (state_path(), RIG_DIR / "rig.yaml"):
+            f.unlink(missing_ok=True)
+        log(f"rig data removed (the cache {CACHE_DIR} stays: base rootfs tarball, model fixtures)")
     with contextlib.suppress(OSError):
         NODE_ROOT.rmdir()  # only if empty (a mount point we created)
 
