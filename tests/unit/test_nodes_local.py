@@ -47,9 +47,9 @@ def test_local_run_errors_name_node_and_step(local: LocalNode) -> None:
 def test_local_timeout_kills_the_process_group(local: LocalNode, tmp_path: Path) -> None:
     t0 = time.monotonic()
     with pytest.raises(NodeError, match="timed out after 0.5s"):
-        local.run(["sh", "-c", "sleep 30 & sleep 30"], timeout=0.5)
+        local.run(["sh", "-c", "sleep 31.73 & sleep 31.73"], timeout=0.5)
     assert time.monotonic() - t0 < 3
-    out = subprocess.run(["pgrep", "-f", "^sleep 30$"], capture_output=True)
+    out = subprocess.run(["pgrep", "-f", "^sleep 31.73$"], capture_output=True)
     assert out.stdout == b""
 
 
