@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sparkserve.errors import BadInput
-from sparkserve.safetensors_header import DTYPE_BITS, HeaderError, TensorHeader, read_header
+from sparkserve.safetensors_header import HeaderError, TensorHeader, read_header
 from sparkserve.torchfile import MaskEmbeddingInfo, TorchFileError, read_mask_embedding
 
 MASK_FILE = "mask_embedding.pt"
@@ -323,7 +323,3 @@ def inspect_drafter(path: Path | str) -> DrafterFacts:
         mask=mask_facts(path),
         problems=problems,
     )
-
-
-def bits_label(dtype: str | None) -> str:
-    return f"{dtype} ({DTYPE_BITS.get(dtype, '?')} bit)" if dtype else "-"

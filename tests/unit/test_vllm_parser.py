@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fixtures import REPO, default_data, install_shims, read_shim_log, write_drafter
+from _fixtures import REPO, config_file, default_data, install_shims, read_shim_log, write_drafter, write_target
 
-from sparkserve.config import Config
+from sparkserve.config import Config, load_config
 from sparkserve.plan import build_plan
+from sparkserve.preflight import validate
 from sparkserve.vllm_args import ArgvVerdict, OptionList, RealParser, check_argvs
 
 pytestmark = pytest.mark.vllm
@@ -187,3 +188,14 @@ def test_the_launchers_recorded_docker_argvs_carry_parser_approved_vllm_argvs(vl
             v = vllm_parser.check(serve)
             assert v.ok, (serve, v.error)
             assert ("--enforce-eager" in serve) == bool(mode)
+
+
+def test_validate_names_a_misspelt_extra_arg_with_the_real_parser(vllm_parser: RealParser, tmp_path: Path) -> None:
+    cfg = load_config(config_file(tmp_path / "c.yaml", {
+        "serve": {"extra_args": ["--enable-prefix-caching", "--max-num-batched-tokenz", "8192"]},
+        "drafter": {"path": str(write_drafter(tmp_path / "d"))},
+        "model": {"target": str(write_target(tmp_path / "t"))}}))
+    r = validate(cfg, judge=vllm_parser)
+    assert [e.where for e in r.errors] == ["serve.extra_args"]
+    assert "unrecognized arguments: --max-num-batched-tokenz 8192" in r.errors[0].what
+    assert r.errors[0].what.startswith("vLLM 0.33.0 `vllm serve` parser rejects head spark-a's argv")

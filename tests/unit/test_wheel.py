@@ -26,10 +26,12 @@ def test_wheel_ships_templates_and_renders_from_an_installed_copy(tmp_path: Path
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     py = venv / "bin" / "python"
+    # pip installs into the temp venv (`--python`), offline, without dependencies
+    p = subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "--no-deps", "--no-index",
+                        "-q", str(wheel)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
     site = subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
                           capture_output=True, text=True, check=True).stdout.strip()
-    # install the wheel (no network, no deps): it is a zip laid out as site-packages
-    zipfile.ZipFile(wheel).extractall(site)
     # dependencies come from the test venv's site-packages via PYTHONPATH; the editable sparkserve there is a
     # .pth hook, which PYTHONPATH entries do not run, so `import sparkserve` must find the installed wheel
     deps = sysconfig.get_paths()["purelib"]
@@ -45,7 +47,7 @@ def test_wheel_ships_templates_and_renders_from_an_installed_copy(tmp_path: Path
     assert pkg_file.startswith(site) and templates == f"{site}/sparkserve/templates"
 
     out = home / "launch.sh"
-    r = subprocess.run([str(py), "-m", "sparkserve", "render", "--launcher", "-o", str(out)],
+    r = subprocess.run([str(venv / "bin" / "sparkserve"), "render", "--launcher", "-o", str(out)],
                        capture_output=True, text=True, env=env, cwd=home, timeout=60)
     assert r.returncode == 0, r.stderr
     assert out.read_text() == (REPO / "launch_dflash2_tp2.sh").read_text()
