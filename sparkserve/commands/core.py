@@ -234,7 +234,9 @@ def drafter_inspect(
         return
     console.print(drafter_table(d, cfg))
     if m:
-        mt = Table(title=f"sha256 manifest {m.digest}", title_justify="left")
+        console.print(f"sha256 manifest {m.digest} ({len(m.files)} files, {m.total_bytes:,} bytes; cached by "
+                      "size+mtime)", markup=False, highlight=False, soft_wrap=True)
+        mt = Table()
         mt.add_column("file")
         mt.add_column("bytes", justify="right")
         mt.add_column("sha256")
