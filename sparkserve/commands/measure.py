@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
@@ -13,7 +12,7 @@ from rich.table import Table
 
 from sparkserve.bench import CELLS, BenchResult, run_cell
 from sparkserve.commands._common import ConfigOpt, JsonOpt, config_from, console, emit_json, err_console
-from sparkserve.config import Config
+from sparkserve.config import resolve_api_key
 from sparkserve.errors import BadInput, GateFailed
 from sparkserve.journal import Journal
 from sparkserve.plan import build_plan
@@ -24,21 +23,6 @@ class CellName(StrEnum):
     smoke = "smoke"
     c1 = "c1"
     c16 = "c16"
-
-
-def _api_key(cfg: Config) -> str | None:
-    s = cfg.serve
-    if s.api_key_env:
-        key = os.environ.get(s.api_key_env)
-        if not key:
-            raise BadInput("serve.api_key_env", f"${s.api_key_env} is not set")
-        return key
-    if s.api_key_file:
-        try:
-            return Path(s.api_key_file).expanduser().read_text().strip()
-        except OSError as e:
-            raise BadInput("serve.api_key_file", f"cannot read {s.api_key_file} ({e.strerror or e})") from e
-    return None
 
 
 def bench(
@@ -61,7 +45,7 @@ def bench(
     cfg = config_from(config)
     plan = build_plan(cfg)
     prompt_set = load_prompts(prompts) if prompts else builtin_prompts()
-    api_key = _api_key(cfg)
+    api_key = resolve_api_key(cfg)
     with Journal.open() as journal:  # open first: a broken journal fails before the run, not after
         fingerprint: str | None = None
         if url is None or config is not None:

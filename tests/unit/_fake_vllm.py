@@ -25,6 +25,7 @@ OK, HTTP500, ERROR_EVENT, NO_DONE, NO_USAGE, SHORT, HANG, EMPTY, DRIBBLE = (
 @dataclass
 class FakeState:
     model: str = "fake-model"
+    api_key: str | None = None  # like --api-key: /v1 needs "Authorization: Bearer <key>"
     k: int = 7
     profile: tuple[float, ...] = (0.744, 0.545, 0.405, 0.306, 0.237, 0.185, 0.147)
     seed: int = 0
@@ -134,6 +135,10 @@ class _Handler(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         st = self.state
+        if st.api_key and self.headers.get("Authorization") != f"Bearer {st.api_key}":
+            self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            self._send(401, b'{"error": "Unauthorized"}')
+            return
         body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", "0"))))
         if body.get("model") != st.model:
             msg = f"The model `{body.get('model')}` does not exist."

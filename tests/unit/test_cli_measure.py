@@ -65,6 +65,17 @@ def test_bench_smoke_from_config_json_contract_and_journal(env: dict[str, str], 
     assert entry["fingerprint"] == load_config(cfg).fingerprint()  # no deployment recorded: the config's own
 
 
+def test_bench_sends_the_configured_api_key(env: dict[str, str], tmp_path: Path) -> None:
+    with FakeVllm(FakeState(api_key="s3cret")) as srv:
+        cfg = write_config(tmp_path / "sparkserve.yaml", int(srv.url.rsplit(":", 1)[1]))
+        cfg.write_text(cfg.read_text().replace("serve:\n", "serve:\n  api_key_env: BENCH_KEY\n", 1))
+        p = sparkserve("bench", "--cell", "smoke", "--json", "-c", str(cfg), env={**env, "BENCH_KEY": "s3cret"})
+        assert p.returncode == 0, p.stderr
+        bad = sparkserve("bench", "--cell", "smoke", "--json", "-c", str(cfg), env={**env, "BENCH_KEY": "wrong"})
+    assert bad.returncode == 1 and json.loads(bad.stdout)["error_kinds"] == {"http": 20}
+    assert "HTTP 401" in json.loads(bad.stdout)["errors"][0]["detail"]
+
+
 def test_bench_refused_cell_prints_json_and_exits_1_with_one_error_line(env: dict[str, str]) -> None:
     with FakeVllm(FakeState(modes=lambda i: SHORT if i == 0 else "ok")) as srv:
         p = sparkserve("bench", "--cell", "smoke", "--json", "--url", srv.url, "--model", "fake-model",
