@@ -20,7 +20,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkserve.logpatterns import CUDAGRAPH_MODE_VALUES, Kind
+from sparkserve.logpatterns import CUDAGRAPH_MODE_VALUES, POINTER, FaultKind, Kind
 from sparkserve.logs import Event, ParsedLog, parse_log
 
 _WORKER_NAME = re.compile(
@@ -255,10 +255,19 @@ def _spec_from_args(args: str) -> tuple[str | None, int | None]:
     return (method.group(1) if method else None), (int(k.group(1)) if k else None)
 
 
+def _consequence(e: Event) -> int:
+    """1 for a fault line that reports another fault (it sorts after the cause within the same second)."""
+    if e.fault in (FaultKind.WORKER_DIED, FaultKind.ENGINE_DEAD) or POINTER.search(e.rec.msg):
+        return 1
+    return 1 if "TCPStore" in e.text or "[c10d]" in e.rec.msg else 0
+
+
 def _ordered_faults(
     logs: Sequence[ParsedLog],
 ) -> tuple[list[tuple[ParsedLog, Event]], list[tuple[ParsedLog, Event]]]:
-    """Rule 3 (cross-file stop) and the order of faults: by time, then file order, then position."""
+    """Rule 3 (cross-file stop) and the order of faults: by time; within one second a cause before a
+    consequence (a dead worker or engine, a relayed "see above" error, a lost rendezvous store); then file
+    order, then position. Timestamps have one-second resolution and nodes log independently."""
     stops = [(i, log.stop.ts) for i, log in enumerate(logs) if log.stop is not None and log.stop.ts is not None]
     faults: list[tuple[int, ParsedLog, Event]] = []
     artefacts = [(log, e) for log in logs for e in log.artefacts]
@@ -268,7 +277,7 @@ def _ordered_faults(
                 artefacts.append((log, e))
             else:
                 faults.append((i, log, e))
-    faults.sort(key=lambda x: (x[2].ts or (0,), x[0], x[2].sort_line, x[2].line))
+    faults.sort(key=lambda x: (x[2].ts or (0,), _consequence(x[2]), x[0], x[2].sort_line, x[2].line))
     return [(log, e) for _, log, e in faults], artefacts
 
 

@@ -398,6 +398,10 @@ def _candidates(data: bytes, starts: list[int]) -> dict[int, list[int]]:
     return out
 
 
+_QUOTED = re.compile(r"'[^']*'")
+_DIGITS = re.compile(r"\d+")
+
+
 def _match(rec: Record, anchors: list[int] | None = None) -> list[Event]:
     """Events of one record; ``anchors`` (indices into ANCHORS found on its line) narrow the needles tried."""
     msg = rec.msg
@@ -405,16 +409,23 @@ def _match(rec: Record, anchors: list[int] | None = None) -> list[Event]:
     hit = sorted({i for a, pairs in index if a in msg for n, i in pairs if n in msg})
     events: list[Event] = []
     got_fault = False
+    fmsg = None
     for i in hit:
         p = PATTERNS[i]
-        if p.kind is Kind.FAULT and got_fault:
+        if p.kind is Kind.FAULT:
+            if got_fault:
+                continue
+            if fmsg is None:  # a relayed error in quotes does not decide the kind
+                fmsg = _QUOTED.sub("''", msg) if "'" in msg else msg
+            m = p.regex.search(fmsg)
+            if m:
+                events.append(Event(p.kind, rec, m.groupdict(), p.fault))
+                got_fault = True
             continue
         m = p.regex.search(msg)
         if not m:
             continue
         events.append(Event(p.kind, rec, m.groupdict(), p.fault))
-        if p.kind is Kind.FAULT:
-            got_fault = True
     if (
         not got_fault
         and rec.level in ("ERROR", "CRITICAL")
@@ -426,9 +437,6 @@ def _match(rec: Record, anchors: list[int] | None = None) -> list[Event]:
 
 def _has_needle(msg: str, p: LogPattern) -> bool:
     return any(n in msg for n in p.needles)
-
-
-_QUOTED = re.compile(r"'[^']*'")
 
 
 def classify_fault(msg: str) -> FaultKind | None:
@@ -676,7 +684,9 @@ def parse_log(text: str | bytes, *, file: str, node: str | None = None) -> Parse
         if ev.kind is Kind.STOP and stop is None and not faults:
             stop = ev
         elif ev.kind is Kind.FAULT:
-            key = (ev.fault.value if ev.fault else "", ev.rec.msg.strip())
+            # `other` lines (c10d store warnings, …) repeat with fresh fds and times: compare them digit-blind
+            norm = _DIGITS.sub("#", ev.rec.msg) if ev.fault is FaultKind.OTHER else ev.rec.msg
+            key = (ev.fault.value if ev.fault else "", norm.strip())
             if stop is not None:
                 artefacts.append(ev)
             elif key not in seen:

@@ -250,3 +250,22 @@ def test_one_file_holding_both_nodes_with_name_columns() -> None:
         "1": {"graphs": "captured", "kv_cache_tokens": 366749},
     }
     assert j["spec"]["mask_embedding_loaded"] is True and j["faults"] == []
+
+
+def test_within_one_second_the_cause_comes_before_its_consequences() -> None:
+    # the head relays the follower's error in the same second; file order alone would put the relay first
+    head = (
+        "(EngineCore pid=2) ERROR 11-29 17:41:29 [core.py:1584] RuntimeError: Worker failed with error 'CUDA out of "
+        "memory.', please check the stack trace above for the root cause\n"
+    )
+    follower = (
+        "(Worker_TP1_EP1 pid=3) ERROR 11-29 17:41:29 [multiproc_executor.py:1189] torch.OutOfMemoryError: CUDA out "
+        "of memory. Tried to allocate 1.00 GiB.\n"
+        "[rank1]:[W1129 17:41:29.286 TCPStore.cpp:125] [c10d] recvValue failed on SocketImpl(fd=31): Failed to recv\n"
+    )
+    j = analyze_texts({"head.log": head, "follower.log": follower}).to_json()
+    assert [(f["file"], f["kind"]) for f in j["faults"]] == [
+        ("follower.log", "oom"),
+        ("head.log", "worker_died"),
+        ("follower.log", "other"),
+    ]
