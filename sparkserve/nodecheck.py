@@ -36,6 +36,7 @@ for p in a["disk"]:
     out["disk"][p] = shutil.disk_usage(q or "/").free
 for host, port in a["ports"]:
     s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn/TCPStore bind: TIME_WAIT is free
     try:
         s.bind((host, port)); free = True
     except OSError:

@@ -59,10 +59,14 @@ def _remove_managed(clients) -> None:
 
 @pytest.fixture
 def rig_clean(rig, rig_docker):
-    """No sparkserve container on any node before and after the test."""
-    _remove_managed(rig_docker)
-    yield rig
-    _remove_managed(rig_docker)
+    """No sparkserve container on any node before and after the test; the rig is this test's alone
+    meanwhile (rig.exclusive_use: other test processes wait, so nobody removes a stack another one is testing)."""
+    import rig as riglib
+
+    with riglib.exclusive_use():
+        _remove_managed(rig_docker)
+        yield rig
+        _remove_managed(rig_docker)
 
 
 @pytest.fixture

@@ -741,6 +741,34 @@ def state_path() -> Path:
     return RIG_DIR / "rig.json"
 
 
+_LOCK_STATE = {"depth": 0, "file": None}
+
+
+@contextlib.contextmanager
+def exclusive_use():
+    """Exclusive use of the rig by one test process at a time: an flock on ``$SSRIG_DIR/.test-lock``.
+
+    Re-entrant within a process (a module-wide hold and a per-test hold nest); other processes — another
+    helper's pytest, ``flock $SSRIG_DIR/.test-lock CMD`` — wait until it is released."""
+    import fcntl
+
+    if _LOCK_STATE["depth"] == 0:
+        RIG_DIR.mkdir(parents=True, exist_ok=True)
+        f = open(RIG_DIR / ".test-lock", "a+")  # noqa: SIM115 (held across the yield)
+        fcntl.flock(f, fcntl.LOCK_EX)
+        _LOCK_STATE["file"] = f
+    _LOCK_STATE["depth"] += 1
+    try:
+        yield
+    finally:
+        _LOCK_STATE["depth"] -= 1
+        if _LOCK_STATE["depth"] == 0:
+            f = _LOCK_STATE["file"]
+            _LOCK_STATE["file"] = None
+            fcntl.flock(f, fcntl.LOCK_UN)
+            f.close()
+
+
 def load_info() -> dict:
     """rig.json as written by `up` (raises RigError when the rig was never brought up)."""
     try:
