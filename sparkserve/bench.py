@@ -397,7 +397,7 @@ def summarize(
     outcomes: list[RequestOutcome],
     duration_s: float,
     before: Snapshot,
-    after: Snapshot,
+    after: Snapshot | RemoteFailure,
     *,
     sampling: Sampling = Sampling(),
     url: str | None = None,
@@ -406,7 +406,8 @@ def summarize(
     prompt_set: PromptSet | None = None,
     started_at: str | None = None,
 ) -> BenchResult:
-    """Figures and guards for one cell from its request outcomes and the two ``/metrics`` snapshots. Pure."""
+    """Figures and guards for one cell from its request outcomes and the two ``/metrics`` snapshots
+    (``after`` is the scrape's failure when the server stopped answering during the cell). Pure."""
     kinds = Counter(o.error for o in outcomes if o.error)
     incomplete = kinds.pop(INCOMPLETE, 0)
     stream_errors = sum(kinds.values())
@@ -427,10 +428,15 @@ def summarize(
 
     spec = None
     delta = None
-    try:
-        delta = counter_delta(before, after)
-    except MetricsError as e:
-        refused.append(f"server restarted during the cell: {e}")
+    if isinstance(after, RemoteFailure):
+        refused.append(f"/metrics unreadable after the cell ({after.what}): no acceptance figures")
+        after_boot = None
+    else:
+        after_boot = after.boot_id
+        try:
+            delta = counter_delta(before, after)
+        except MetricsError as e:
+            refused.append(f"server restarted during the cell: {e}")
     if delta is not None:
         spec = acceptance(delta)
         warnings += spec.warnings
@@ -485,7 +491,7 @@ def summarize(
         incomplete=incomplete,
         error_kinds=dict(kinds) | ({INCOMPLETE: incomplete} if incomplete else {}),
         errors=errors,
-        boot_id=after.boot_id if after.boot_id is not None else before.boot_id,
+        boot_id=after_boot if after_boot is not None else before.boot_id,
         url=url,
         node=node,
         model=model,
@@ -545,7 +551,10 @@ async def run_cell_async(
         else:
             outcomes = await runner
         duration = time.perf_counter() - t0
-        after = await scrape(client, base_url, model, where)
+        try:
+            after: Snapshot | RemoteFailure = await scrape(client, base_url, model, where)
+        except RemoteFailure as e:  # the server died during the cell: keep what the requests showed
+            after = e
     return summarize(
         cell, outcomes, duration, before, after, sampling=sampling, url=base_url, node=node, model=model,
         prompt_set=prompt_set, started_at=started_at,

@@ -224,6 +224,15 @@ def test_summarize_refuses_a_server_that_finished_fewer_requests_than_sent() -> 
     assert r.refused == ["the server counted 2 finished requests of 3 sent"]
 
 
+def test_summarize_keeps_the_outcomes_when_the_after_scrape_fails() -> None:
+    cell = Cell("t", 2, 1, 10)
+    outcomes = [RequestOutcome(0, 10), RequestOutcome(1, 0, error="stalled", detail="spark-a: hung")]
+    r = summarize(cell, outcomes, 1.0, _snap(), RemoteFailure("http://h/metrics", "spark-a: connection refused"))
+    assert r.stream_errors == 1 and r.requests_ok == 1 and r.acceptance_length is None
+    assert "/metrics unreadable after the cell (spark-a: connection refused): no acceptance figures" in r.refused
+    assert r.boot_id == 1.0
+
+
 def test_result_round_trips_through_json() -> None:
     cell = Cell("t", 1, 1, 10)
     after = _snap(drafts=4.0, draft_tokens=8.0, accepted_tokens=5.0, accepted_per_pos={0: 3.0, 1: 2.0},

@@ -12,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -158,3 +159,15 @@ def test_dead_follower_hang_is_a_stream_error_naming_the_node(emulator: StartEmu
     assert r.error_kinds == {STALLED: 1, NOT_SENT: 19}
     assert "spark-a" in r.errors[0].detail and emu.url in r.errors[0].detail
     assert not r.ok
+
+
+def test_server_killed_mid_cell_gives_a_refused_result_not_a_crash(emulator: StartEmu) -> None:
+    emu = emulator({"SSEMU_TOKEN_RATE": "2000"})
+    head = emu.procs[-1]
+    threading.Timer(1.0, head.kill).start()
+    r = run_cell(emu.url, MODEL, Cell("smoke", prompts=20, concurrency=1, max_tokens=512), builtin_prompts(),
+                 node="spark-a", stall_timeout_s=2.0)
+    assert 1 <= r.requests_ok < 20
+    assert r.stream_errors == 20 - r.requests_ok and set(r.error_kinds) == {"transport"}
+    assert all("spark-a" in e.detail for e in r.errors)
+    assert any(x.startswith("/metrics unreadable after the cell") for x in r.refused)
