@@ -167,7 +167,8 @@ class Engine:
                 self.node.run(["mkdir", "-p", "--", *rw], timeout=30, step="run")
         kwargs: dict[str, Any] = dict(
             image=spec.image,
-            command=list(spec.command),
+            entrypoint=[spec.entrypoint],  # the image's own ENTRYPOINT (e.g. `vllm serve`) is always replaced
+            command=list(spec.command[1:]),
             name=spec.name,
             environment=spec.run_env(),  # env + secrets (VLLM_API_KEY on the head)
             labels=dict(spec.labels),
@@ -393,7 +394,7 @@ class Engine:
             role="head" if labels.get(LABEL_ROLE) == "head" else "follower",
             name=str(c.name),
             image=str(cfg.get("Image", "")),
-            command=list(cfg.get("Cmd") or []),
+            command=[*(cfg.get("Entrypoint") or []), *(cfg.get("Cmd") or [])],
             env=env,
             mounts=[Mount(source=m["Source"], target=m["Destination"], read_only=not m.get("RW", True))
                     for m in a.get("Mounts") or [] if m.get("Type") == "bind"],
