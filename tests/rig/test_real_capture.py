@@ -108,7 +108,14 @@ def test_emulator_boot_matches_the_real_capture(rig_clean, rig_docker, capture_m
     assert head_argv[-2:] == ["--port", str(api)] and foll_argv[-1] == "--headless"
     follower = run_rank(rig_docker["node-b"], rig, foll_argv, "capture-r1", capture_models)
     head = run_rank(rig_docker["node-a"], rig, head_argv, "capture-r0", capture_models)
-    runner.wait_ready(f"http://127.0.0.1:{api}", timeout=60)
+    def alive() -> bool:
+        return all(c.reload() or c.status == "running" for c in (follower, head))
+
+    try:
+        runner.wait_ready(f"http://127.0.0.1:{api}", timeout=60, alive=alive)
+    except runner.RunnerError as e:
+        tails = {name: c.logs(tail=30).decode(errors="replace") for name, c in (("head", head), ("follower", follower))}
+        pytest.fail(f"{e}\n" + "\n".join(f"--- {k}:\n{v}" for k, v in tails.items()))
     time.sleep(0.5)
     logs = {}
     for node, c in (("head", head), ("follower", follower)):
