@@ -459,7 +459,10 @@ def summarize(
         if delta.preemptions:
             warnings.append(f"{delta.preemptions:g} preemptions during the cell (KV pool too small for it?)")
         if spec.drafts == 0 and output_tokens > 0 and before.has_spec_decode:
-            refused.append("speculative decoding did not run: no drafts while tokens were generated")
+            refused.append(
+                "speculative decoding did not run: no drafts while tokens were generated "
+                "(or the server runs with --disable-log-stats, which freezes these counters)"
+            )
     if prompt_set is not None and len(prompt_set) < cell.prompts:
         warnings.append(f"{len(prompt_set)} distinct prompts cycled over {cell.prompts} requests")
 
