@@ -79,7 +79,7 @@ def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, container
                 j.put_banked_pool(plan.fingerprint, observed)
         j.record_gate_run(plan.fingerprint, bool(out["ok"]), out)
         if raw_smoke is not None:
-            j.record_bench(plan.fingerprint, "smoke", json.dumps(raw_smoke, sort_keys=True))
+            j.record_bench(plan.fingerprint, "smoke", json.dumps(raw_smoke, indent=2) + "\n")
     return report
 
 
