@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 MAX_RUN_CHANNELS = 6  # + 1 SFTP + ≤2 docker pool channels + 1 spare stays under sshd's MaxSessions=10
 SFTP_REQUEST = 255 * 1024  # bytes per SFTP write request (OpenSSH's sftp-server takes up to 256 KiB)
 KILL_GRACE_S = 3  # remote `timeout -k`: SIGKILL this long after SIGTERM
+SFTP_TIMEOUT_S = 120  # no SFTP reply for this long: the step fails
 
 
 def _hostport(host: str, port: int) -> str:
@@ -298,6 +299,7 @@ class SSHNode:
                 except (paramiko.SSHException, OSError, EOFError) as e:
                     raise self._fail(f"cannot open SFTP: {e}", "sftp") from None
                 assert sftp is not None
+                sftp.get_channel().settimeout(SFTP_TIMEOUT_S)  # a hung node fails the step, not the run
                 self._sftp = sftp
             return self._sftp
 
