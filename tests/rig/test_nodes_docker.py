@@ -67,33 +67,34 @@ def _commit(node: Node, base: str, tag: str, env: str) -> str:
 # -- the SDK over SSH ------------------------------------------------------------------------------------
 
 
-def test_docker_calls_share_one_pooled_channel(rig_cfg: Config) -> None:
-    node = SSHNode(rig_cfg.nodes[1], rig_cfg.ssh)
-    try:
-        client = node.docker()
-        transport = node.ssh_client().get_transport()
-        assert transport is not None
-        opened = 0
-        real_open = transport.open_session
+def test_docker_calls_share_one_pooled_channel_on_every_node(rig_cfg: Config) -> None:
+    for nc in rig_cfg.nodes:
+        node = SSHNode(nc, rig_cfg.ssh)
+        try:
+            client = node.docker()
+            transport = node.ssh_client().get_transport()
+            assert transport is not None
+            opened = 0
+            real_open = transport.open_session
 
-        def counting(*a: object, **kw: object):
-            nonlocal opened
-            opened += 1
-            return real_open(*a, **kw)  # type: ignore[arg-type]
+            def counting(*a: object, _real=real_open, **kw: object):  # type: ignore[no-untyped-def]
+                nonlocal opened
+                opened += 1
+                return _real(*a, **kw)
 
-        transport.open_session = counting  # type: ignore[method-assign]
-        calls = itertools.cycle([
-            client.version, client.info, client.ping, client.df,
-            lambda: client.containers.list(all=True), lambda: client.images.list(),
-            lambda: client.images.get(rig_cfg.image.ref), lambda: client.networks.list(),
-            lambda: client.volumes.list(),
-        ])
-        for _ in range(36):
-            next(calls)()
-        assert opened <= 1  # the pool's channel from construction is reused for all 36 calls
-        assert len(transport._channels.values()) <= POOL_SIZE  # type: ignore[attr-defined]
-    finally:
-        node.close()
+            transport.open_session = counting  # type: ignore[method-assign]
+            calls = itertools.cycle([
+                client.version, client.info, client.ping, client.df,
+                lambda c=client: c.containers.list(all=True), lambda c=client: c.images.list(),
+                lambda c=client: c.images.get(rig_cfg.image.ref), lambda c=client: c.networks.list(),
+                lambda c=client: c.volumes.list(),
+            ])
+            for _ in range(36):  # more distinct endpoints than sshd's default MaxSessions (10)
+                next(calls)()
+            assert opened <= 1, nc.name  # the channel opened at construction serves all 36 calls
+            assert len(transport._channels.values()) <= POOL_SIZE, nc.name  # type: ignore[attr-defined]
+        finally:
+            node.close()
 
 
 def test_docker_over_ssh_ignores_home_ssh_config(rig_cfg: Config, tmp_path, monkeypatch) -> None:
