@@ -193,6 +193,13 @@ FORMATS: list[Fmt] = [
         '[shutdown] Executor: waiting for worker exit count=%d'),
     Fmt('sd_ex_done', 'v1/executor/multiproc_executor.py', 587, 'INFO',
         '[shutdown] Executor: all workers exited gracefully'),
+    # Ray executor (the EngineCore is the Ray driver)
+    Fmt('ray_pg', 'v1/executor/ray_utils.py', 358, 'INFO',
+        'No current placement group found. Creating a new placement group.'),
+    Fmt('ray_pg_wait', 'v1/executor/ray_utils.py', 223, 'INFO',
+        'Waiting for creating a placement group of specs for %d seconds. specs=%s. Check `ray status` and `ray list nodes` to see if you have enough resources, and make sure the IP addresses used by ray cluster are the same as VLLM_HOST_IP environment variable specified in each node if you are running on a multi-node.'),
+    Fmt('ray_died', 'v1/executor/ray_executor_v2.py', 522, 'ERROR',
+        'RayWorkerProc rank=%s died unexpectedly, shutting down executor.'),
     # messages built outside the logger call (verified by their literal pieces in the file)
     Fmt("logo", "entrypoints/common/startup.py", 38, "INFO",
         "\n {7}█     █     █▄   ▄█\n ▄▄ ▄█ █     █     █ ▀▄▀ █  version (\\S+)\n  █▄█▀ █     █     █     █  model   (.+)"
@@ -257,6 +264,7 @@ EXCEPTIONS: list[tuple[str, str]] = [
      ""),
     (r"_pickle\.UnpicklingError: Weights only load failed\..*", ""),
     (r"OSError: \[Errno \d+\] .+", ""),
+    (r"ConnectionError: Could not find any running Ray instance\. .+", ""),  # Ray's own text
 ]
 
 # Lines vLLM's processes write that are not vLLM log records (no prefix in 0.31+).
@@ -285,6 +293,7 @@ PREFIX = re.compile(
     r"^(?P<pfx>.*?)\((?P<proc>[A-Za-z_]\w*) pid=(?P<pid>\d+)\) (?P<lvl>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
     r"(?P<ts>\d\d-\d\d \d\d:\d\d:\d\d) \[(?P<file>[^\]:]+):(?P<line>\d+)\] (?P<msg>.*)$")
 PROCESS = re.compile(r"^(?:APIServer|EngineCore|MainProcess|Worker(?:_PP\d+)?(?:_TP\d+)?(?:_EP\d+)?)$")
+RAY_PREFIX = re.compile(r"^\(RayWorkerProc pid=\d+(?:, ip=[\d.]+)?\) ")
 TB_FILE = re.compile(r'^  File "[^"]+", line \d+, in [\w<>]+$')
 TB_CODE = re.compile(r"^    \S.*$")
 
@@ -404,11 +413,11 @@ def classify(rec: Record, prev: Record | None) -> bool:
     if any(rx.match(ln) for rx in TORCH):
         rec.kind = "torch"
         return True
-    segs = [s for s in ln.split("\r") if s]
+    segs = [RAY_PREFIX.sub("", s) for s in ln.split("\r") if s]
     if segs and all(TQDM.match(s) for s in segs):
         rec.kind = "tqdm"
         return True
-    if ln == "" and prev is not None and prev.kind == "tqdm":  # tqdm's newline after the shard bars
+    if RAY_PREFIX.sub("", ln) == "" and prev is not None and prev.kind == "tqdm":  # tqdm's newline after bars
         rec.kind = "blank"
         return True
     return False

@@ -137,6 +137,19 @@ def start_plan(info: dict, plan: dict, *, extra_env: dict[str, dict[str, str]] |
     return started
 
 
+def exec_serve(info: dict, plan: dict, started: list[Started]) -> None:
+    """Ray plans: once every ``ray start`` runs, exec the head's ``vllm serve`` in its container; its output joins
+    the container's log (as sparkserve does)."""
+    head = plan["specs"][0]
+    argv = head.get("exec_after_join")
+    if not argv:
+        return
+    s = next(x for x in started if x.node == head["node"])
+    c = node_clients(info)[s.node].containers.get(s.id)
+    c.exec_run(["sh", "-c", 'exec "$@" >/proc/1/fd/1 2>/proc/1/fd/2', "sh", *argv], detach=True,
+               environment=head["env"])
+
+
 def remove_containers(info: dict, started: list[Started]) -> None:
     clients = node_clients(info)
     for s in started:

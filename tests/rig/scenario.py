@@ -115,6 +115,11 @@ def cluster(rig, clients, *, overrides: dict | None = None, env: dict[str, str] 
     extra = {n.name: {**(env or {}), **(node_env or {}).get(n.name, {})} for n in rig.nodes}
     started = runner.start_plan(rig.info, plan, extra_env=extra)
     try:
+        if plan["executor"] == "ray":
+            time.sleep(1.0)  # every `ray start` has joined (they connect within ~0.2 s)
+            head = plan["specs"][0]
+            head["env"] = {**head["env"], **extra[head["node"]]}
+            runner.exec_serve(rig.info, plan, started)
         yield Cluster(rig, clients, plan, started)
     finally:
         runner.remove_containers(rig.info, started)

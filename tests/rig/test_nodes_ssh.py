@@ -84,6 +84,9 @@ def test_put_get_read_write_roundtrip(node_b: SSHNode, node_scratch: str, tmp_pa
     back = tmp_path / "back"
     node_b.get(remote, back)
     assert back.read_bytes() == src.read_bytes()
+    node_b.makedirs(f"{node_scratch}/a/b/c")
+    node_b.makedirs(f"{node_scratch}/a/b/c")  # exists: fine
+    assert node_b.run(["test", "-d", f"{node_scratch}/a/b/c"]).ok
     node_b.write_bytes(f"{node_scratch}/t.txt", b"hello\n")
     assert node_b.read_text(f"{node_scratch}/t.txt") == "hello\n"
     with pytest.raises(NodeError, match=f"^{node_b.name}: read"):

@@ -73,7 +73,8 @@ def test_container_bind_mounts_see_their_own_nodes_files(rig, rig_docker, pristi
     for n in rig.nodes[:2]:
         out = rig_docker[n.name].containers.run(
             rig.image_ref, ["python3", "-c", "print(open('/models/drafter/config.json').read()[:40])"],
-            remove=True, network_mode="none", volumes={rig.models["drafter"]: {"bind": "/models/drafter", "mode": "ro"}})
+            remove=True, network_mode="none",
+            volumes={rig.models["drafter"]: {"bind": "/models/drafter", "mode": "ro"}})
         seen[n.name] = out.decode()
     assert seen[b.name].startswith('{"node": "b"}') and '"architectures"' in seen[rig.nodes[0].name]
 

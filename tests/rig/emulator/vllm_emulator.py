@@ -18,6 +18,11 @@ In the rig image it is installed as ``vllm`` (and ``ray``). As a plain host proc
     ... serve T -tp 2 --nnodes 2 --node-rank 0 --master-addr 127.0.0.1 --master-port 29511 --port 8011
 
 Boot takes ~2-4 s; the head logs ``Application startup complete.`` (stderr) when the API is up.
+
+Ray executor: ``ray start --head --node-ip-address=IP --port=6379 --block`` on the head, ``ray start
+--address=IP:6379 --node-ip-address=IP2 --block`` on the others (both silent), then ``vllm serve …
+--distributed-executor-backend ray`` in the head's container: it waits for one GPU per rank and logs every
+rank itself, behind Ray's ``(RayWorkerProc pid=N[, ip=X]) `` actor prefix (vllm-facts 1.5, inferred for 0.31+).
 vLLM's own lines go to stdout, uvicorn and tqdm lines to stderr, as in real vLLM.
 
 Environment (emulator knobs are ``SSEMU_*``; real vLLM variables keep their meaning)
@@ -127,8 +132,14 @@ AT = {
     "sd_mp_stop": "core_client.py:794", "sd_mp_stopped": "core_client.py:796", "sd_mp_clean": "core_client.py:797",
     "sd_mp_done": "core_client.py:799", "sd_ec_signal": "core.py:1525", "sd_ec_start": "core.py:1712",
     "sd_ec_teardown": "core.py:1743", "sd_ec_exit": "core.py:1573", "sd_ex_wait": "multiproc_executor.py:580",
-    "sd_ex_done": "multiproc_executor.py:587",
+    "sd_ex_done": "multiproc_executor.py:587", "ray_pg": "ray_utils.py:358", "ray_pg_wait": "ray_utils.py:223",
+    "ray_died": "ray_executor_v2.py:522",
 }
+RAY_CLUSTER_FILE = "/tmp/ray/ray_current_cluster"
+RAY_PG_WAIT = ("Waiting for creating a placement group of specs for %d seconds. specs=%s. Check `ray status` and "
+               "`ray list nodes` to see if you have enough resources, and make sure the IP addresses used by ray "
+               "cluster are the same as VLLM_HOST_IP environment variable specified in each node if you are running "
+               "on a multi-node.")
 
 SHM_MSG = ("No available shared memory broadcast block found in %d seconds. This typically happens when some "
            "processes are hanging or doing some time-consuming work (e.g. compilation, weight/kv cache "
@@ -191,11 +202,13 @@ class Log:
         self.prefix = os.environ.get("VLLM_LOGGING_PREFIX", "")
         self.min_level = self.LEVELS.get(os.environ.get("VLLM_LOGGING_LEVEL", "INFO").upper(), 20)
         self.once: set[tuple[str, str]] = set()
+        self.outer: dict[int, str] = {}  # pid -> Ray's "(RayWorkerProc pid=N, ip=X) " for forwarded actor output
 
     def line(self, proc: str, pid: int, level: str, where: str, msg: str) -> None:
         if self.LEVELS[level] < self.min_level:
             return
-        head = f"{self.prefix}({proc} pid={pid}) {level} {time.strftime('%m-%d %H:%M:%S')} [{where}] "
+        head = (f"{self.outer.get(pid, '')}{self.prefix}({proc} pid={pid}) {level} {time.strftime('%m-%d %H:%M:%S')}"
+                f" [{where}] ")
         text = head + msg.replace("\n", "\r\n" + head) + "\n"
         with self.lock:
             sys.stdout.write(text)
@@ -822,12 +835,17 @@ class Emulator:
         self.nnodes = a.nnodes or 1
         self.node_rank = a.node_rank or 0
         self.local_world = max(1, self.world // self.nnodes)
+        self.ray = a.distributed_executor_backend == "ray" and not a.headless
+        if self.ray:  # the driver shows every rank: Ray forwards each actor's output to it
+            self.nnodes, self.node_rank, self.local_world = 1, 0, self.world
         self.ranks = [self.node_rank * self.local_world + i for i in range(self.local_world)]
         self.ep = bool(a.enable_expert_parallel)
         self.headless = bool(a.headless)
         self.pid = os.getpid()
         self.pid_engine = self.pid + 182
-        self.worker_pids = {r: self.pid + (298 if not self.headless else 174) + i for i, r in enumerate(self.ranks)}
+        base = self.pid + (298 if not self.headless else 174)
+        self.worker_pids = {r: base + 41 * i for i, r in enumerate(self.ranks)}
+        self.ray_ips: dict[int, str] = {}
         self.worker_names = {r: "Worker" for r in self.ranks}
         self.target_cfg = read_json(Path(self.model) / "config.json")
         self.spec = self._spec_config()
@@ -971,11 +989,14 @@ class Emulator:
         self.log.line(self.wname(rank), self.worker_pids[rank], level, AT[key], msg)
 
     def wk_once(self, rank: int, key: str, msg: str, dedupe: str = "") -> None:
-        if rank == self.ranks[0]:  # info_once, scope "local": the node's first local rank
+        if self.ray or rank == self.ranks[0]:  # info_once, scope "local": the node's first local rank
             self.log.info_once(self.wname(rank), self.worker_pids[rank], AT[key], msg, dedupe or msg)
 
     def bar(self, rank: int, text: str) -> None:
         if rank == 0:  # progress bars: global rank 0 only
+            outer = self.log.outer.get(self.worker_pids[rank], "")
+            if outer:  # Ray prefixes every line it forwards
+                text = "".join(outer + ln if ln.strip("\r") else ln for ln in text.splitlines(keepends=True))
             self.log.raw(text)
 
     def pause(self, frac: float) -> None:
@@ -1113,8 +1134,12 @@ class Emulator:
 
     def ph_init(self, rank: int) -> None:
         local = self.ranks.index(rank)
-        method = f"tcp://{self.args.master_addr}:{self.args.master_port}" if self.nnodes > 1 else \
-            f"tcp://127.0.0.1:{self.args.master_port + 7000 + self.pid % 1000}"
+        if self.nnodes > 1:
+            method = f"tcp://{self.args.master_addr}:{self.args.master_port}"
+        elif self.ray:
+            method = f"tcp://{os.environ.get('VLLM_HOST_IP') or '127.0.0.1'}:{29500 + self.pid % 400}"
+        else:
+            method = f"tcp://127.0.0.1:{self.args.master_port + 7000 + self.pid % 1000}"
         self.wk(rank, "INFO", "dist_init", f"world_size={self.world} rank={rank} local_rank={local} "
                                            f"distributed_init_method={method} backend=nccl")
         self.pause(0.05)
@@ -1122,7 +1147,7 @@ class Emulator:
         if rank == 0:
             self.log.info_once(self.wname(rank), self.worker_pids[rank], AT["nccl"],
                                f"vLLM is using nccl=={NCCL_VERSION}")
-        if self.nnodes > 1:
+        if self.nnodes > 1 or len(set(self.ray_ips.values())) > 1:
             self.wk(rank, "WARNING", "mnnvl", "Custom collectives are disabled because this multi-node group does "
                                               "not have MNNVL-capable GPUs on every rank.")
         if rank == 0:
@@ -1442,6 +1467,8 @@ class Emulator:
                                            f"master_addr={a.master_addr}, mq_connect_ip={a.master_addr} (local), "
                                            f"world_size={self.world}, local_world_size={self.local_world}")
             self.accept_followers()
+        if self.ray:
+            self.ray_placement()
         kv_min: int | None = None
         for ph in self.phases():
             for p in self.peers:
@@ -1554,6 +1581,75 @@ class Emulator:
             self.watchdog_line(self.ranks[0])
             self.engine_failed_lines(None, None)
         return out
+
+    # ---------------------------------------------------------------- ray (driver side)
+
+    def ray_placement(self) -> None:
+        """Join the local Ray cluster (``ray start --head`` wrote its address), wait for one GPU per rank,
+        place rank 0 on this node and the others on the joined nodes, as a placement group would."""
+        addr = os.environ.get("RAY_ADDRESS", "auto")
+        if addr in ("", "auto"):
+            try:
+                addr = Path(RAY_CLUSTER_FILE).read_text().strip()
+            except OSError:
+                exc = ("ConnectionError: Could not find any running Ray instance. Please specify the one to "
+                       "connect to by setting `--address` flag or `RAY_ADDRESS` environment variable.")
+                self.core("ERROR", "ec_failed_start", "EngineCore failed to start.\n" +
+                          traceback_text(FRAMES_EC_WORKERS[:4], exc))
+                self.api_exit_failed()
+        host, _, port = addr.rpartition(":")
+        s = socket.create_connection((host, int(port)), timeout=10)
+        s.settimeout(None)
+        self.ray_peer = Peer(s)
+        self.ray_peer.send(op="driver")
+        self.ray_nodes: list[dict] = []
+        self.core("INFO", "ray_pg", "No current placement group found. Creating a new placement group.")
+        t0, warn_at, interval = time.monotonic(), 10.0, 10.0
+        while True:
+            m = self.ray_peer.recv()
+            if m is None:
+                self.api_exit_timeout()
+            nodes = [n for n in m.get("nodes", []) if n.get("alive")]
+            if sum(int(n.get("gpus") or 0) for n in nodes) >= self.world:
+                self.ray_nodes = nodes
+                break
+            waited = time.monotonic() - t0
+            if waited >= warn_at:
+                specs = [{"GPU": 1.0, f"node:{host}": 0.001}] + [{"GPU": 1.0}] * (self.world - 1)
+                self.core("INFO", "ray_pg_wait", RAY_PG_WAIT % (int(waited), specs))
+                interval *= 2
+                warn_at += interval
+        slots = [n["ip"] for n in nodes for _ in range(int(n.get("gpus") or 0))]
+        head_first = sorted(slots, key=lambda ip: ip != host)
+        for r in self.ranks:
+            self.ray_ips[r] = head_first[r]
+            pid = self.worker_pids[r]
+            self.log.outer[pid] = (f"(RayWorkerProc pid={pid}) " if head_first[r] == host
+                                   else f"(RayWorkerProc pid={pid}, ip={head_first[r]}) ")
+        threading.Thread(target=self._ray_reader, daemon=True).start()
+
+    def _ray_reader(self) -> None:
+        while True:
+            m = self.ray_peer.recv()
+            if m is None:
+                return
+            alive = {n["ip"] for n in m.get("nodes", []) if n.get("alive")}
+            self.ray_alive = alive
+
+    def ray_watch(self) -> None:
+        """A node that leaves the cluster takes its rank's actor with it: the executor notices and fails."""
+        while not self.stop_event.wait(0.2):
+            alive = getattr(self, "ray_alive", None)
+            if alive is None:
+                continue
+            dead = [r for r, ip in self.ray_ips.items() if ip not in alive]
+            if dead and not self.worker_dead:
+                self.worker_dead = True
+                self.core("ERROR", "ray_died", f"RayWorkerProc rank={dead} died unexpectedly, shutting down executor.")
+                self.core("ERROR", "ec_fatal", "EngineCore encountered a fatal error.\n" +
+                          traceback_text(FRAMES_EC_FATAL, "RuntimeError: Executor failed."))
+                self.engine_died()
+                return
 
     # ---------------------------------------------------------------- follower
 
@@ -1732,6 +1828,8 @@ class Emulator:
         threading.Thread(target=self.stats_loop, daemon=True).start()
         threading.Thread(target=self.watch_followers, daemon=True).start()
         threading.Thread(target=self.hang_logger, daemon=True).start()
+        if self.ray:
+            threading.Thread(target=self.ray_watch, daemon=True).start()
         for r in self.ranks:
             f = self.faults.for_rank("nccl_timeout", r)
             if f and f.params.get("at") == "boot":
@@ -2461,43 +2559,90 @@ def metrics_text(emu: Emulator) -> str:
 
 
 def ray_main(argv: list[str]) -> int:
-    """A minimal ``ray start --head|--address … --block``: holds a TCP port, blocks, exits on signals."""
+    """A minimal ``ray start --head|--address=… --block`` (not Ray): the cluster membership a vLLM driver needs.
+
+    The head listens on ``--node-ip-address:--port`` and writes /tmp/ray/ray_current_cluster; other nodes join
+    it and stay connected while they run; a driver (``vllm serve --distributed-executor-backend ray`` in the
+    head's container) gets the live node list pushed on every change. It prints nothing of Ray's own.
+    """
     ap = argparse.ArgumentParser(prog="ray")
     sub = ap.add_subparsers(dest="cmd", required=True)
     st = sub.add_parser("start")
     st.add_argument("--head", action="store_true")
     st.add_argument("--address")
     st.add_argument("--port", type=int, default=6379)
-    st.add_argument("--node-ip-address")
-    st.add_argument("--num-gpus", type=int)
+    st.add_argument("--node-ip-address", default="127.0.0.1")
+    st.add_argument("--num-gpus", type=int, default=1)
     st.add_argument("--block", action="store_true")
-    sub.add_parser("status")
     sub.add_parser("stop")
-    a = ap.parse_args(argv)
+    a, _ = ap.parse_known_args(argv)
     if a.cmd != "start":
         return 0
     stop = threading.Event()
-    for s in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(s, lambda *_: stop.set())
-    sock = None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
     if a.head:
-        sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((a.node_ip_address or "127.0.0.1", a.port))
-        sock.listen(16)
+        _RayHead(a.node_ip_address, a.port, a.num_gpus).start()
     elif a.address:
         host, _, port = a.address.rpartition(":")
         while not stop.is_set():
             try:
-                sock = socket.create_connection((host, int(port)), timeout=5)
+                s = socket.create_connection((host, int(port)), timeout=5)
+                s.settimeout(None)
+                Peer(s).send(op="join", ip=a.node_ip_address, gpus=a.num_gpus)
                 break
             except OSError:
                 stop.wait(0.5)
     if a.block:
         stop.wait()
-    if sock:
-        sock.close()
     return 0
+
+
+class _RayHead:
+    def __init__(self, ip: str, port: int, gpus: int) -> None:
+        self.nodes: list[dict] = [{"ip": ip, "gpus": gpus, "alive": True}]
+        self.drivers: list[Peer] = []
+        self.lock = threading.Lock()
+        self.srv = socket.socket()
+        self.srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.srv.bind((ip, port))
+        self.srv.listen(64)
+        Path(RAY_CLUSTER_FILE).parent.mkdir(parents=True, exist_ok=True)
+        Path(RAY_CLUSTER_FILE).write_text(f"{ip}:{port}\n")
+
+    def start(self) -> None:
+        threading.Thread(target=self.accept, daemon=True).start()
+
+    def push(self) -> None:
+        with self.lock:
+            for d in list(self.drivers):
+                if not d.send(op="nodes", nodes=self.nodes):
+                    self.drivers.remove(d)
+
+    def accept(self) -> None:
+        while True:
+            conn, _ = self.srv.accept()
+            threading.Thread(target=self.serve, args=(Peer(conn),), daemon=True).start()
+
+    def serve(self, peer: Peer) -> None:
+        m = peer.recv()
+        if not m:
+            return
+        if m.get("op") == "driver":
+            with self.lock:
+                self.drivers.append(peer)
+            self.push()
+            while peer.recv() is not None:
+                pass
+            return
+        node = {"ip": m.get("ip"), "gpus": int(m.get("gpus") or 1), "alive": True}
+        with self.lock:
+            self.nodes.append(node)
+        self.push()
+        while peer.recv() is not None:
+            pass
+        node["alive"] = False
+        self.push()
 
 
 # =============================================================================================== main
