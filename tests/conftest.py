@@ -41,6 +41,19 @@ def rig():
     return handle
 
 
+@pytest.fixture(autouse=True)
+def _rig_exclusive(request):
+    """Every test marked ``rig`` has the rig to itself (rig.exclusive_use(): other test processes wait),
+    so one test's cleanup never removes the stack another process is testing."""
+    if request.node.get_closest_marker("rig") is None:
+        yield
+        return
+    import rig as riglib
+
+    with riglib.exclusive_use():
+        yield
+
+
 @pytest.fixture(scope="session")
 def rig_docker(rig):
     import docker
