@@ -162,9 +162,9 @@ class Engine:
         Never pulls. A name clash is reported, never resolved by removing the other container.
         """
         if create_rw_mount_dirs:
-            rw = [m.source for m in spec.mounts if not m.read_only]
-            if rw:
-                self.node.run(["mkdir", "-p", "--", *rw], timeout=30, step="run")
+            for m in spec.mounts:
+                if not m.read_only:
+                    self.node.makedirs(m.source)
         kwargs: dict[str, Any] = dict(
             image=spec.image,
             entrypoint=[spec.entrypoint],  # the image's own ENTRYPOINT (e.g. `vllm serve`) is always replaced

@@ -140,6 +140,10 @@ class Node(Protocol):
         """Write a small file on the node atomically; parent dirs are created."""
         ...
 
+    def makedirs(self, remote: str) -> None:
+        """``mkdir -p`` without a shell (SFTP on SSH nodes: milliseconds, no process on the node)."""
+        ...
+
     def sync_dir(self, local_dir: Path, remote_dir: str, **kw: Any) -> SyncReport:
         """Make ``remote_dir`` hold exactly ``local_dir``'s bytes (see :func:`sparkserve.sync.sync_dir`)."""
         ...

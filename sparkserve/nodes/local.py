@@ -102,6 +102,12 @@ class LocalNode:
                 tmp.unlink()
             raise NodeError(self.name, "put", f"cannot copy {local} to {remote}: {e.strerror or e}") from None
 
+    def makedirs(self, remote: str) -> None:
+        try:
+            Path(remote).mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise NodeError(self.name, "mkdir", f"cannot create {remote}: {e.strerror or e}") from None
+
     def write_bytes(self, remote: str, data: bytes, *, mode: int | None = None) -> None:
         dst = Path(remote)
         tmp = self._tmp(remote)

@@ -345,6 +345,15 @@ class SSHNode:
                 self.sftp().remove(tmp)
             raise self._fail(f"cannot copy {local} to {remote}: {_reason(e)}", "put") from None
 
+    def makedirs(self, remote: str) -> None:
+        try:
+            with self._sftp_lock:
+                self._sftp_mkdirs(self.sftp(), remote.rstrip("/") or "/")
+        except NodeError:
+            raise
+        except (OSError, paramiko.SSHException, EOFError) as e:
+            raise self._fail(f"cannot create {remote}: {_reason(e)}", "mkdir") from None
+
     def write_bytes(self, remote: str, data: bytes, *, mode: int | None = None) -> None:
         tmp = _tmp_name(remote)
         try:
