@@ -74,7 +74,7 @@ def _poll_node(view: NodeView, eng: Engine, node: Node, floors: Floors | None) -
         view.last_line = lines[-1][-160:]
     if not st.running:
         why = f"exit code {st.exit_code}" + (", OOM-killed" if st.oom_killed else "")
-        raise BootFailure(view.node, "boot", f"rank {view.rank} container {view.container} stopped ({why})",
+        raise BootFailure(view.node, "boot", f"rank {view.rank} container {view.container[:12]} stopped ({why})",
                           explain(lines))
     if view.fatal:
         what = f"rank {view.rank} logged a fatal line: {view.fatal.strip()[-200:]}"
@@ -87,11 +87,36 @@ def _poll_node(view: NodeView, eng: Engine, node: Node, floors: Floors | None) -
 
 
 def explain(lines: list[str], n: int = 12) -> list[str]:
-    """The lines that explain a failure: from the first fatal line on when there is one, else the tail."""
-    for i, line in enumerate(lines):
-        if FATAL.search(line) or line.startswith("Traceback"):
-            return [x.rstrip() for x in lines[i : i + n]]
-    return [x.rstrip() for x in lines[-n:]]
+    """The lines that explain a failure, at most ``n``: the first fatal line, then the root-cause lines the
+    log reader finds (a traceback's ``XxxError: …``, not its frames), then the last lines of the log."""
+    lines = [x.rstrip() for x in lines]
+    first = next((x for x in lines if FATAL.search(x) or x.startswith("Traceback")), None)
+    out: list[str] = [first] if first else []
+    for text in _root_causes(lines):
+        if text not in out:
+            out.append(text)
+    out = out[: max(n // 2, 1)]
+    tail = [x for x in lines[-(4 if out else n):] if x not in out]
+    if out and tail:
+        out.append("last lines:")
+    return [_clip(x) for x in out + tail]
+
+
+def _clip(line: str, width: int = 240) -> str:
+    """One screen: a 4000-character config dump line is cut, not wrapped over the terminal."""
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def _root_causes(lines: list[str]) -> list[str]:
+    """Fault lines (root causes) of a log tail, in order; never raises (an explanation must not fail)."""
+    try:
+        from sparkserve.analyze import analyze
+        from sparkserve.logs import parse_log
+
+        an = analyze([parse_log("\n".join(lines) + "\n", file="tail")])
+        return [e.text.rstrip() for _, e in an.faults]
+    except Exception:  # noqa: BLE001
+        return []
 
 
 def wait_ready(

@@ -55,7 +55,14 @@ def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, container
         digest = remote_manifest(nodes[name], str(cfg.drafter.path)).manifest.digest
         return text, alive, image.image_id if image else None, digest
 
-    facts = on_all([n.name for n in cfg.nodes], per_node)
+    names = [n.name for n in cfg.nodes]
+    smoke_result = None
+    raw_smoke = None
+    if smoke:  # first: a fault the smoke provokes (a dead follower, a hung collective) must be judged too
+        alive = on_all(names, lambda name: name in containers and Engine(nodes[name]).state(containers[name]).running)
+        if all(alive.values()):
+            smoke_result, raw_smoke = run_smoke(cfg, plan)
+    facts = on_all(names, per_node)
     logs = {name: parse_log(f[0], file=f"{name}.log", node=name) for name, f in facts.items()}
     liveness = {name: f[1] for name, f in facts.items()}
     identity = {name: NodeIdentity(image_id=f[2], drafter_digest=f[3]) for name, f in facts.items()}
@@ -63,10 +70,6 @@ def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, container
     with Journal.open() as j:
         banked = j.get_banked_pool(plan.fingerprint)
     expect = Expectations.from_config(cfg, banked_pool=banked, mask_file=mask_file)
-    smoke_result = None
-    raw_smoke = None
-    if smoke and all(liveness.values()):
-        smoke_result, raw_smoke = run_smoke(cfg, plan)
     report = judge(logs, expect, smoke=smoke_result, liveness=liveness, identity=identity, skip=skip)
     out = report.to_json()
     with Journal.open() as j:

@@ -222,6 +222,10 @@ def check_parity(cfg: Config, nodes: dict[str, Node], containers: dict[str, str]
 
 def _diff(a: Any, b: Any) -> str:
     if isinstance(a, list) and isinstance(b, list):
+        if len(a) == len(b) and all(isinstance(x, str) for x in a + b):  # argv: name the flag that changed
+            at = [i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y]
+            return "; ".join(f"head has {_flag_and_value(a, i)!r}, this rank has {_flag_and_value(b, i)!r}"
+                             for i in at[:3])
         only_a = [x for x in a if x not in b]
         only_b = [x for x in b if x not in a]
         return f"head has {only_a or '[]'}, this rank has {only_b or '[]'}"
@@ -229,6 +233,13 @@ def _diff(a: Any, b: Any) -> str:
         keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
         return ", ".join(f"{k}: {a.get(k)!r} vs {b.get(k)!r}" for k in keys[:5])
     return f"{str(a)[:60]} vs {str(b)[:60]}"
+
+
+def _flag_and_value(argv: list[str], i: int) -> str:
+    """``--flag value`` around position ``i`` of an argv (just the item when it is not a flag's value)."""
+    if i > 0 and argv[i - 1].startswith("-") and not argv[i].startswith("-"):
+        return f"{argv[i - 1]} {argv[i]}"
+    return argv[i]
 
 
 def _healthy_existing(cfg: Config, plan: Plan, nodes: dict[str, Node],
@@ -280,7 +291,13 @@ def up(
         existing = managed_on_all(nodes)
         running = _healthy_existing(cfg, plan, nodes, existing)
         if running is not None:
-            check_parity(cfg, nodes, running)
+            try:
+                check_parity(cfg, nodes, running)
+            except RemoteFailure as e:  # a drifted rank serves wrong results: the stack must not stay up
+                with _sigint_deferred():
+                    say("rank parity failed on the running stack: stopping and removing it")
+                    saved = teardown(cfg, nodes, {k: [running[k]] for k in running}, tag="parity", say=say)
+                raise _explain(e, saved) from None
             say(f"already up: {plan.api_url} serves {plan.served_name} (deployment {fp[:12]}); nothing to do")
             return UpResult("unchanged", plan.api_url, plan.served_name, fp, image_id, digest,
                             time.monotonic() - t0, containers=running, sync=sync_summary)
@@ -309,7 +326,7 @@ def up(
             if run_gates and gate_runner is not None:
                 result.gates = gate_runner(cfg, nodes, plan, containers)
                 if not result.gates.get("ok"):
-                    failed = [g["name"] for g in result.gates.get("gates", []) if not g.get("ok")]
+                    failed = [_gate_where(g) for g in result.gates.get("gates", []) if not g.get("ok")]
                     raise GateFailed("gates", f"{', '.join(failed)} failed after boot; the stack was stopped",
                                      details=_gate_lines(result.gates))
             _journal(cfg, fp, image_id, digest, "up" if result.gates is None else "up+gates")
@@ -328,6 +345,12 @@ def _journal(cfg: Config, fp: str, image_id: str, digest: str, outcome: str) -> 
 
     with contextlib.suppress(Exception), Journal.open() as j:
         j.record_deployment(fp, cfg.normalized(), {n.name: image_id for n in cfg.nodes}, digest, outcome)
+
+
+def _gate_where(g: dict[str, Any]) -> str:
+    """``faults (node-b)``: a failed gate and the nodes its evidence points at."""
+    where = list(dict.fromkeys(str(ev.get("node")) for ev in g.get("evidence") or [] if ev.get("node")))
+    return f"{g['name']} ({', '.join(where)})" if where else str(g["name"])
 
 
 def _gate_lines(gates: dict[str, Any]) -> list[str]:

@@ -26,6 +26,8 @@ def on_all(items: Sequence[T], fn: Callable[[T], R], *, name: Callable[[T], str]
         for key, fut in futures:
             try:
                 results[key] = fut.result()
+            except KeyboardInterrupt:  # Ctrl-C lands in the main thread's wait: not this node's failure
+                raise
             except BaseException as e:  # noqa: BLE001 - collected and re-raised below
                 errors.append((key, e))
     if errors:

@@ -1,0 +1,45 @@
+"""Fixtures of the end-to-end tests (helpers in e2e_support.py): the rig held exclusively per module, a
+private sparkserve state dir, and no container of ours before or after each test."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2e_support import E2E
+
+
+@pytest.fixture(scope="session")
+def e2e_state(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("sparkserve-state")
+
+
+@pytest.fixture(scope="module")
+def rig_exclusive(rig):
+    """The whole module runs with the rig to itself."""
+    import rig as riglib
+
+    with riglib.exclusive_use():
+        yield rig
+
+
+@pytest.fixture(scope="module")
+def _module_state(e2e_state):
+    old = os.environ.get("XDG_STATE_HOME")
+    os.environ["XDG_STATE_HOME"] = str(e2e_state)  # the Python API (journal) sees what the CLI sees
+    yield e2e_state
+    if old is None:
+        os.environ.pop("XDG_STATE_HOME", None)
+    else:
+        os.environ["XDG_STATE_HOME"] = old
+
+
+@pytest.fixture
+def e2e(rig_exclusive, rig_docker, _module_state, tmp_path) -> Iterator[E2E]:
+    """One test's view of the rig; every container we started is gone before and after it."""
+    h = E2E(rig_exclusive, rig_docker, _module_state, tmp_path)
+    h.clean()
+    yield h
+    h.clean()

@@ -1,0 +1,194 @@
+"""End-to-end helpers: the real `sparkserve` CLI against the rig's real sshd + dockerd nodes.
+
+    def test_x(e2e):                                    # pytestmark = pytest.mark.rig
+        cfg = e2e.config({"serve": {"env": {"SSEMU_FAULTS": "crash_boot@rank=1"}}})
+        p = e2e.cli("up", cfg=cfg)                      # subprocess: .venv/bin/sparkserve up -c cfg
+        e2e.assert_explained(p, code=3, node="node-b", step="boot")
+        assert e2e.leftovers() == {}                    # no container we started, on any node
+
+Every test module holds the rig exclusively while it runs (``rig.exclusive_use()``: an flock on
+``$SSRIG_DIR/.test-lock``, also taken by the shared ``rig_clean`` fixture): other test processes and manual
+experiments (``flock /var/lib/sparkserve-rig/.test-lock CMD``) wait for it.
+Per-test configs are rig.yaml plus overrides: free API/rendezvous ports on the head's loopback address, a
+container name prefix of our own, a short emulator boot, a small smoke cell, a low GMU (the machine is
+shared) and a private state dir (journal, saved logs) for the session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SPARKSERVE = REPO / ".venv" / "bin" / "sparkserve"
+PREFIX = "e2e"  # container.name_prefix of every stack these tests start
+FAST_ENV = {  # emulator timings short enough for tests (real vLLM: 60 s / 600 s)
+    "SSEMU_BOOT_SECONDS": "1.2",
+    "VLLM_RINGBUFFER_WARNING_INTERVAL": "2",
+    "SSEMU_PEER_TIMEOUT_S": "3",
+    "SSEMU_NCCL_TIMEOUT_S": "2",
+}
+SMALL_SMOKE = {"prompts": 3, "concurrency": 1, "max_tokens": 32, "request_timeout_s": 10}
+ONE_SCREEN = 40  # lines from the `error:` line to the end of stderr
+
+RIG_TESTS = Path(__file__).resolve().parents[1] / "rig"
+if str(RIG_TESTS) not in sys.path:
+    sys.path.insert(0, str(RIG_TESTS))
+
+
+def free_port(host: str) -> int:
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+@dataclass
+class E2E:
+    rig: Any  # tests/rig/rig.py RigHandle
+    docker: dict  # node name -> docker.DockerClient on the node's own unix socket
+    state: Path  # XDG_STATE_HOME of every sparkserve run (journal, saved logs)
+    tmp: Path
+    configs: list[Path] = field(default_factory=list)
+
+    # -- configs ----------------------------------------------------------------------------------------
+
+    def base(self) -> dict:
+        data = yaml.safe_load(self.rig.rig_yaml.read_text())
+        head = self.rig.head.host
+        return merge(data, {
+            "serve": {"port": free_port(head), "gpu_memory_utilization": 0.3, "env": dict(FAST_ENV),
+                      "ready_timeout_s": 60},
+            "fabric": {"master_port": free_port(head)},
+            "container": {"name_prefix": PREFIX, "stop_timeout_s": 3},
+            "gates": {"smoke": dict(SMALL_SMOKE)},
+        })
+
+    def config(self, overrides: dict | None = None, *, name: str | None = None, data: dict | None = None) -> Path:
+        """rig.yaml + the e2e defaults + ``overrides``, written to a file of its own."""
+        body = merge(data if data is not None else self.base(), overrides or {})
+        path = self.tmp / f"{name or 'cfg-' + uuid.uuid4().hex[:8]}.yaml"
+        path.write_text(yaml.safe_dump(body, sort_keys=False))
+        self.configs.append(path)
+        return path
+
+    def derive(self, cfg: Path, overrides: dict, *, name: str | None = None) -> Path:
+        """Another config: ``cfg`` (same ports, same everything) with ``overrides``."""
+        return self.config(overrides, name=name, data=yaml.safe_load(cfg.read_text()))
+
+    def load(self, path: Path) -> Any:
+        from sparkserve.config import load_config
+
+        return load_config(path)
+
+    # -- the CLI ----------------------------------------------------------------------------------------
+
+    def env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKSERVE_")}
+        env["XDG_STATE_HOME"] = str(self.state)
+        env["COLUMNS"] = "200"
+        return env
+
+    def cli(self, *args: str, cfg: Path | None, timeout: float = 180) -> subprocess.CompletedProcess:
+        argv = [str(SPARKSERVE), *args] + (["-c", str(cfg)] if cfg is not None else [])
+        return subprocess.run(argv, capture_output=True, text=True, timeout=timeout, env=self.env())
+
+    def popen(self, *args: str, cfg: Path) -> subprocess.Popen:
+        argv = [str(SPARKSERVE), *args, "-c", str(cfg)]
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=self.env())
+
+    def json(self, *args: str, cfg: Path, code: int | None = 0, timeout: float = 180) -> dict:
+        p = self.cli(*args, "--json", cfg=cfg, timeout=timeout)
+        if code is not None:
+            assert p.returncode == code, f"{args} exited {p.returncode}, wanted {code}:\n{p.stdout}\n{p.stderr}"
+        return json.loads(p.stdout)
+
+    @staticmethod
+    def assert_explained(p: subprocess.CompletedProcess, *, code: int, node: str | None, step: str | None = None,
+                         says: tuple[str, ...] = ()) -> str:
+        """Exit ``code``; one ``error: …`` line naming ``node`` and ``step``; one screen, no traceback.
+
+        Returns the explanation (the error line and everything after it)."""
+        err = p.stderr
+        assert p.returncode == code, f"exit {p.returncode}, wanted {code}\nstdout:\n{p.stdout}\nstderr:\n{err}"
+        assert "Traceback" not in err, err
+        lines = err.splitlines()
+        first = [i for i, ln in enumerate(lines) if ln.startswith("error: ")]
+        assert len(first) == 1, f"want exactly one error line:\n{err}"
+        block = lines[first[0]:]
+        assert len(block) <= ONE_SCREEN, f"explanation longer than one screen ({len(block)} lines):\n{err}"
+        head = block[0]
+        if node is not None:
+            assert node in head, f"the error line does not name {node}: {head}"
+        if step is not None:
+            assert step in head, f"the error line does not name the step {step!r}: {head}"
+        text = "\n".join(block)
+        for s in says:
+            assert s in text, f"{s!r} not in the explanation:\n{text}"
+        return text
+
+    # -- what runs on the nodes -------------------------------------------------------------------------
+
+    def ours(self, node: str) -> list:
+        """Containers on ``node`` that these tests (or sparkserve) started: labelled or named like ours."""
+        out = []
+        for c in self.docker[node].containers.list(all=True):
+            labels = c.labels or {}
+            if labels.get("io.sparkserve.managed") == "1" or c.name.startswith(f"{PREFIX}-"):
+                out.append(c)
+        return out
+
+    def leftovers(self) -> dict[str, list[str]]:
+        found = {n.name: [f"{c.name} ({c.status})" for c in self.ours(n.name)] for n in self.rig.nodes}
+        return {k: v for k, v in found.items() if v}
+
+    def managed(self, node: str) -> list:
+        return [c for c in self.ours(node) if (c.labels or {}).get("io.sparkserve.managed") == "1"]
+
+    def clean(self) -> None:
+        """Remove every container we started, on every node (graceful first)."""
+        for n in self.rig.nodes:
+            for c in self.ours(n.name):
+                with contextlib.suppress(Exception):
+                    c.stop(timeout=2)
+                with contextlib.suppress(Exception):
+                    c.remove(force=True)
+
+    def running_ids(self) -> dict[str, str]:
+        return {n.name: c.id for n in self.rig.nodes for c in self.managed(n.name) if c.status == "running"}
+
+    def node_path(self, node: str, path: str | Path) -> Path:
+        """Host path of a node-local path (under /srv/spark)."""
+        return self.rig.node(node).host_path(path)
+
+
+def kill_pid(pid: int, sig: int = signal.SIGTERM, timeout: float = 10.0) -> None:
+    os.kill(pid, sig)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        try:
+            os.kill(pid, 0)
+            if Path(f"/proc/{pid}/stat").read_text().split(") ", 1)[1][0] == "Z":
+                return
+        except (ProcessLookupError, FileNotFoundError):
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"pid {pid} still alive {timeout:.0f}s after signal {sig}")

@@ -1,0 +1,78 @@
+"""`sparkserve up / status / down` on the two-node rig: from a config to serving on every node, and back
+to nothing; re-`up` of the same stack is a no-op, a changed config replaces it."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+pytestmark = pytest.mark.rig
+
+
+def serves(api_url: str, model: str) -> bool:
+    r = httpx.get(f"{api_url}/v1/models", timeout=5)
+    return r.status_code == 200 and model in [m["id"] for m in r.json()["data"]]
+
+
+def test_up_serves_on_both_nodes_then_down_leaves_nothing(e2e) -> None:
+    cfg = e2e.config()
+    p = e2e.cli("up", cfg=cfg)
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr
+    assert "started: tiny serving at http://127.0.0.2:" in p.stdout and "all gates passed" in p.stdout
+
+    for n in e2e.rig.nodes:  # one running, labelled container per node, rank by config order
+        mine = e2e.managed(n.name)
+        assert [c.status for c in mine] == ["running"], (n.name, mine)
+        assert mine[0].labels["io.sparkserve.rank"] == str(n.index)
+    c = e2e.load(cfg)
+    api = f"http://{c.serve.host}:{c.serve.port}"
+    assert serves(api, "tiny")
+
+    st = e2e.json("status", cfg=cfg)
+    assert st["ok"] is True and st["api"]["serving"] is True
+    assert {k: [x["status"] for x in v] for k, v in st["nodes"].items()} == {"node-a": ["running"],
+                                                                             "node-b": ["running"]}
+    assert len(st["deployments"]) == 1
+
+    p = e2e.cli("down", cfg=cfg)
+    assert p.returncode == 0, p.stderr
+    assert "down: removed 2 container(s)" in p.stdout
+    assert e2e.leftovers() == {}
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{api}/v1/models", timeout=2)
+
+    st = e2e.cli("status", "--json", cfg=cfg)  # nothing runs: status says so, exit 1
+    assert st.returncode == 1 and '"ok": false' in st.stdout
+    p = e2e.cli("down", cfg=cfg)
+    assert p.returncode == 0 and "nothing was running" in p.stdout
+
+
+def test_reup_is_a_noop_and_a_changed_config_replaces_the_stack(e2e) -> None:
+    cfg = e2e.config()
+    first = e2e.json("up", "--no-gates", cfg=cfg)
+    assert first["status"] == "started"
+    ids = e2e.running_ids()
+    assert set(ids) == {"node-a", "node-b"}
+
+    again = e2e.cli("up", cfg=cfg)
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith("already up: "), again.stdout
+    assert "already up" in again.stderr and "nothing to do" in again.stderr
+    assert e2e.running_ids() == ids  # the very same containers
+    again_json = e2e.json("up", "--no-gates", cfg=cfg)
+    assert again_json["status"] == "unchanged" and again_json["fingerprint"] == first["fingerprint"]
+
+    changed = e2e.derive(cfg, {"serve": {"max_num_seqs": 8}})
+    rep = e2e.json("up", "--no-gates", cfg=changed)
+    assert rep["status"] == "replaced" and rep["fingerprint"] != first["fingerprint"]
+    new_ids = e2e.running_ids()
+    assert set(new_ids) == {"node-a", "node-b"} and not set(new_ids.values()) & set(ids.values())
+    for n in e2e.rig.nodes:  # the old containers are gone, not just stopped
+        assert len(e2e.ours(n.name)) == 1
+    head = e2e.managed("node-a")[0]
+    argv = head.attrs["Config"]["Cmd"]
+    assert argv[argv.index("--max-num-seqs") + 1] == "8"
+
+    assert e2e.cli("down", cfg=changed).returncode == 0
+    assert e2e.leftovers() == {}
