@@ -4,21 +4,25 @@
     report.bytes_copied   # 0 when the node already has identical bytes
     reports = sync_all(nodes, local_dir, remote_dir)          # every node in parallel, one local manifest
 
-Steps (each remote step is ONE command):
+Steps (two remote commands when something changed, one when nothing did):
 
 1. Local sha256 manifest (:func:`sparkserve.manifest.manifest`, cached by path/size/mtime).
 2. Remote manifest computed ON the node by a small stdlib ``python3 -`` program (:func:`_remote_main`)
    with a per-node cache file keyed by (relpath, size, mtime_ns) — the unchanged case reads no file
    content and sends no file bytes.
 3. Copy only the files that differ or are missing: ``rsync`` over OpenSSH with the node's own key and
-   known_hosts (``StrictHostKeyChecking=yes``) when both ends have rsync, else SFTP with a large window.
+   known_hosts (``StrictHostKeyChecking=yes``) when both ends have rsync, else SFTP (pipelined 255 KiB
+   writes).
    Paths travel as data (rsync ``--protect-args``, SFTP, JSON) — never through a shell.
-4. Delete files the node has that the source does not (the directory must hold identical bytes).
-5. Verify: the node re-hashes every copied file (cache bypassed) and the result must match.
+   While the copy runs, a second small program on the node (:func:`_verify_main`) deletes files the
+   source does not have and re-hashes every copied file as soon as it has been renamed into place, so
+   verification overlaps the transfer; after the copy it hashes whatever is left.
+4. The node's resulting manifest must equal the local one, file by file.
 """
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import re
@@ -46,7 +50,8 @@ def _remote_main(args: dict) -> dict:  # type: ignore[type-arg]
 
     args: root, cache (path or ""), delete (relpaths), rehash (relpaths hashed even if cached),
     create (make ``root`` if missing, so a copy can follow without another round trip).
-    Returns {exists, files: {rel: [sha256, size]}, hashed_bytes, rsync, deleted}.
+    Returns {exists, files: {rel: [sha256, size]}, idents: {rel: [ino, dev, mtime_ns, size]}, hashed_bytes,
+    rsync, deleted}.
     """
     import hashlib
     import os
@@ -80,7 +85,7 @@ def _remote_main(args: dict) -> dict:  # type: ignore[type-arg]
 
     if args.get("create"):
         os.makedirs(root, exist_ok=True)
-    out = {"exists": os.path.isdir(root), "files": {}, "hashed_bytes": 0,
+    out = {"exists": os.path.isdir(root), "files": {}, "idents": {}, "hashed_bytes": 0,
            "rsync": shutil.which("rsync") is not None, "deleted": deleted}
     if not out["exists"]:
         return out
@@ -105,6 +110,7 @@ def _remote_main(args: dict) -> dict:  # type: ignore[type-arg]
                 continue
             rel = os.path.relpath(p, root).replace(os.sep, "/")
             st = os.stat(p)
+            out["idents"][rel] = [st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size]
             hit = cache.get(rel)
             if rel not in rehash and hit and hit[0] == st.st_size and hit[1] == st.st_mtime_ns:
                 entries[rel] = [hit[2], st.st_size, st.st_mtime_ns]
@@ -152,6 +158,139 @@ def remote_program(args: dict[str, object]) -> str:
     return inspect.getsource(_remote_main) + f"\nimport json, sys\nsys.stdout.write(json.dumps({call}))\n"
 
 
+def _verify_main(args: dict) -> dict:  # type: ignore[type-arg]
+    """On the node, WHILE the copy runs: delete ``delete``, then hash each file in ``files`` as soon as it
+    has been replaced (its identity differs from ``before``: rsync, SFTP and local puts all write a temp
+    file and rename it into place), and once more everything still pending after stdin says ``done``.
+    EOF on stdin without ``done`` aborts. Updates the node's manifest cache with what it verified.
+
+    args: root, cache, files {rel: [size, sha256]}, before {rel: [ino, dev, mtime_ns, size]}, delete.
+    Returns {files: {rel: [sha256, size]}, deleted, hashed_bytes, aborted}.
+    """
+    import hashlib
+    import json
+    import os
+    import sys
+    import threading
+    import time
+
+    root = args["root"]
+
+    def safe(rel: str) -> str:
+        parts = rel.split("/")
+        if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise ValueError(f"refusing path {rel!r}")
+        return os.path.join(root, *parts)
+
+    def ident(p: str) -> list[int] | None:
+        try:
+            st = os.stat(p)
+        except OSError:
+            return None
+        return [st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size]
+
+    def sha256(p: str) -> tuple[str, int]:
+        h = hashlib.sha256()
+        n = 0
+        with open(p, "rb") as f:
+            while True:
+                b = f.read(4 << 20)
+                if not b:
+                    return h.hexdigest(), n
+                h.update(b)
+                n += len(b)
+
+    deleted = []
+    for rel in args.get("delete", []):
+        p = safe(rel)
+        try:
+            os.unlink(p)
+            deleted.append(rel)
+        except FileNotFoundError:
+            pass
+        d = os.path.dirname(p)
+        while d != root and d.startswith(root + os.sep):
+            try:
+                os.rmdir(d)
+            except OSError:
+                break
+            d = os.path.dirname(d)
+
+    control = {"done": False, "eof": False}
+
+    def listen() -> None:
+        data = sys.stdin.buffer.read()
+        control["done"] = b"done" in data
+        control["eof"] = True
+
+    threading.Thread(target=listen, daemon=True).start()
+    want, before = args["files"], args.get("before", {})
+    pending = sorted(want)
+    found = {}
+    hashed = 0
+    while pending:
+        finished = control["done"]
+        if control["eof"] and not finished:
+            return {"files": found, "deleted": deleted, "hashed_bytes": hashed, "aborted": True}
+        progressed = False
+        for rel in list(pending):
+            p = safe(rel)
+            cur = ident(p)
+            replaced = cur is not None and cur != before.get(rel) and cur[3] == want[rel][0]
+            if not (replaced or finished):
+                continue
+            if cur is None:  # the copy finished and the file is not there
+                pending.remove(rel)
+                continue
+            digest, n = sha256(p)
+            hashed += n
+            if not finished and ident(p) != cur:
+                continue  # replaced again while hashing: look at it once more
+            found[rel] = [digest, cur[3], cur[2]]
+            pending.remove(rel)
+            progressed = True
+        if pending and not progressed:
+            time.sleep(0.05)
+    cache_file = os.path.expanduser(args.get("cache") or "")
+    if cache_file:
+        try:
+            with open(cache_file) as f:
+                cache = json.load(f)
+        except (OSError, ValueError):
+            cache = {}
+        racy = time.time_ns() - 2 * 10**9
+        for rel in deleted:
+            cache.pop(rel, None)
+        for rel, (digest, size, mtime_ns) in found.items():
+            if digest == want[rel][1] and mtime_ns < racy:
+                cache[rel] = [size, mtime_ns, digest]
+            else:
+                cache.pop(rel, None)
+        try:
+            os.makedirs(os.path.dirname(cache_file), exist_ok=True)
+            tmp = f"{cache_file}.{os.getpid()}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(cache, f)
+            os.replace(tmp, cache_file)
+        except OSError:
+            pass
+    files = {rel: [e[0], e[1]] for rel, e in found.items()}
+    return {"files": files, "deleted": deleted, "hashed_bytes": hashed, "aborted": False}
+
+
+def verify_program(args: dict[str, object]) -> str:
+    """The program run as ``python3 -c`` (its stdin carries the ``done`` signal)."""
+    call = f"_verify_main(json.loads({json.dumps(args)!r}))"
+    # os._exit: the stdin listener thread may still be blocked in read(); a normal interpreter shutdown
+    # would abort on its buffer lock
+    return inspect.getsource(_verify_main) + (
+        "\nimport json, os, sys\n"
+        f"try:\n    out = json.dumps({call})\n"
+        "except Exception as e:\n    sys.stderr.write(f'{type(e).__name__}: {e}\\n')\n    sys.stderr.flush()\n"
+        "    os._exit(1)\n"
+        "sys.stdout.write(out)\nsys.stdout.flush()\nos._exit(0)\n")
+
+
 REMOTE_CACHE = "~/.cache/sparkserve/manifests"
 
 
@@ -168,6 +307,7 @@ class RemoteState:
     manifest: Manifest
     rsync: bool
     deleted: list[str]
+    idents: dict[str, list[int]] = field(default_factory=dict)  # rel → [ino, dev, mtime_ns, size]
 
 
 def remote_manifest(
@@ -200,7 +340,8 @@ def remote_manifest(
                         last_lines=res.tail()) from None
     files = {rel: FileEntry(sha, int(size)) for rel, (sha, size) in data["files"].items()}
     m = Manifest(root=remote_dir, files=files, hashed_bytes=int(data["hashed_bytes"]))
-    return RemoteState(bool(data["exists"]), m, bool(data["rsync"]), list(data["deleted"]))
+    return RemoteState(bool(data["exists"]), m, bool(data["rsync"]), list(data["deleted"]),
+                       dict(data.get("idents", {})))
 
 
 # -- copying ------------------------------------------------------------------------------------------------
@@ -263,6 +404,54 @@ def _has_local_rsync() -> bool:
     return shutil.which("rsync") is not None and shutil.which("ssh") is not None
 
 
+def _copy_and_verify(
+    node: Node, local_dir: Path, remote_dir: str, local: Manifest, state: RemoteState, diff: list[str],
+    extra: list[str], method: Method, timeout: float | None, report: SyncReport,
+) -> Manifest:
+    """Copy ``diff`` while the node's verifier hashes each file as it lands; the node's manifest after."""
+    size = sum(local.files[r].size for r in diff)
+    use_rsync = node.rsync_remote() is not None and state.rsync and _has_local_rsync()
+    if method == "rsync" and not use_rsync:
+        raise NodeError(node.name, "sync", "rsync requested but missing on this machine or the node")
+    if method == "sftp":
+        use_rsync = False
+    limit = timeout or max(300.0, size / MIN_RATE)
+    args: dict[str, object] = {
+        "root": remote_dir, "cache": _cache_file(remote_dir), "delete": extra,
+        "files": {r: [local.files[r].size, local.files[r].sha256] for r in diff},
+        "before": {r: state.idents[r] for r in diff if r in state.idents},
+    }
+    verifier = node.start(["python3", "-c", verify_program(args)], timeout=limit + 600, step="sync")
+    try:
+        if use_rsync:
+            report.wire_bytes = _rsync_copy(node, local_dir, remote_dir, diff, limit)
+            report.method = "rsync"
+        else:
+            _sftp_copy(node, local_dir, remote_dir, diff)
+            report.method = "sftp" if node.rsync_remote() is not None else "copy"
+    except BaseException:
+        verifier.close_stdin()  # EOF without "done": the verifier stops
+        with contextlib.suppress(NodeError):
+            verifier.wait(check=False)
+        raise
+    with contextlib.suppress(NodeError):  # it may already have verified everything and exited
+        verifier.write(b"done\n")
+    verifier.close_stdin()
+    res = verifier.wait(check=False)
+    if not res.ok:
+        why = (res.stderr.strip().splitlines() or [f"exit {res.exit_code}"])[-1]
+        raise NodeError(node.name, "sync", f"verifying {remote_dir} failed: {why}", argv=res.argv[:2],
+                        last_lines=res.tail())
+    data = json.loads(res.stdout)
+    report.files_copied = diff
+    report.bytes_copied = size
+    report.deleted = list(data["deleted"])
+    report.remote_hashed_bytes += int(data["hashed_bytes"])
+    files = {r: e for r, e in state.manifest.files.items() if r not in data["deleted"] and r not in diff}
+    files.update({r: FileEntry(sha, int(sz)) for r, (sha, sz) in data["files"].items()})
+    return Manifest(root=remote_dir, files=files)
+
+
 def sync_dir(
     node: Node,
     local_dir: Path,
@@ -295,32 +484,19 @@ def sync_dir(
         report.verified = True
         report.seconds = time.monotonic() - t0
         return report
-    if diff:
-        size = sum(local.files[r].size for r in diff)
-        use_rsync = node.rsync_remote() is not None and state.rsync and _has_local_rsync()
-        if method == "rsync" and not use_rsync:
-            raise NodeError(node.name, "sync", "rsync requested but missing on this machine or the node")
-        if method == "sftp":
-            use_rsync = False
-        if use_rsync:
-            limit = timeout or max(300.0, size / MIN_RATE)
-            report.wire_bytes = _rsync_copy(node, local_dir, remote_dir, diff, limit)
-            report.method = "rsync"
-        else:
-            _sftp_copy(node, local_dir, remote_dir, diff)
-            report.method = "sftp" if node.rsync_remote() is not None else "copy"
-        report.files_copied = diff
-        report.bytes_copied = size
-    after = remote_manifest(node, remote_dir, rehash=diff, delete=extra)
-    report.deleted = after.deleted
-    report.remote_hashed_bytes += after.manifest.hashed_bytes
-    bad = [r for r in diff if after.manifest.files.get(r) != local.files[r]]
-    left = [r for r in extra if r in after.manifest.files]
+    if not diff:  # only files to remove: one call removes them and re-reads the manifest
+        after = remote_manifest(node, remote_dir, delete=extra)
+        report.deleted = after.deleted
+        final = after.manifest
+    else:
+        final = _copy_and_verify(node, local_dir, remote_dir, local, state, diff, extra, method, timeout, report)
+    bad = [r for r in diff if final.files.get(r) != local.files[r]]
+    left = [r for r in extra if r in final.files]
     if bad or left:
         what = (f"after copying, {len(bad)} file(s) still differ on the node: {', '.join(bad[:5])}" if bad
                 else f"could not remove {', '.join(left[:5])} from {remote_dir}")
         raise NodeError(node.name, "sync", what)
-    if delete_extra and after.manifest.digest != local.digest:
+    if delete_extra and final.digest != local.digest:
         raise NodeError(node.name, "sync", f"{remote_dir} still differs from {local_dir} after syncing")
     report.verified = True
     report.seconds = time.monotonic() - t0

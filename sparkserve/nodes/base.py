@@ -98,6 +98,24 @@ class RsyncRemote:
         return shlex.join(self.ssh_argv)
 
 
+class RemoteProcess(Protocol):
+    """A command started with :meth:`Node.start`: feed its stdin while it runs, then wait for it."""
+
+    argv: list[str]
+
+    def write(self, data: bytes) -> None:
+        """Send bytes to its stdin."""
+        ...
+
+    def close_stdin(self) -> None:
+        """EOF on its stdin (idempotent)."""
+        ...
+
+    def wait(self, *, check: bool = True) -> CommandResult:
+        """Wait until it exits (or its timeout kills it); NodeError on timeout or (check) non-zero."""
+        ...
+
+
 @runtime_checkable
 class Node(Protocol):
     """One machine sparkserve drives. Implementations: SSHNode (paramiko), LocalNode."""
@@ -122,6 +140,11 @@ class Node(Protocol):
 
         On timeout the remote process is killed (it runs under coreutils ``timeout``).
         """
+        ...
+
+    def start(self, argv: list[str], *, timeout: float = 3600.0, step: str = "run") -> RemoteProcess:
+        """Start an argv whose stdin stays open for :meth:`RemoteProcess.write` (same quoting and timeout
+        rules as ``run``)."""
         ...
 
     def put(self, local: Path, remote: str, *, mode: int | None = None, preserve_mtime: bool = False) -> None:

@@ -82,6 +82,15 @@ class LocalNode:
                             last_lines=res.tail())
         return res
 
+    def start(self, argv: list[str], *, timeout: float = 3600.0, step: str = "run") -> _LocalProcess:
+        argv = [str(a) for a in argv]
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    start_new_session=True)
+        except FileNotFoundError:
+            raise NodeError(self.name, step, f"{argv[0]}: command not found", argv=argv) from None
+        return _LocalProcess(self.name, proc, argv, timeout, step)
+
     def _tmp(self, remote: str) -> Path:
         p = Path(remote)
         return p.with_name(f".{p.name}.sparkserve-tmp")
@@ -154,3 +163,42 @@ class LocalNode:
                 with contextlib.suppress(Exception):
                     self._docker.close()
                 self._docker = None
+
+
+class _LocalProcess:
+    def __init__(self, node: str, proc: subprocess.Popen[bytes], argv: list[str], timeout: float, step: str) -> None:
+        self.node, self.proc, self.argv, self.timeout, self.step = node, proc, argv, timeout, step
+        self.t0 = time.monotonic()
+
+    def write(self, data: bytes) -> None:
+        assert self.proc.stdin is not None
+        try:
+            self.proc.stdin.write(data)
+            self.proc.stdin.flush()
+        except OSError as e:
+            raise NodeError(self.node, self.step, f"{self.argv[0]} stopped reading its input: {e}",
+                            argv=self.argv) from None
+
+    def close_stdin(self) -> None:
+        if self.proc.stdin is not None:
+            with contextlib.suppress(OSError):
+                self.proc.stdin.close()
+            self.proc.stdin = None  # communicate() would flush a closed pipe
+
+    def wait(self, *, check: bool = True) -> CommandResult:
+        self.close_stdin()
+        left = max(0.0, self.t0 + self.timeout - time.monotonic())
+        try:
+            out, err = self.proc.communicate(timeout=left)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            out, err = self.proc.communicate()
+            raise NodeError(self.node, self.step, f"{shlex.join(self.argv)[:200]} timed out after {self.timeout:g}s",
+                            argv=self.argv) from None
+        res = CommandResult(self.argv, self.proc.returncode, out.decode(errors="replace"),
+                            err.decode(errors="replace"), time.monotonic() - self.t0)
+        if check and not res.ok:
+            raise NodeError(self.node, self.step, f"{shlex.join(self.argv)[:200]} exited {res.exit_code}",
+                            argv=self.argv, last_lines=res.tail())
+        return res

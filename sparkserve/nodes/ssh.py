@@ -220,6 +220,23 @@ class SSHNode:
             line = f"timeout -k {KILL_GRACE_S} {secs} {line}"
         return line
 
+    def start(self, argv: list[str], *, timeout: float = 3600.0, step: str = "run") -> _SSHProcess:
+        argv = [str(a) for a in argv]
+        line = self.command_line(argv, timeout)
+        self._channels.acquire()
+        try:
+            transport = self.ssh_client().get_transport()
+            assert transport is not None
+            chan = transport.open_session(timeout=self.connect_timeout)
+            chan.exec_command(line)
+        except NodeError:
+            self._channels.release()
+            raise
+        except (paramiko.SSHException, OSError, EOFError) as e:
+            self._channels.release()
+            raise NodeError(self.name, step, f"cannot start {argv[0]}: {e}", argv=argv) from None
+        return _SSHProcess(self, chan, argv, timeout, step)
+
     def run(
         self,
         argv: list[str],
@@ -229,59 +246,13 @@ class SSHNode:
         check: bool = True,
         stdin: bytes | None = None,
     ) -> CommandResult:
-        argv = [str(a) for a in argv]
-        line = self.command_line(argv, timeout)
-        t0 = time.monotonic()
-        deadline = t0 + timeout + KILL_GRACE_S + 2  # the remote `timeout` normally fires first
-        with self._channels:
-            client = self.ssh_client()
-            transport = client.get_transport()
-            assert transport is not None
-            try:
-                chan = transport.open_session(timeout=self.connect_timeout)
-                chan.exec_command(line)
-            except (paramiko.SSHException, OSError, EOFError) as e:
-                raise NodeError(self.name, step, f"cannot start {argv[0]}: {e}", argv=argv) from None
-            writer = None
-            if stdin is not None:
-                writer = threading.Thread(target=_feed, args=(chan, stdin), daemon=True)
-                writer.start()
-            else:
-                chan.shutdown_write()
-            out, err = bytearray(), bytearray()
-            timed_out = False
-            try:
-                while True:
-                    if chan.recv_ready():
-                        out += chan.recv(1 << 20)
-                        continue
-                    if chan.recv_stderr_ready():
-                        err += chan.recv_stderr(1 << 20)
-                        continue
-                    if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
-                        break
-                    if chan.closed and not chan.recv_ready():
-                        break
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        timed_out = True
-                        break
-                    select.select([chan], [], [], min(left, 0.5))
-                code = -1 if timed_out or not chan.exit_status_ready() else chan.recv_exit_status()
-            finally:
-                chan.close()
-        elapsed = time.monotonic() - t0
-        res = CommandResult(argv, code, out.decode(errors="replace"), err.decode(errors="replace"), elapsed)
-        if code == -1 and not timed_out and not transport.is_active():
-            raise NodeError(self.name, step, f"connection to {self.address} lost during {argv[0]}",
-                            argv=argv, last_lines=res.tail())
-        if timed_out or (code in (124, 137) and elapsed >= timeout * 0.98):
-            raise NodeError(self.name, step, f"{shlex.join(argv)[:200]} timed out after {timeout:g}s",
-                            argv=argv, last_lines=res.tail())
-        if check and not res.ok:
-            raise NodeError(self.name, step, f"{shlex.join(argv)[:200]} exited {code}", argv=argv,
-                            last_lines=res.tail())
-        return res
+        proc = self.start(argv, timeout=timeout, step=step)
+        if stdin is not None:
+            writer = threading.Thread(target=proc.feed_and_close, args=(stdin,), daemon=True)
+            writer.start()
+        else:
+            proc.close_stdin()
+        return proc.wait(check=check)
 
     # -- files ------------------------------------------------------------------------------------------
 
@@ -417,14 +388,78 @@ class SSHNode:
             return self._docker
 
 
-def _feed(chan: paramiko.Channel, data: bytes) -> None:
-    try:
-        chan.sendall(data)
-    except (OSError, paramiko.SSHException, EOFError):
-        pass
-    finally:
-        with contextlib.suppress(Exception):
-            chan.shutdown_write()
+class _SSHProcess:
+    """One exec channel: stdin can be fed while the command runs; ``wait`` collects its output."""
+
+    def __init__(self, node: SSHNode, chan: paramiko.Channel, argv: list[str], timeout: float, step: str) -> None:
+        self.node, self.chan, self.argv, self.timeout, self.step = node, chan, argv, timeout, step
+        self.t0 = time.monotonic()
+        self._stdin_closed = False
+        self._released = False
+
+    def write(self, data: bytes) -> None:
+        try:
+            self.chan.sendall(data)
+        except (OSError, paramiko.SSHException, EOFError) as e:
+            raise NodeError(self.node.name, self.step, f"{self.argv[0]} stopped reading its input: {e}",
+                            argv=self.argv) from None
+
+    def close_stdin(self) -> None:
+        if not self._stdin_closed:
+            self._stdin_closed = True
+            with contextlib.suppress(Exception):
+                self.chan.shutdown_write()
+
+    def feed_and_close(self, data: bytes) -> None:
+        with contextlib.suppress(NodeError):
+            self.write(data)
+        self.close_stdin()
+
+    def _release(self) -> None:
+        if not self._released:
+            self._released = True
+            self.chan.close()
+            self.node._channels.release()
+
+    def wait(self, *, check: bool = True) -> CommandResult:
+        chan, timeout = self.chan, self.timeout
+        deadline = self.t0 + timeout + KILL_GRACE_S + 2  # the remote `timeout` normally fires first
+        out, err = bytearray(), bytearray()
+        timed_out = False
+        transport = chan.get_transport()
+        try:
+            while True:
+                if chan.recv_ready():
+                    out += chan.recv(1 << 20)
+                    continue
+                if chan.recv_stderr_ready():
+                    err += chan.recv_stderr(1 << 20)
+                    continue
+                if chan.exit_status_ready() and not chan.recv_ready() and not chan.recv_stderr_ready():
+                    break
+                if chan.closed and not chan.recv_ready():
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    timed_out = True
+                    break
+                select.select([chan], [], [], min(left, 0.5))
+            code = -1 if timed_out or not chan.exit_status_ready() else chan.recv_exit_status()
+        finally:
+            self._release()
+        elapsed = time.monotonic() - self.t0
+        argv, name, step = self.argv, self.node.name, self.step
+        res = CommandResult(argv, code, out.decode(errors="replace"), err.decode(errors="replace"), elapsed)
+        if code == -1 and not timed_out and (transport is None or not transport.is_active()):
+            raise NodeError(name, step, f"connection to {self.node.address} lost during {argv[0]}",
+                            argv=argv, last_lines=res.tail())
+        if timed_out or (code in (124, 137) and elapsed >= timeout * 0.98):
+            raise NodeError(name, step, f"{shlex.join(argv)[:200]} timed out after {timeout:g}s",
+                            argv=argv, last_lines=res.tail())
+        if check and not res.ok:
+            raise NodeError(name, step, f"{shlex.join(argv)[:200]} exited {code}", argv=argv,
+                            last_lines=res.tail())
+        return res
 
 
 def _reason(e: BaseException) -> str:

@@ -146,3 +146,40 @@ def test_sync_between_local_dirs_copies_only_what_differs(drafter: Path, tmp_pat
 def test_sync_onto_itself_is_a_no_op(drafter: Path, local: LocalNode) -> None:
     r = sync_dir(local, drafter, str(drafter))
     assert r.method == "same-dir" and r.bytes_copied == 0 and r.verified
+
+
+def test_verifier_hashes_files_as_they_land_and_stops_on_eof(drafter: Path, tmp_path: Path,
+                                                             local: LocalNode) -> None:
+    from sparkserve.sync import verify_program
+
+    dst = tmp_path / "landing"
+    dst.mkdir()
+    (dst / "old.bin").write_bytes(b"old")
+    m = manifest(drafter)
+    args = {"root": str(dst), "cache": "", "delete": ["old.bin"],
+            "files": {r: [e.size, e.sha256] for r, e in m.files.items()}, "before": {}}
+    proc = local.start([sys.executable, "-c", verify_program(args)], timeout=30)
+    for rel in m.files:
+        local.put(drafter / rel, str(dst / rel))  # temp name + rename, like rsync and SFTP
+    proc.write(b"done\n")
+    out = json.loads(proc.wait().stdout)
+    assert out["aborted"] is False and out["deleted"] == ["old.bin"]
+    assert out["files"] == {r: [e.sha256, e.size] for r, e in m.files.items()}
+
+    aborted = local.start([sys.executable, "-c", verify_program(args | {"root": str(tmp_path / "empty")})],
+                          timeout=30)
+    aborted.close_stdin()  # the copy failed: EOF without "done"
+    assert json.loads(aborted.wait().stdout)["aborted"] is True
+
+
+def test_a_failed_verification_names_the_files(drafter: Path, tmp_path: Path, local: LocalNode,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from sparkserve import sync as sync_mod
+
+    def bad_copy(node: Node, local_dir: Path, remote_dir: str, rels: list[str]) -> None:
+        for rel in rels:
+            node.write_bytes(f"{remote_dir}/{rel}", b"not the drafter")
+
+    monkeypatch.setattr(sync_mod, "_sftp_copy", bad_copy)
+    with pytest.raises(NodeError, match=r"^head: sync: after copying, 3 file\(s\) still differ"):
+        sync_dir(local, drafter, str(tmp_path / "dst"))
