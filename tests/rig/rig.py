@@ -843,8 +843,18 @@ class RigHandle:
 
 
 def up(nnodes: int | None = None) -> dict:
+    """Bring the rig up (idempotent); concurrent callers are serialised by an flock on ``$SSRIG_DIR/.up-lock``."""
     if os.geteuid() != 0:
         raise RigError("the rig needs root (it starts dockerd and sshd)")
+    import fcntl
+
+    RIG_DIR.mkdir(parents=True, exist_ok=True)
+    with open(RIG_DIR / ".up-lock", "a+") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return _up(nnodes)
+
+
+def _up(nnodes: int | None) -> dict:
     t0 = time.monotonic()
     ensure_packages()
     RIG_DIR.mkdir(parents=True, exist_ok=True)

@@ -262,3 +262,12 @@ def test_stats_lines_while_requests_run(rig_clean, rig_docker) -> None:
         line = vllm_lines(c.logs("node-a")[0], "SpecDecoding metrics")[0]
         assert "(APIServer pid=" in line and line.count(", 0.") + line.count(", 1.") >= 6  # 7 per-position rates
         assert_real_formats(c)
+
+
+def test_faults_from_a_file_in_the_mounted_drafter_dir(rig_clean, rig_docker, pristine_models) -> None:
+    b = rig_clean.nodes[1]
+    (b.host_path(rig_clean.models["drafter"]) / "ssemu-faults").write_text("# node-b only\ngraphs_off@rank=1\n")
+    with cluster(rig_clean, rig_docker) as c:
+        c.wait_ready()
+        assert "Graph capturing finished" in c.text("node-a")
+        assert "Graph capturing finished" not in c.text("node-b")
