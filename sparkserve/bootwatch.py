@@ -90,7 +90,8 @@ def explain(lines: list[str], n: int = 12) -> list[str]:
     """The lines that explain a failure, at most ``n``: the first fatal line, then the root-cause lines the
     log reader finds (a traceback's ``XxxError: …``, not its frames), then the last lines of the log."""
     lines = [x.rstrip() for x in lines]
-    first = next((x for x in lines if FATAL.search(x) or x.startswith("Traceback")), None)
+    first = next((x for x in lines if FATAL.search(x)), None) or next(
+        (x for x in lines if x.startswith("Traceback")), None)
     out: list[str] = [first] if first else []
     for text in _root_causes(lines):
         if text not in out:

@@ -129,8 +129,9 @@ class E2E:
         Returns the explanation (the error line and everything after it)."""
         err = p.stderr
         assert p.returncode == code, f"exit {p.returncode}, wanted {code}\nstdout:\n{p.stdout}\nstderr:\n{err}"
-        assert "Traceback" not in err, err
         lines = err.splitlines()
+        # our own traceback starts at column 0; engine log lines quoted as evidence are indented
+        assert not any(ln.startswith("Traceback") for ln in lines), err
         first = [i for i, ln in enumerate(lines) if ln.startswith("error: ")]
         assert len(first) == 1, f"want exactly one error line:\n{err}"
         block = lines[first[0]:]
