@@ -129,6 +129,11 @@ def main() -> int:
     if not rig.status():
         print("error: rig: not every node is up (scripts/rig up)", file=sys.stderr)
         return 1
+    with rig.exclusive_use():  # test processes using the rig wait meanwhile (and we never remove their stacks)
+        return _run(info)
+
+
+def _run(info: dict) -> int:
     ok = True
     for title, step in (("launcher", run_launcher), ("render --json", run_render_json)):
         say(f"--- {title} ---")
