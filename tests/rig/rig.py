@@ -907,7 +907,7 @@ def down(purge: bool = False) -> None:
         n = make_node(ord(d.name[-1]) - ord("a"))
         stop_node(n)
         log(f"{n.name} stopped")
-    leftovers = _pids_referencing(str(RIG_DIR))
+    leftovers = _pids_referencing(str(RIG_DIR / "nodes"))  # daemons, shims, holders: all run below nodes/
     mounts = [line for line in Path("/proc/self/mounts").read_text().splitlines() if str(RIG_DIR) in line]
     if leftovers or mounts:
         raise RigError(f"left behind: pids {leftovers} mounts {mounts}")
