@@ -216,12 +216,11 @@ def _verify_main(args: dict) -> dict:  # type: ignore[type-arg]
                 break
             d = os.path.dirname(d)
 
-    control = {"done": False, "eof": False}
+    control = {"state": "copying"}
 
     def listen() -> None:
-        data = sys.stdin.buffer.read()
-        control["done"] = b"done" in data
-        control["eof"] = True
+        data = sys.stdin.buffer.read()  # returns at EOF
+        control["state"] = "done" if b"done" in data else "aborted"  # one assignment: no torn read
 
     threading.Thread(target=listen, daemon=True).start()
     want, before = args["files"], args.get("before", {})
@@ -229,9 +228,10 @@ def _verify_main(args: dict) -> dict:  # type: ignore[type-arg]
     found = {}
     hashed = 0
     while pending:
-        finished = control["done"]
-        if control["eof"] and not finished:
+        state = control["state"]
+        if state == "aborted":
             return {"files": found, "deleted": deleted, "hashed_bytes": hashed, "aborted": True}
+        finished = state == "done"
         progressed = False
         for rel in list(pending):
             p = safe(rel)
@@ -443,6 +443,9 @@ def _copy_and_verify(
         raise NodeError(node.name, "sync", f"verifying {remote_dir} failed: {why}", argv=res.argv[:2],
                         last_lines=res.tail())
     data = json.loads(res.stdout)
+    if data.get("aborted"):
+        raise NodeError(node.name, "sync", f"the verifier on the node stopped before the copy to {remote_dir} "
+                        "was confirmed")
     report.files_copied = diff
     report.bytes_copied = size
     report.deleted = list(data["deleted"])
