@@ -54,6 +54,14 @@ SHIP_HINT = "run `sparkserve image ship` to copy it from a node that has it"
 EXEC_TO_LOG = 'exec "$@" >/proc/1/fd/1 2>/proc/1/fd/2'  # exec'd output joins the container's log
 
 
+class NoSuchContainer(NodeError):
+    """The container does not exist (any more)."""
+
+
+class NotManaged(NodeError):
+    """The container exists but carries no io.sparkserve.managed=1 label: sparkserve never touches it."""
+
+
 @dataclass(frozen=True)
 class ManagedContainer:
     """A container sparkserve started (it carries the io.sparkserve.* labels)."""
@@ -224,13 +232,13 @@ class Engine:
             try:
                 return self.client.containers.get(key)
             except docker.errors.NotFound:
-                raise NodeError(self.name, step, f"no container {key}") from None
+                raise NoSuchContainer(self.name, step, f"no container {key}") from None
 
     def _get_managed(self, ref: str | ManagedContainer, step: str) -> Container:
         c = self._get(ref, step)
         if not _is_managed(c.labels):
-            raise NodeError(self.name, step, f"refusing to touch {c.name}: it has no {LABEL_MANAGED}=1 label "
-                            "(sparkserve did not start it)")
+            raise NotManaged(self.name, step, f"refusing to touch {c.name}: it has no {LABEL_MANAGED}=1 label "
+                             "(sparkserve did not start it)")
         return c
 
     @staticmethod
@@ -298,20 +306,25 @@ class Engine:
                 c.remove()
 
     def stop_and_remove(self, ref: str | ManagedContainer, *, timeout: int) -> None:
-        """Graceful stop, then remove; force only if the daemon could not stop it gracefully."""
+        """Graceful stop, then remove; force only if the daemon could not stop it gracefully.
+
+        Idempotent: a container that is already gone is fine. NotManaged if it is not sparkserve's."""
         try:
             self.stop_graceful(ref, timeout)
-        except NodeError as e:
-            if "refusing to touch" in e.what or "no container" in e.what:
-                raise
-            c = self._get_managed(ref, "remove")
+        except NoSuchContainer:
+            return
+        except NotManaged:
+            raise
+        except NodeError:
+            try:
+                c = self._get_managed(ref, "remove")
+            except NoSuchContainer:
+                return
             with self._step("remove", c.name), contextlib.suppress(docker.errors.NotFound):
                 c.remove(force=True)  # a graceful stop was attempted and failed
             return
-        with contextlib.suppress(NodeError):
-            if self.managed(ref.id if isinstance(ref, ManagedContainer) else ref) is None:
-                return
-        self.remove(ref)
+        with contextlib.suppress(NoSuchContainer):
+            self.remove(ref)
 
     def logs(
         self,

@@ -14,7 +14,7 @@ import pytest
 import docker
 from sparkserve.config import Config
 from sparkserve.dockerssh import POOL_SIZE, docker_over_ssh
-from sparkserve.engine import Engine, ensure_same_image, ship_image
+from sparkserve.engine import Engine, NotManaged, ensure_same_image, ship_image
 from sparkserve.nodes import Node, NodeError, SSHNode
 from sparkserve.plan import ContainerSpec, Mount, build_plan, parity_view
 
@@ -204,6 +204,7 @@ def test_run_list_logs_exec_then_graceful_stop_and_remove(rig_cfg: Config, node_
         assert eng.log_tail(cid, 1) == ["got TERM"]
     finally:
         eng.stop_and_remove(cid, timeout=5)
+    eng.stop_and_remove(cid, timeout=5)  # already gone: teardown is idempotent
     assert eng.managed(cid) is None
     assert cid not in [c.id for c in eng.list_managed()]
 
@@ -220,7 +221,7 @@ def test_unlabelled_container_with_the_same_name_is_never_touched(
         eng.run(_spec(rig_cfg, 1, name=name))
     with pytest.raises(NodeError, match=f"refusing to touch {name}"):
         eng.stop_graceful(name, timeout=1)
-    with pytest.raises(NodeError, match=f"refusing to touch {name}"):
+    with pytest.raises(NotManaged, match=f"refusing to touch {name}"):
         eng.stop_and_remove(name, timeout=1)
     with pytest.raises(NodeError, match=f"refusing to touch {name}"):
         eng.remove(name)
