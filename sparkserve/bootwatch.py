@@ -127,7 +127,7 @@ def wait_ready(
     *,
     timeout_s: float,
     floors: Floors | None = None,
-    poll_s: float = 0.5,
+    poll_s: float = 0.2,
     on_update: Callable[[list[NodeView], float], None] | None = None,
 ) -> float:
     """Block until the head lists ``plan.served_name`` on /v1/models; return the seconds it took.

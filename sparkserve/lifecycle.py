@@ -19,6 +19,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,9 +31,9 @@ from sparkserve.bootwatch import BootFailure, NodeView, explain, served_models, 
 from sparkserve.config import Config, resolve_api_key
 from sparkserve.engine import Engine, ManagedContainer, ensure_same_image
 from sparkserve.errors import BadInput, GateFailed, RemoteFailure, SparkserveError
-from sparkserve.fabric import detect_all, fabric_envs
+from sparkserve.fabric import FabricFacts, fabric_envs
 from sparkserve.manifest import Manifest, manifest
-from sparkserve.nodecheck import check_all
+from sparkserve.nodecheck import check_all, check_ports
 from sparkserve.nodes.base import Node
 from sparkserve.parallel import on_all
 from sparkserve.plan import Plan, build_plan
@@ -274,21 +275,39 @@ def up(
     before this is called (sparkserve.preflight.validate)."""
     t0 = time.monotonic()
     head = nodes[cfg.head.name]
+    src = local_drafter(cfg)
     with lock.held(head, what="up", break_lock=break_lock):
         say("preflight: checking every node")
-        checks = check_all(cfg, nodes, None, check_ports=False)
-        bad = [c for c in checks if c.status == "fail"]
-        if bad:
-            c = bad[0]
-            raise RemoteFailure(f"{c.node}: preflight {c.name}", c.detail, node=c.node, step=f"preflight {c.name}",
-                                details=[f"{x.node}: {x.name}: {x.detail}" for x in bad[1:]])
-        image_id = ensure_same_image([nodes[n.name] for n in cfg.nodes], cfg.image.ref)
-        say(f"image: {cfg.image.ref} is {image_id[:19]} on every node")
-        digest, sync_summary = sync_drafter(cfg, nodes, say)
-        facts = detect_all(nodes, cfg)
+        # Every question at once, each node in parallel: node checks (one round trip: paths, disk, ports,
+        # memory, fabric facts, and the containers' writable mount dirs made), image identity, the running
+        # containers, the drafter's digest (when there is nothing to copy). Failures are then reported in
+        # that order.
+        facts: dict[str, FabricFacts] = {}
+        drafter_msgs: list[str] = []
+        rw = {s.node: [m.source for m in s.mounts if not m.read_only] for s in build_plan(cfg).specs}
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            f_checks = pool.submit(check_all, cfg, nodes, None, check_ports=True, mkdirs=rw, fabric_out=facts)
+            f_image = pool.submit(ensure_same_image, [nodes[n.name] for n in cfg.nodes], cfg.image.ref)
+            f_existing = pool.submit(managed_on_all, nodes)
+            f_drafter = pool.submit(sync_drafter, cfg, nodes, drafter_msgs.append) if src is None else None
+            checks = f_checks.result()
+            bad = [c for c in checks if c.status == "fail" and not c.name.startswith("port ")]
+            if bad:
+                c = bad[0]
+                raise RemoteFailure(f"{c.node}: preflight {c.name}", c.detail, node=c.node,
+                                    step=f"preflight {c.name}",
+                                    details=[f"{x.node}: {x.name}: {x.detail}" for x in bad[1:]])
+            image_id = f_image.result()
+            say(f"image: {cfg.image.ref} is {image_id[:19]} on every node")
+            existing = f_existing.result()
+            if f_drafter is not None:
+                digest, sync_summary = f_drafter.result()
+                for m in drafter_msgs:
+                    say(m)
+        if f_drafter is None:
+            digest, sync_summary = sync_drafter(cfg, nodes, say)
         fp = deploy_fingerprint(cfg, image_id, digest)
         plan = build_plan(cfg, fabric_env=fabric_envs(facts), fingerprint=fp, api_key=resolve_api_key(cfg))
-        existing = managed_on_all(nodes)
         running = _healthy_existing(cfg, plan, nodes, existing)
         if running is not None:
             try:
@@ -302,15 +321,16 @@ def up(
             return UpResult("unchanged", plan.api_url, plan.served_name, fp, image_id, digest,
                             time.monotonic() - t0, containers=running, sync=sync_summary)
         status = "started"
+        busy = [c for c in checks if c.name.startswith("port ") and c.status == "fail"]
         old = {k: [c.id for c in v] for k, v in existing.items() if v}
         if old:
             status = "replaced"
             say("replacing the running stack (its config, image or drafter changed, or it was unhealthy)")
             teardown(cfg, nodes, old, tag="replaced", say=say)
-        port_checks = [c for c in check_all(cfg, nodes, plan, check_ports=True)
-                       if c.name.startswith("port ") and c.status == "fail"]
-        if port_checks:
-            c = port_checks[0]
+            if busy:  # the old stack may have held them: ask again
+                busy = [c for c in check_ports(cfg, head) if c.status == "fail"]
+        if busy:
+            c = busy[0]
             raise RemoteFailure(f"{c.node}: preflight ports", c.detail, node=c.node, step="preflight ports")
         started: dict[str, list[str]] = {}
         try:
@@ -382,7 +402,7 @@ def _start(cfg: Config, plan: Plan, nodes: dict[str, Node], started: dict[str, l
 
     def run(spec_node: str) -> str:
         spec = plan.spec_for(spec_node)
-        cid = Engine(nodes[spec_node]).run(spec)
+        cid = Engine(nodes[spec_node]).run(spec, create_rw_mount_dirs=False)  # the preflight probe made them
         started.setdefault(spec_node, []).append(cid)
         containers[spec_node] = cid
         return cid
@@ -422,7 +442,7 @@ def _confirm_running(cfg: Config, nodes: dict[str, Node], containers: dict[str, 
                 return
             if time.monotonic() - t0 > timeout_s:
                 return  # running but quiet: the head's rendezvous wait covers the rest
-            time.sleep(0.2)
+            time.sleep(0.1)
 
     on_all(list(containers), confirm)
 

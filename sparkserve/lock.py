@@ -23,9 +23,19 @@ def _owner() -> dict[str, object]:
     return {"user": getpass.getuser(), "host": socket.gethostname(), "pid": os.getpid(), "since": time.time()}
 
 
+# mkdir (atomic) and the owner file in one round trip; the path is an argument, never shell text
+_TAKE = 'mkdir -- "$1" || exit 3; cat > "$1/owner"'
+
+
 def acquire(node: Node, *, what: str, lock_dir: str = LOCK_DIR) -> None:
-    res = node.run(["mkdir", lock_dir], check=False, step="lock", timeout=20)
-    if not res.ok:
+    owner = _owner() | {"what": what}
+    res = node.run(["sh", "-c", _TAKE, "sparkserve-lock", lock_dir], stdin=json.dumps(owner).encode(),
+                   check=False, step="lock", timeout=20)
+    if res.exit_code not in (0, 3):
+        node.run(["rm", "-rf", "--", lock_dir], check=False, step="lock", timeout=20)
+        raise RemoteFailure(f"{node.name}: lock", f"cannot take {lock_dir}: {' '.join(res.tail(2))}",
+                            node=node.name, step="lock")
+    if res.exit_code == 3:
         holder = node.run(["cat", f"{lock_dir}/owner"], check=False, step="lock", timeout=20)
         try:
             o = json.loads(holder.stdout)
@@ -39,8 +49,6 @@ def acquire(node: Node, *, what: str, lock_dir: str = LOCK_DIR) -> None:
             node=node.name,
             step="lock",
         )
-    owner = _owner() | {"what": what}
-    node.run(["tee", f"{lock_dir}/owner"], stdin=json.dumps(owner).encode(), step="lock", timeout=20)
 
 
 def release(node: Node, *, lock_dir: str = LOCK_DIR) -> None:

@@ -6,6 +6,7 @@ failing node check; `doctor` shows them all.
 
 from __future__ import annotations
 
+import inspect
 import json
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
@@ -13,7 +14,8 @@ from typing import Any, Literal
 from sparkserve.config import Config, NodeConfig
 from sparkserve.engine import Engine
 from sparkserve.errors import SparkserveError
-from sparkserve.fabric import detect
+from sparkserve.fabric import FabricError, FabricFacts, parse_sysfs, resolve
+from sparkserve.fabric import _probe as fabric_probe
 from sparkserve.nodes.base import Node
 from sparkserve.parallel import on_all
 from sparkserve.plan import Plan
@@ -22,11 +24,13 @@ from sparkserve.watchdog import mem_available
 
 Status = Literal["ok", "warn", "fail"]
 
-# One remote python3 program answers the filesystem/port questions in one round trip.
-_PROBE = r"""
+# One remote python3 program answers every node-side question in one round trip: paths, disk, ports,
+# memory, the fabric's sysfs files (fabric._probe's own source runs inside it) and, for `up`, the
+# containers' writable mount dirs it creates.
+_PROBE = inspect.getsource(fabric_probe) + r"""
 import json, os, shutil, socket, sys
 a = json.loads(sys.stdin.read())
-out = {"paths": {}, "disk": {}, "ports": {}}
+out = {"paths": {}, "disk": {}, "ports": {}, "mkdirs": {}}
 for p in a["paths"]:
     out["paths"][p] = os.path.isdir(p)
 for p in a["disk"]:
@@ -44,7 +48,13 @@ for host, port in a["ports"]:
     finally:
         s.close()
     out["ports"][f"{host}:{port}"] = free
+for p in a.get("mkdirs", []):
+    try:
+        os.makedirs(p, exist_ok=True); out["mkdirs"][p] = ""
+    except OSError as e:
+        out["mkdirs"][p] = e.strerror or str(e)
 out["meminfo"] = open("/proc/meminfo").read()
+out["sysfs"] = _probe(a["sysfs"]) if a.get("sysfs") else None
 print(json.dumps(out))
 """
 
@@ -61,8 +71,10 @@ class Check:
         return self.status != "fail"
 
 
-def _probe(node: Node, paths: list[str], disk: list[str], ports: list[tuple[str, int]]) -> dict[str, Any]:
-    question = json.dumps({"paths": paths, "disk": disk, "ports": ports}).encode()
+def _probe(node: Node, paths: list[str], disk: list[str], ports: list[tuple[str, int]], *,
+           sysfs: str | None = None, mkdirs: list[str] | None = None) -> dict[str, Any]:
+    question = json.dumps({"paths": paths, "disk": disk, "ports": ports, "sysfs": sysfs,
+                           "mkdirs": mkdirs or []}).encode()
     res = node.run(["python3", "-c", _PROBE], stdin=question, step="preflight", timeout=30)
     return json.loads(res.stdout)
 
@@ -74,9 +86,18 @@ def _meminfo_total(meminfo: str) -> int:
     return 0
 
 
+def head_ports(cfg: Config) -> list[tuple[str, int]]:
+    """The API port and the rendezvous port: both live on the head."""
+    return [(cfg.serve.host or "0.0.0.0", cfg.serve.port), (cfg.head.fabric_ip, cfg.fabric.master_port)]
+
+
 def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: Plan | None,
-               *, check_ports: bool = True, drafter_bytes: int = 0) -> list[Check]:
-    """Every check for one node. Raises only when the node cannot be reached at all."""
+               *, check_ports: bool = True, drafter_bytes: int = 0, mkdirs: list[str] | None = None,
+               fabric_out: dict[str, FabricFacts] | None = None) -> list[Check]:
+    """Every check for one node (one remote round trip). Raises only when the node cannot be reached at all.
+
+    ``mkdirs`` are created on the node (`up`: the containers' writable mount dirs); ``fabric_out`` receives
+    the node's fabric facts, so `up` does not read sysfs twice."""
     out: list[Check] = []
     name = node_cfg.name
 
@@ -89,11 +110,11 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
         add("docker", "ok", f"docker {ver.get('Version', '?')} (API {ver.get('ApiVersion', '?')})")
     except SparkserveError as e:
         add("docker", "fail", e.what)
-    ports: list[tuple[str, int]] = []
-    if check_ports and rank == 0:  # the API port and the rendezvous port live on the head
-        ports = [(cfg.serve.host or "0.0.0.0", cfg.serve.port), (node_cfg.fabric_ip, cfg.fabric.master_port)]
+    ports = head_ports(cfg) if check_ports and rank == 0 else []
     target, drafter = str(cfg.model.target), str(cfg.drafter.path)
-    facts = _probe(node, [target, drafter], [drafter, str(cfg.container.cache_root)], ports)
+    sysfs = str(cfg.fabric.sysfs_root)
+    facts = _probe(node, [target, drafter], [drafter, str(cfg.container.cache_root)], ports, sysfs=sysfs,
+                   mkdirs=mkdirs)
     add("target", "ok" if facts["paths"][target] else "fail",
         f"{target} present" if facts["paths"][target] else f"model.target: {target} is missing on {name}")
     free = facts["disk"][drafter]
@@ -103,6 +124,11 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
     for hp, is_free in facts["ports"].items():
         add(f"port {hp}", "ok" if is_free else "fail",
             "free" if is_free else f"port {hp} is already in use on {name}")
+    bad_dirs = {d: why for d, why in facts.get("mkdirs", {}).items() if why}
+    if mkdirs:
+        add("dirs", "fail" if bad_dirs else "ok",
+            "; ".join(f"cannot create {d}: {why}" for d, why in bad_dirs.items()) if bad_dirs
+            else f"{len(mkdirs)} writable mount dir(s) ready")
     total, avail = _meminfo_total(facts["meminfo"]), mem_available(facts["meminfo"])
     need_mem = int(cfg.serve.gpu_memory_utilization * total)
     gmu = cfg.serve.gpu_memory_utilization
@@ -117,25 +143,36 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
     except SparkserveError as e:
         add("containers", "fail", e.what)
     try:
-        fab = detect(node, cfg.fabric, node_cfg.fabric_ip)
-        env = fab.env()
-        add("fabric", "ok", ", ".join(f"{k}={v}" for k, v in sorted(env.items())))
-    except SparkserveError as e:
-        add("fabric", "fail", e.what)
+        fab = resolve(parse_sysfs(facts["sysfs"] or {}), cfg.fabric, node_cfg.fabric_ip, node=name, sysfs_root=sysfs)
+        add("fabric", "ok", ", ".join(f"{k}={v}" for k, v in sorted(fab.env().items())))
+        if fabric_out is not None:
+            fabric_out[name] = fab
+    except FabricError as e:
+        add("fabric", "fail", str(e))
     return out
 
 
 def check_all(cfg: Config, nodes: dict[str, Node], plan: Plan | None = None, *,
-              check_ports: bool = True, drafter_bytes: int = 0) -> list[Check]:
+              check_ports: bool = True, drafter_bytes: int = 0, mkdirs: dict[str, list[str]] | None = None,
+              fabric_out: dict[str, FabricFacts] | None = None) -> list[Check]:
     ranks = {n.name: i for i, n in enumerate(cfg.nodes)}
     by_name = {n.name: n for n in cfg.nodes}
     results = on_all(
         [nodes[n.name] for n in cfg.nodes],
         lambda node: check_node(cfg, by_name[node.name], node, ranks[node.name], plan,
-                                check_ports=check_ports, drafter_bytes=drafter_bytes),
+                                check_ports=check_ports, drafter_bytes=drafter_bytes,
+                                mkdirs=(mkdirs or {}).get(node.name), fabric_out=fabric_out),
         name=lambda node: node.name,
     )
     return [c for n in cfg.nodes for c in results[n.name]]
+
+
+def check_ports(cfg: Config, node: Node) -> list[Check]:
+    """Only the head's ports (after `up` stopped a previous stack that held them): one round trip."""
+    facts = _probe(node, [], [], head_ports(cfg))
+    return [Check(cfg.head.name, f"port {hp}", "ok" if free else "fail",
+                  "free" if free else f"port {hp} is already in use on {cfg.head.name}")
+            for hp, free in facts["ports"].items()]
 
 
 def as_json(checks: list[Check]) -> dict[str, object]:
