@@ -13,6 +13,7 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import httpx
 
@@ -42,6 +43,8 @@ class NodeView:
     available: int | None = None
     fatal: str | None = None
     log: list[str] = field(default_factory=list)
+    failure: BootFailure | None = None
+    failed_at: float | None = None  # unix time of the failure (first fatal line, container exit)
 
 
 class BootFailure(RemoteFailure):
@@ -62,28 +65,68 @@ def served_models(url: str, timeout: float = 2.0) -> list[str] | None:
         return None
 
 
+def _stamp(text: str) -> float | None:
+    """Docker's RFC 3339 log timestamp (``2026-11-29T17:51:01.123456789Z``) → unix seconds."""
+    try:
+        base, _, frac = text.rstrip("Z").partition(".")
+        return datetime.fromisoformat(base + "+00:00").timestamp() + float(f"0.{frac or 0}")
+    except ValueError:
+        return None
+
+
 def _poll_node(view: NodeView, eng: Engine, node: Node, floors: Floors | None) -> None:
+    """One look at one rank. A failure is recorded on the view (with when it happened), not raised: when
+    several ranks fail in the same poll, the earliest is the cause and the others its consequences."""
     st = eng.state(view.container)
-    lines = eng.log_tail(view.container, 400)
+    stamped = [ln.partition(" ") for ln in eng.logs(view.container, tail=400, timestamps=True)]
+    lines = [text for _, _, text in stamped]
     view.log = lines
-    for line in lines:  # phases only move forward, so re-reading the window is harmless
+    fatal_at = None
+    for stamp, _, line in stamped:  # phases only move forward, so re-reading the window is harmless
         view.phase = phase_of_line(line, view.phase)
-        if view.fatal is None and FATAL.search(line):
-            view.fatal = line
+        if FATAL.search(line):
+            if view.fatal is None:
+                view.fatal = line
+            if fatal_at is None:
+                fatal_at = _stamp(stamp)
     if lines:
         view.last_line = lines[-1][-160:]
     if not st.running:
         why = f"exit code {st.exit_code}" + (", OOM-killed" if st.oom_killed else "")
-        raise BootFailure(view.node, "boot", f"rank {view.rank} container {view.container[:12]} stopped ({why})",
-                          explain(lines))
+        view.failure = BootFailure(view.node, "boot", f"rank {view.rank} container {view.container[:12]} stopped "
+                                   f"({why})", explain(lines))
+        ended = _stamp(st.finished_at)
+        view.failed_at = min(x for x in (fatal_at, ended, time.time()) if x is not None)
+        return
     if view.fatal:
         what = f"rank {view.rank} logged a fatal line: {view.fatal.strip()[-200:]}"
-        raise BootFailure(view.node, "boot", what, explain(lines))
+        view.failure = BootFailure(view.node, "boot", what, explain(lines))
+        view.failed_at = fatal_at if fatal_at is not None else time.time()
+        return
     if floors is not None:
         view.available = mem_available(node.read_text("/proc/meminfo"))
         breach = check(view.node, view.phase, view.available, floors)
         if breach:
-            raise BootFailure(view.node, "memory watchdog", breach.message(), explain(lines))
+            view.failure = BootFailure(view.node, "memory watchdog", breach.message(), explain(lines))
+            view.failed_at = None  # a condition of now, not an event in the log: after any rank's crash
+
+
+def _first_failure(views: list[NodeView]) -> BootFailure | None:
+    """The failure that happened first (followers before the head on a tie: the head relays theirs);
+    the others ride along as details."""
+    def key(v: NodeView) -> tuple[float, bool, int]:
+        when = round(v.failed_at, 2) if v.failed_at is not None else float("inf")
+        return when, v.failed_at is not None and v.rank == 0, v.rank
+
+    failed = sorted((v for v in views if v.failure is not None), key=key)
+    if not failed:
+        return None
+    first = failed[0].failure
+    assert first is not None
+    for v in failed[1:]:
+        assert v.failure is not None
+        first.details.append(f"also failed on {v.node}: {v.failure.what}")
+    return first
 
 
 def explain(lines: list[str], n: int = 12) -> list[str]:
@@ -140,6 +183,9 @@ def wait_ready(
     engines = {name: Engine(node) for name, node in nodes.items()}
     while True:
         on_all(views, lambda v: _poll_node(v, engines[v.node], nodes[v.node], floors), name=lambda v: v.node)
+        failure = _first_failure(views)
+        if failure is not None:
+            raise failure
         elapsed = time.monotonic() - t0
         if on_update:
             on_update(views, elapsed)

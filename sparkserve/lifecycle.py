@@ -270,9 +270,13 @@ def up(
     say: Reporter = _quiet,
     on_update: Callable[[list[NodeView], float], None] | None = None,
     gate_runner: Callable[..., dict[str, Any]] | None = None,
+    validate: bool = False,
 ) -> UpResult:
-    """Bring the configured stack up on every node (see module docstring). Pure input checks happen
-    before this is called (sparkserve.preflight.validate)."""
+    """Bring the configured stack up on every node (see module docstring).
+
+    ``validate``: run :func:`validate_inputs` (drafter and target metadata, vLLM's parser) alongside the
+    read-only preflight questions; a BadInput from it is reported first, before anything starts.
+    Otherwise the caller validated already."""
     t0 = time.monotonic()
     head = nodes[cfg.head.name]
     src = local_drafter(cfg)
@@ -285,11 +289,14 @@ def up(
         facts: dict[str, FabricFacts] = {}
         drafter_msgs: list[str] = []
         rw = {s.node: [m.source for m in s.mounts if not m.read_only] for s in build_plan(cfg).specs}
-        with ThreadPoolExecutor(max_workers=4) as pool:
+        with ThreadPoolExecutor(max_workers=5) as pool:
+            f_valid = pool.submit(validate_inputs, cfg, nodes) if validate else None
             f_checks = pool.submit(check_all, cfg, nodes, None, check_ports=True, mkdirs=rw, fabric_out=facts)
             f_image = pool.submit(ensure_same_image, [nodes[n.name] for n in cfg.nodes], cfg.image.ref)
             f_existing = pool.submit(managed_on_all, nodes)
             f_drafter = pool.submit(sync_drafter, cfg, nodes, drafter_msgs.append) if src is None else None
+            if f_valid is not None:
+                f_valid.result()  # BadInput (exit 2): nothing was started
             checks = f_checks.result()
             bad = [c for c in checks if c.status == "fail" and not c.name.startswith("port ")]
             if bad:

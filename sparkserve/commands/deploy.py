@@ -83,7 +83,6 @@ def up_cmd(
     check_config(cfg).raise_first()  # config alone: before any node is touched
     say = _say(json_out)
     with open_nodes(cfg) as nodes:
-        lifecycle.validate_inputs(cfg, nodes)
         gate_runner = None
         if not no_gates:
             from sparkserve.gates_live import gates_for_up
@@ -91,7 +90,7 @@ def up_cmd(
             gate_runner = gates_for_up
         with _BootView(not json_out) as view:
             result = lifecycle.up(cfg, nodes, run_gates=not no_gates, break_lock=break_lock, say=say,
-                                  on_update=view.update, gate_runner=gate_runner)
+                                  on_update=view.update, gate_runner=gate_runner, validate=True)
     if json_out:
         emit_json(result.as_dict())
         return

@@ -132,7 +132,7 @@ def test_drafter_without_mask_is_refused_before_boot_and_its_log_fails_mask(e2e,
     cfg = e2e.config({"drafter": {"path": nomask}})
     p = e2e.cli("up", cfg=cfg)
     e2e.assert_explained(p, code=2, node=None, step="drafter", says=("mask_embedding.pt",))
-    assert "preflight" not in p.stderr  # refused before any node step ran
+    assert "starting" not in p.stderr  # refused before any container was started
     assert e2e.leftovers() == {}
 
     # the same boot, forced past sparkserve (as a hand-run launcher would): the emulator's logs of it
