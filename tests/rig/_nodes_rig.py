@@ -54,10 +54,12 @@ def node_b(rig_nodes: dict[str, Node], rig_cfg: Config) -> SSHNode:
 @pytest.fixture()
 def node_scratch(rig_info: dict, rig_nodes: dict[str, Node]) -> Iterator[str]:
     """A fresh directory under the node root (node-local on the rig); removed on every node after."""
-    path = f"{rig_info['node_root']}/h5-tests/{uuid.uuid4().hex[:10]}"
+    parent = f"{rig_info['node_root']}/node-tests"
+    path = f"{parent}/{uuid.uuid4().hex[:10]}"
     yield path
     for n in rig_nodes.values():
         n.run(["rm", "-rf", "--", path], check=False, timeout=60)
+        n.run(["rmdir", "--ignore-fail-on-non-empty", "--", parent], check=False, timeout=60)
 
 
 FIXTURES = {f.__name__: f for f in (rig_info, rig_cfg, rig_nodes, node_a, node_b, node_scratch)}
