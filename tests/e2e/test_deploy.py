@@ -3,6 +3,11 @@ to nothing; re-`up` of the same stack is a no-op, a changed config replaces it."
 
 from __future__ import annotations
 
+import json
+import shutil
+import time
+from pathlib import Path
+
 import httpx
 import pytest
 
@@ -76,3 +81,42 @@ def test_reup_is_a_noop_and_a_changed_config_replaces_the_stack(e2e) -> None:
 
     assert e2e.cli("down", cfg=changed).returncode == 0
     assert e2e.leftovers() == {}
+
+
+def test_a_second_operator_is_locked_out_while_up_runs(e2e) -> None:
+    cfg = e2e.config({"serve": {"env": {"SSEMU_BOOT_SECONDS": "6"}}})
+    proc = e2e.popen("up", "--no-gates", cfg=cfg)
+    try:
+        t0 = time.monotonic()
+        while "node-b" not in e2e.running_ids():  # the follower runs: `up` holds the lock on the head
+            assert proc.poll() is None and time.monotonic() - t0 < 60, proc.communicate()
+            time.sleep(0.1)
+        p = e2e.cli("down", cfg=cfg)
+        e2e.assert_explained(p, code=3, node="node-a", step="lock",
+                             says=("another sparkserve run holds /tmp/sparkserve.lock", "(up)", "--break-lock"))
+        out, err = proc.communicate(timeout=90)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err  # the refused `down` did not disturb the `up` in progress
+    assert len(e2e.running_ids()) == 2
+    assert e2e.cli("down", cfg=cfg).returncode == 0
+    assert e2e.leftovers() == {}
+
+
+def test_a_stale_lock_is_named_and_broken_on_request(e2e) -> None:
+    cfg = e2e.config()
+    lock = Path("/tmp/sparkserve.lock")  # node-a's /tmp (the rig's nodes share this machine's /tmp)
+    lock.mkdir()
+    try:
+        (lock / "owner").write_text(json.dumps({"user": "ops", "host": "laptop", "pid": 4242, "since": 0,
+                                                "what": "up"}))
+        p = e2e.cli("up", cfg=cfg)
+        e2e.assert_explained(p, code=3, node="node-a", step="lock", says=("ops@laptop pid 4242", "(up)"))
+        assert e2e.leftovers() == {}
+        p = e2e.cli("up", "--no-gates", "--break-lock", cfg=cfg)
+        assert p.returncode == 0, p.stderr
+        assert not lock.exists()  # released after the run
+    finally:
+        shutil.rmtree(lock, ignore_errors=True)
+    assert e2e.cli("down", cfg=cfg).returncode == 0
