@@ -8,7 +8,7 @@ Steps (two remote commands when something changed, one when nothing did):
 
 1. Local sha256 manifest (:func:`sparkserve.manifest.manifest`, cached by path/size/mtime).
 2. Remote manifest computed ON the node by a small stdlib ``python3 -`` program (:func:`_remote_main`)
-   with a per-node cache file keyed by (relpath, size, mtime_ns) — the unchanged case reads no file
+   with a per-node cache file keyed by (relpath, size, mtime_ns, inode) — the unchanged case reads no file
    content and sends no file bytes.
 3. Copy only the files that differ or are missing: ``rsync`` over OpenSSH with the node's own key and
    known_hosts (``StrictHostKeyChecking=yes``) when both ends have rsync, else SFTP (pipelined 255 KiB
@@ -112,8 +112,11 @@ def _remote_main(args: dict) -> dict:  # type: ignore[type-arg]
             st = os.stat(p)
             out["idents"][rel] = [st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size]
             hit = cache.get(rel)
-            if rel not in rehash and hit and hit[0] == st.st_size and hit[1] == st.st_mtime_ns:
-                entries[rel] = [hit[2], st.st_size, st.st_mtime_ns]
+            # keyed by inode and device too: two rig "nodes" share one home (and one cache file) while
+            # their copies of a directory are different files with the same size and mtime
+            if rel not in rehash and hit and hit[:2] == [st.st_size, st.st_mtime_ns] \
+                    and hit[3:5] == [st.st_ino, st.st_dev]:
+                entries[rel] = [hit[2], st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
             else:
                 todo.append((rel, p, st))
 
@@ -133,12 +136,12 @@ def _remote_main(args: dict) -> dict:  # type: ignore[type-arg]
     workers = max(1, min(8, os.cpu_count() or 1, len(todo)))
     with ThreadPoolExecutor(workers) as pool:
         for rel, sha, n, st in pool.map(digest, todo):
-            entries[rel] = [sha, st.st_size, st.st_mtime_ns]
+            entries[rel] = [sha, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
             out["hashed_bytes"] += n
     out["files"] = {rel: [e[0], e[1]] for rel, e in entries.items()}
     if cache_file and (todo or set(cache) - set(entries)):
         racy = time.time_ns() - 2 * 10**9
-        new = {rel: [e[1], e[2], e[0]] for rel, e in entries.items() if e[2] < racy}
+        new = {rel: [e[1], e[2], e[0], e[3], e[4]] for rel, e in entries.items() if e[2] < racy}
         try:
             import json
 
@@ -246,7 +249,7 @@ def _verify_main(args: dict) -> dict:  # type: ignore[type-arg]
             hashed += n
             if not finished and ident(p) != cur:
                 continue  # replaced again while hashing: look at it once more
-            found[rel] = [digest, cur[3], cur[2]]
+            found[rel] = [digest, cur[3], cur[2], cur[0], cur[1]]
             pending.remove(rel)
             progressed = True
         if pending and not progressed:
@@ -261,9 +264,9 @@ def _verify_main(args: dict) -> dict:  # type: ignore[type-arg]
         racy = time.time_ns() - 2 * 10**9
         for rel in deleted:
             cache.pop(rel, None)
-        for rel, (digest, size, mtime_ns) in found.items():
+        for rel, (digest, size, mtime_ns, ino, dev) in found.items():
             if digest == want[rel][1] and mtime_ns < racy:
-                cache[rel] = [size, mtime_ns, digest]
+                cache[rel] = [size, mtime_ns, digest, ino, dev]
             else:
                 cache.pop(rel, None)
         try:
@@ -377,7 +380,10 @@ def _rsync_copy(node: Node, local_dir: Path, remote_dir: str, rels: list[str], t
     remote = node.rsync_remote()
     assert remote is not None
     argv = [
-        "rsync", "--protect-args", "--files-from=-", "--from0", "--copy-links", "--times", "--perms",
+        # --ignore-times: every listed file is known to differ; rsync's size+mtime quick check would skip
+        # one whose bytes changed under the same size and mtime
+        "rsync", "--protect-args", "--ignore-times", "--files-from=-", "--from0", "--copy-links", "--times",
+        "--perms",
         f"--partial-dir={PARTIAL_DIR}", "--stats", "-e", remote.rsh,
         f"{local_dir}/", f"{remote.target}:{remote_dir.rstrip('/')}/",
     ]

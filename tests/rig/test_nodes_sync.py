@@ -149,3 +149,18 @@ def test_sync_all_reaches_every_node_and_paths_are_node_local(
     assert reports[node_b.name].bytes_copied == 0
     assert reports[node_a.name].bytes_copied > 0
     assert all(r.verified for r in reports.values())
+
+
+def test_one_nodes_cached_hashes_never_answer_for_another_nodes_bytes(
+    drafter: Path, node_a: SSHNode, node_b: SSHNode, node_scratch: str
+) -> None:
+    # the rig's nodes share one home directory (so one manifest cache file per path), while their
+    # /srv/spark copies are different files: size and mtime alone would let node-a vouch for node-b
+    dst = f"{node_scratch}/drafter"
+    sync_all([node_a, node_b], drafter, dst)
+    target = f"{dst}/model.safetensors"
+    node_b.run(["sh", "-c", 'cp -p "$1" "$1.orig" && printf X | dd of="$1" bs=1 seek=10 conv=notrunc status=none '
+                '&& touch -r "$1.orig" "$1" && rm "$1.orig"', "sh", target])  # same size, same mtime
+    remote_manifest(node_a, dst)  # node-a refreshes the shared cache with its own (correct) copy
+    r = sync_dir(node_b, drafter, dst)
+    assert r.files_copied == ["model.safetensors"] and r.verified
