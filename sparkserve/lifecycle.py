@@ -277,6 +277,17 @@ def up(
     ``validate``: run :func:`validate_inputs` (drafter and target metadata, vLLM's parser) alongside the
     read-only preflight questions; a BadInput from it is reported first, before anything starts.
     Otherwise the caller validated already."""
+    try:
+        return _up(cfg, nodes, run_gates=run_gates, break_lock=break_lock, say=say, on_update=on_update,
+                   gate_runner=gate_runner, validate=validate)
+    except KeyboardInterrupt:  # before any container started (after, _up cleans up and says so itself)
+        raise RemoteFailure("up", "interrupted before any container was started; nothing to clean up",
+                            step="interrupted") from None
+
+
+def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, break_lock: bool, say: Reporter,
+        on_update: Callable[[list[NodeView], float], None] | None,
+        gate_runner: Callable[..., dict[str, Any]] | None, validate: bool) -> UpResult:
     t0 = time.monotonic()
     head = nodes[cfg.head.name]
     src = local_drafter(cfg)

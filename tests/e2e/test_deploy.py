@@ -34,6 +34,14 @@ def test_up_serves_on_both_nodes_then_down_leaves_nothing(e2e) -> None:
     api = f"http://{c.serve.host}:{c.serve.port}"
     assert serves(api, "tiny")
 
+    logs = e2e.cli("logs", "--node", "node-b", cfg=cfg)
+    assert logs.returncode == 0, logs.stderr
+    lines = logs.stdout.splitlines()
+    assert lines and all(ln.startswith("node-b | ") for ln in lines)
+    assert any("headless multiproc executor" in ln for ln in lines)
+    both = e2e.cli("logs", cfg=cfg).stdout
+    assert "node-a | " in both and "Application startup complete." in both
+
     st = e2e.json("status", cfg=cfg)
     assert st["ok"] is True and st["api"]["serving"] is True
     assert {k: [x["status"] for x in v] for k, v in st["nodes"].items()} == {"node-a": ["running"],

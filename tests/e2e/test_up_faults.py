@@ -211,6 +211,26 @@ def test_ctrl_c_during_boot_stops_everything(e2e) -> None:
     assert e2e.leftovers() == {}
 
 
+def test_ctrl_c_during_preflight_exits_3_with_nothing_started(e2e) -> None:
+    proc = e2e.popen("up", cfg=e2e.config())
+    try:
+        assert proc.stderr is not None
+        seen = []
+        for line in proc.stderr:  # the read-only preflight phase has begun (the lock is held)
+            seen.append(line)
+            if "preflight: checking every node" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    p = subprocess.CompletedProcess(proc.args, proc.returncode, out, "".join(seen) + err)
+    e2e.assert_explained(p, code=3, node=None, step="interrupted")
+    assert e2e.leftovers() == {}
+    assert not Path("/tmp/sparkserve.lock").exists()  # the head's lock was released
+
+
 # -- containers sparkserve did not start ------------------------------------------------------------------
 
 
