@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import docker
 import paramiko
 from docker.transport.sshconn import SSHConnection, SSHConnectionPool, SSHHTTPAdapter
 
-import docker
 from sparkserve.nodes.base import NodeError
 
 if TYPE_CHECKING:

@@ -26,12 +26,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+import docker
 import docker.errors
 import docker.types
 import paramiko
 import requests
 
-import docker
 from sparkserve.dockerssh import docker_unreachable
 from sparkserve.nodes.base import Node, NodeError
 from sparkserve.parallel import on_all

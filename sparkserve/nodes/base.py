@@ -31,6 +31,7 @@ from sparkserve.errors import RemoteFailure
 
 if TYPE_CHECKING:
     import docker
+
     from sparkserve.sync import SyncReport
 
 

@@ -21,6 +21,7 @@ from sparkserve.nodes.base import CommandResult, NodeError
 
 if TYPE_CHECKING:
     import docker
+
     from sparkserve.sync import SyncReport
 
 

@@ -30,6 +30,7 @@ from sparkserve.nodes.base import CommandResult, NodeError, RsyncRemote
 
 if TYPE_CHECKING:
     import docker
+
     from sparkserve.config import NodeConfig, SSHConfig
     from sparkserve.sync import SyncReport
 

@@ -24,9 +24,8 @@ import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
 
-import docker.types
-
 import docker
+import docker.types
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 

@@ -9,9 +9,9 @@ import uuid
 from collections.abc import Iterator
 
 import _nodes_rig
+import docker
 import pytest
 
-import docker
 from sparkserve.config import Config
 from sparkserve.dockerssh import POOL_SIZE, docker_over_ssh
 from sparkserve.engine import Engine, NotManaged, ensure_same_image, ship_image
