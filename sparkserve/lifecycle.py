@@ -204,6 +204,35 @@ def _sigint_deferred() -> Iterator[None]:
         signal.signal(signal.SIGINT, old)
 
 
+# Set when Ctrl-C arrived during `up`: a KeyboardInterrupt can surface wrapped in another exception (a
+# library that calls back into Python, e.g. pydantic's serializer, reports it as its own error).
+_ctrl_c = threading.Event()
+
+
+@contextlib.contextmanager
+def _watch_ctrl_c() -> Iterator[None]:
+    """Ctrl-C raises KeyboardInterrupt as usual, and is remembered (see _interrupted)."""
+    _ctrl_c.clear()
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum: int, frame: object) -> None:
+        _ctrl_c.set()
+        raise KeyboardInterrupt
+
+    old = signal.signal(signal.SIGINT, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, old)
+
+
+def _interrupted(e: BaseException) -> bool:
+    """Ctrl-C, however it surfaced: whatever failed after it was pressed failed because of it."""
+    return isinstance(e, KeyboardInterrupt) or _ctrl_c.is_set()
+
+
 def check_parity(cfg: Config, nodes: dict[str, Node], containers: dict[str, str]) -> None:
     """Every rank's container must match the head's: image ID, argv minus rank flags, env minus
     per-node fabric values, mounts. A drifted worker is the classic two-node bug."""
@@ -277,12 +306,17 @@ def up(
     ``validate``: run :func:`validate_inputs` (drafter and target metadata, vLLM's parser) alongside the
     read-only preflight questions; a BadInput from it is reported first, before anything starts.
     Otherwise the caller validated already."""
-    try:
-        return _up(cfg, nodes, run_gates=run_gates, break_lock=break_lock, say=say, on_update=on_update,
-                   gate_runner=gate_runner, validate=validate)
-    except KeyboardInterrupt:  # before any container started (after, _up cleans up and says so itself)
-        raise RemoteFailure("up", "interrupted before any container was started; nothing to clean up",
-                            step="interrupted") from None
+    with _watch_ctrl_c():
+        try:
+            return _up(cfg, nodes, run_gates=run_gates, break_lock=break_lock, say=say, on_update=on_update,
+                       gate_runner=gate_runner, validate=validate)
+        except BaseException as e:  # before any container started (after, _up cleans up and says so itself)
+            if isinstance(e, RemoteFailure) and e.step == "interrupted":
+                raise
+            if _interrupted(e):
+                raise RemoteFailure("up", "interrupted before any container was started; nothing to clean up",
+                                    step="interrupted") from None
+            raise
 
 
 def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, break_lock: bool, say: Reporter,
@@ -344,7 +378,8 @@ def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, break_lock: boo
         if old:
             status = "replaced"
             say("replacing the running stack (its config, image or drafter changed, or it was unhealthy)")
-            teardown(cfg, nodes, old, tag="replaced", say=say)
+            with _sigint_deferred():
+                teardown(cfg, nodes, old, tag="replaced", say=say)
             if busy:  # the old stack may have held them: ask again
                 busy = [c for c in check_ports(cfg, head) if c.status == "fail"]
         if busy:
@@ -404,7 +439,7 @@ def _gate_lines(gates: dict[str, Any]) -> list[str]:
 
 def _explain(e: BaseException, saved: Path | None) -> SparkserveError:
     tail = [f"full logs: {saved}"] if saved else []
-    if isinstance(e, KeyboardInterrupt):
+    if _interrupted(e):
         return RemoteFailure("up", "interrupted; every container this run started was stopped and removed",
                              step="interrupted", details=tail)
     if isinstance(e, SparkserveError):

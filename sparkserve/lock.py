@@ -10,6 +10,7 @@ import getpass
 import json
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterator
 
@@ -27,7 +28,21 @@ def _owner() -> dict[str, object]:
 _TAKE = 'mkdir -- "$1" || exit 3; cat > "$1/owner"'
 
 
-def acquire(node: Node, *, what: str, lock_dir: str = LOCK_DIR) -> None:
+def _stale(owner_json: str) -> bool:
+    """The lock's owner ran on this machine and its process is gone."""
+    try:
+        o = json.loads(owner_json)
+        if o.get("host") != socket.gethostname():
+            return False
+        os.kill(int(o["pid"]), 0)
+    except ProcessLookupError:
+        return True
+    except (ValueError, TypeError, KeyError, PermissionError, OSError):
+        return False
+    return False
+
+
+def acquire(node: Node, *, what: str, lock_dir: str = LOCK_DIR, _retried: bool = False) -> None:
     owner = _owner() | {"what": what}
     res = node.run(["sh", "-c", _TAKE, "sparkserve-lock", lock_dir], stdin=json.dumps(owner).encode(),
                    check=False, step="lock", timeout=20)
@@ -37,6 +52,13 @@ def acquire(node: Node, *, what: str, lock_dir: str = LOCK_DIR) -> None:
                             node=node.name, step="lock")
     if res.exit_code == 3:
         holder = node.run(["cat", f"{lock_dir}/owner"], check=False, step="lock", timeout=20)
+        if _stale(holder.stdout) and not _retried:
+            # taken by a run on this very machine that no longer exists (killed -9): not a live operator
+            print(f"warning: {node.name}: lock: {lock_dir} was left by a run on this machine that is gone "
+                  f"(pid {json.loads(holder.stdout).get('pid')}); taking it over", file=sys.stderr)
+            release(node, lock_dir=lock_dir)
+            acquire(node, what=what, lock_dir=lock_dir, _retried=True)
+            return
         try:
             o = json.loads(holder.stdout)
             since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(float(o.get("since", 0))))

@@ -150,8 +150,18 @@ class E2E:
 
     def ours(self, node: str) -> list:
         """Containers on ``node`` that these tests (or sparkserve) started: labelled or named like ours."""
+        import docker.errors
+
+        for _ in range(5):  # a container removed between the listing and its inspect: list again
+            try:
+                found = self.docker[node].containers.list(all=True)
+                break
+            except docker.errors.NotFound:
+                time.sleep(0.1)
+        else:
+            found = self.docker[node].containers.list(all=True)
         out = []
-        for c in self.docker[node].containers.list(all=True):
+        for c in found:
             labels = c.labels or {}
             if labels.get("io.sparkserve.managed") == "1" or c.name.startswith(f"{PREFIX}-"):
                 out.append(c)

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
+import socket
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -105,7 +109,8 @@ def test_a_second_operator_is_locked_out_while_up_runs(e2e) -> None:
         out, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            proc.send_signal(signal.SIGINT)
+            proc.wait(timeout=60)
     assert proc.returncode == 0, err  # the refused `down` did not disturb the `up` in progress
     assert len(e2e.running_ids()) == 2
     assert e2e.cli("down", cfg=cfg).returncode == 0
@@ -125,6 +130,23 @@ def test_a_stale_lock_is_named_and_broken_on_request(e2e) -> None:
         p = e2e.cli("up", "--no-gates", "--break-lock", cfg=cfg)
         assert p.returncode == 0, p.stderr
         assert not lock.exists()  # released after the run
+    finally:
+        shutil.rmtree(lock, ignore_errors=True)
+    assert e2e.cli("down", cfg=cfg).returncode == 0
+
+
+def test_a_lock_left_by_a_killed_run_on_this_machine_is_taken_over(e2e) -> None:
+    cfg = e2e.config()
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a pid that no longer runs
+    lock = Path("/tmp/sparkserve.lock")
+    lock.mkdir()
+    try:
+        (lock / "owner").write_text(json.dumps({"user": "root", "host": socket.gethostname(), "pid": dead.pid,
+                                                "since": time.time(), "what": "up"}))
+        p = e2e.cli("up", "--no-gates", cfg=cfg)
+        assert p.returncode == 0, p.stderr
+        assert f"was left by a run on this machine that is gone (pid {dead.pid})" in p.stderr
     finally:
         shutil.rmtree(lock, ignore_errors=True)
     assert e2e.cli("down", cfg=cfg).returncode == 0

@@ -15,11 +15,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+import docker
 import pytest
 import rig as riglib
 from e2e_support import E2E
-
-import docker
 
 pytestmark = pytest.mark.rig
 

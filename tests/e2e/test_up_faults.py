@@ -30,6 +30,16 @@ def up_fails(e2e, cfg: Path, *, node: str, step: str, says: tuple[str, ...] = ()
     return text
 
 
+def stop(proc: subprocess.Popen) -> None:
+    """A test that failed half-way still lets `up` clean up (SIGINT) before anything harsher."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
 def sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
@@ -203,8 +213,7 @@ def test_ctrl_c_during_boot_stops_everything(e2e) -> None:
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop(proc)
     p = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     text = e2e.assert_explained(p, code=3, node=None, step="interrupted")
     assert "stopped and removed" in text
@@ -223,8 +232,7 @@ def test_ctrl_c_during_preflight_exits_3_with_nothing_started(e2e) -> None:
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=60)
     finally:
-        if proc.poll() is None:
-            proc.kill()
+        stop(proc)
     p = subprocess.CompletedProcess(proc.args, proc.returncode, out, "".join(seen) + err)
     e2e.assert_explained(p, code=3, node=None, step="interrupted")
     assert e2e.leftovers() == {}
