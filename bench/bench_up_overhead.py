@@ -25,9 +25,8 @@ import time
 from datetime import datetime
 from pathlib import Path
 
-import yaml
-
 import docker
+import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests" / "rig"))
