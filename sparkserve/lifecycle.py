@@ -135,13 +135,21 @@ def validate_inputs(cfg: Config, nodes: dict[str, Node]) -> None:
     from sparkserve.remotemeta import fetch_meta
 
     head = nodes[cfg.head.name]
-    with tmpdir() as tmp:
-        drafter_dir = local_drafter(cfg)
+    with tmpdir() as tmp, ThreadPoolExecutor(max_workers=2) as pool:  # both fetches at once
+        drafter_dir: Path | None = local_drafter(cfg)
+        f_drafter = None
         if drafter_dir is None:
-            drafter_dir = fetch_meta(head, str(cfg.drafter.path), Path(tmp) / "drafter", field="drafter.path")
+            f_drafter = pool.submit(fetch_meta, head, str(cfg.drafter.path), Path(tmp) / "drafter",
+                                    field="drafter.path")
         target_dir = Path(cfg.model.target)
+        f_target = None
         if not (target_dir / "config.json").is_file():
-            target_dir = fetch_meta(head, str(cfg.model.target), Path(tmp) / "target", field="model.target")
+            f_target = pool.submit(fetch_meta, head, str(cfg.model.target), Path(tmp) / "target",
+                                   field="model.target")
+        if f_drafter is not None:  # the drafter's problem first, as before
+            drafter_dir = f_drafter.result()
+        if f_target is not None:
+            target_dir = f_target.result()
         report = validate(cfg, drafter_dir=drafter_dir, target_dir=target_dir, parser="list")
         for w in report.warnings:
             print(f"warning: {w.where}: {w.what}", file=sys.stderr)
