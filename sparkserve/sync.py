@@ -42,7 +42,43 @@ PARTIAL_DIR = ".sparkserve-partial"
 MIN_RATE = 20e6  # bytes/s assumed when sizing the copy timeout
 
 
-# -- the remote program (runs on the node: stdlib only, self-contained) ------------------------------------
+# -- the remote programs (run on the node: stdlib only, self-contained) ------------------------------------
+
+
+def _node_path(root: str, rel: str) -> str:
+    """On the node: ``root/rel``, refusing absolute paths and ``.``/``..``/empty parts."""
+    import os
+
+    parts = rel.split("/")
+    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"refusing path {rel!r}")
+    return os.path.join(root, *parts)
+
+
+def _node_delete(root: str, rels: list[str]) -> list[str]:
+    """On the node: delete ``rels`` under ``root`` and the directories they leave empty."""
+    import os
+
+    deleted = []
+    for rel in rels:
+        p = _node_path(root, rel)
+        try:
+            os.unlink(p)
+            deleted.append(rel)
+        except FileNotFoundError:
+            pass
+        d = os.path.dirname(p)
+        while d != root and d.startswith(root + os.sep):
+            try:
+                os.rmdir(d)  # only succeeds when empty
+            except OSError:
+                break
+            d = os.path.dirname(d)
+    return deleted
+
+
+def _node_prelude() -> str:
+    return inspect.getsource(_node_path) + "\n" + inspect.getsource(_node_delete) + "\n"
 
 
 def _remote_main(args: dict) -> dict:  # type: ignore[type-arg]
@@ -60,28 +96,7 @@ def _remote_main(args: dict) -> dict:  # type: ignore[type-arg]
     from concurrent.futures import ThreadPoolExecutor
 
     root = args["root"]
-
-    def safe(rel: str) -> str:
-        parts = rel.split("/")
-        if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
-            raise ValueError(f"refusing path {rel!r}")
-        return os.path.join(root, *parts)
-
-    deleted = []
-    for rel in args.get("delete", []):
-        p = safe(rel)
-        try:
-            os.unlink(p)
-            deleted.append(rel)
-        except FileNotFoundError:
-            pass
-        d = os.path.dirname(p)
-        while d != root and d.startswith(root + os.sep):
-            try:
-                os.rmdir(d)  # only succeeds when empty
-            except OSError:
-                break
-            d = os.path.dirname(d)
+    deleted = _node_delete(root, args.get("delete", []))
 
     if args.get("create"):
         os.makedirs(root, exist_ok=True)
@@ -158,7 +173,8 @@ def _remote_main(args: dict) -> dict:  # type: ignore[type-arg]
 def remote_program(args: dict[str, object]) -> str:
     """The exact program sent on stdin to ``python3 -``: the function source plus its arguments as data."""
     call = f"_remote_main(json.loads({json.dumps(args)!r}))"
-    return inspect.getsource(_remote_main) + f"\nimport json, sys\nsys.stdout.write(json.dumps({call}))\n"
+    tail = f"\nimport json, sys\nsys.stdout.write(json.dumps({call}))\n"
+    return _node_prelude() + inspect.getsource(_remote_main) + tail
 
 
 def _verify_main(args: dict) -> dict:  # type: ignore[type-arg]
@@ -180,10 +196,7 @@ def _verify_main(args: dict) -> dict:  # type: ignore[type-arg]
     root = args["root"]
 
     def safe(rel: str) -> str:
-        parts = rel.split("/")
-        if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
-            raise ValueError(f"refusing path {rel!r}")
-        return os.path.join(root, *parts)
+        return _node_path(root, rel)
 
     def ident(p: str) -> list[int] | None:
         try:
@@ -203,21 +216,7 @@ def _verify_main(args: dict) -> dict:  # type: ignore[type-arg]
                 h.update(b)
                 n += len(b)
 
-    deleted = []
-    for rel in args.get("delete", []):
-        p = safe(rel)
-        try:
-            os.unlink(p)
-            deleted.append(rel)
-        except FileNotFoundError:
-            pass
-        d = os.path.dirname(p)
-        while d != root and d.startswith(root + os.sep):
-            try:
-                os.rmdir(d)
-            except OSError:
-                break
-            d = os.path.dirname(d)
+    deleted = _node_delete(root, args.get("delete", []))
 
     control = {"state": "copying"}
 
@@ -286,7 +285,7 @@ def verify_program(args: dict[str, object]) -> str:
     call = f"_verify_main(json.loads({json.dumps(args)!r}))"
     # os._exit: the stdin listener thread may still be blocked in read(); a normal interpreter shutdown
     # would abort on its buffer lock
-    return inspect.getsource(_verify_main) + (
+    return _node_prelude() + inspect.getsource(_verify_main) + (
         "\nimport json, os, sys\n"
         f"try:\n    out = json.dumps({call})\n"
         "except Exception as e:\n    sys.stderr.write(f'{type(e).__name__}: {e}\\n')\n    sys.stderr.flush()\n"
