@@ -335,7 +335,9 @@ def _sshd_config(n: NodeInfo) -> str:
         "MaxSessions 64",
         "MaxStartups 64:30:128",
         "LogLevel VERBOSE",
-        f"SetEnv DOCKER_HOST=unix://{n.docker_socket} SSRIG_NODE={n.name}",
+        # HOME: a node's own home (as on a real Spark), not this build machine's /root, whose .bashrc
+        # runs `pyenv init` (~80 ms) on every SSH command and puts pyenv's python3 shim on PATH
+        f"SetEnv DOCKER_HOST=unix://{n.docker_socket} SSRIG_NODE={n.name} HOME={NODE_ROOT / 'home'}",
         "Subsystem sftp internal-sftp",
         "",
     ])
@@ -606,6 +608,7 @@ def sync_models(n: NodeInfo, models: Path) -> None:
         run(["rsync", "-a", "--delete", "--checksum", f"{models / name}/", f"{dst / name}/"])
     for sub in ("vllm", "flashinfer", "triton"):
         (Path(n.srv_dir) / "cache" / sub).mkdir(parents=True, exist_ok=True)
+    (Path(n.srv_dir) / "home").mkdir(mode=0o700, exist_ok=True)
 
 
 def _mac(i: int, port: int) -> str:
