@@ -13,7 +13,7 @@ import pytest
 from sparkserve import sync as sync_mod
 from sparkserve.manifest import manifest
 from sparkserve.nodes import Node, NodeError, SSHNode
-from sparkserve.sync import remote_manifest, sync_all, sync_dir
+from sparkserve.sync import _cache_file, remote_manifest, sync_all, sync_dir
 
 pytestmark = pytest.mark.rig
 globals().update(_nodes_rig.FIXTURES)  # rig_cfg, rig_nodes, node_a, node_b, node_scratch
@@ -154,13 +154,18 @@ def test_sync_all_reaches_every_node_and_paths_are_node_local(
 def test_one_nodes_cached_hashes_never_answer_for_another_nodes_bytes(
     drafter: Path, node_a: SSHNode, node_b: SSHNode, node_scratch: str
 ) -> None:
-    # the rig's nodes share one home directory (so one manifest cache file per path), while their
-    # /srv/spark copies are different files: size and mtime alone would let node-a vouch for node-b
+    # nodes that share one home directory (an NFS home, as on many clusters) share one manifest cache file
+    # per path, while their copies are different files: size and mtime alone would let node-a vouch for
+    # node-b. The rig gives each node its own HOME, so the shared home is made here: node-a's cache file
+    # is copied over node-b's after node-a refreshed it.
     dst = f"{node_scratch}/drafter"
     sync_all([node_a, node_b], drafter, dst)
     target = f"{dst}/model.safetensors"
     node_b.run(["sh", "-c", 'cp -p "$1" "$1.orig" && printf X | dd of="$1" bs=1 seek=10 conv=notrunc status=none '
                 '&& touch -r "$1.orig" "$1" && rm "$1.orig"', "sh", target])  # same size, same mtime
-    remote_manifest(node_a, dst)  # node-a refreshes the shared cache with its own (correct) copy
+    remote_manifest(node_a, dst)  # node-a refreshes the (shared) cache with its own, correct, copy
+    cache = _cache_file(dst).removeprefix("~/")
+    shared = node_a.run(["sh", "-c", 'cat "$HOME/$1"', "sh", cache]).stdout.encode()
+    node_b.run(["sh", "-c", 'mkdir -p "$(dirname "$HOME/$1")" && cat > "$HOME/$1"', "sh", cache], stdin=shared)
     r = sync_dir(node_b, drafter, dst)
     assert r.files_copied == ["model.safetensors"] and r.verified
