@@ -227,7 +227,7 @@ class _SSE:
 
 
 class _Stalled(Exception):
-    pass
+    """A stream went silent longer than the stall timeout."""
 
 
 async def stream_request(

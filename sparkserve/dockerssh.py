@@ -82,8 +82,8 @@ class NodeSSHAdapter(SSHHTTPAdapter):
         self.ssh_client = self._node.ssh_client()
         self.ssh_params: dict[str, Any] = {}
 
-    def _connect(self) -> None:  # the node owns (re)connecting
-        pass
+    def _connect(self) -> None:
+        """Nothing to do: the node owns its SSH connection and reconnects it."""
 
     def get_connection(self, url: str, proxies: Any = None) -> SSHConnectionPool:
         client = self._node.ssh_client()  # reconnects if the link dropped

@@ -77,8 +77,24 @@ def _node_delete(root: str, rels: list[str]) -> list[str]:
     return deleted
 
 
+def _node_write_cache(cache_file: str, entries: dict) -> None:  # type: ignore[type-arg]
+    """On the node: replace the manifest cache file atomically; a cache that cannot be written is skipped."""
+    import json
+    import os
+
+    try:
+        os.makedirs(os.path.dirname(cache_file), exist_ok=True)
+        tmp = f"{cache_file}.{os.getpid()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump(entries, f)
+        os.replace(tmp, cache_file)
+    except OSError:
+        return
+
+
 def _node_prelude() -> str:
-    return inspect.getsource(_node_path) + "\n" + inspect.getsource(_node_delete) + "\n"
+    return (inspect.getsource(_node_path) + "\n" + inspect.getsource(_node_delete) + "\n"
+            + inspect.getsource(_node_write_cache) + "\n")
 
 
 def _remote_main(args: dict) -> dict:  # type: ignore[type-arg]
@@ -157,16 +173,7 @@ def _remote_main(args: dict) -> dict:  # type: ignore[type-arg]
     if cache_file and (todo or set(cache) - set(entries)):
         racy = time.time_ns() - 2 * 10**9
         new = {rel: [e[1], e[2], e[0], e[3], e[4]] for rel, e in entries.items() if e[2] < racy}
-        try:
-            import json
-
-            os.makedirs(os.path.dirname(cache_file), exist_ok=True)
-            tmp = f"{cache_file}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(new, f)
-            os.replace(tmp, cache_file)
-        except OSError:
-            pass
+        _node_write_cache(cache_file, new)
     return out
 
 
@@ -268,14 +275,7 @@ def _verify_main(args: dict) -> dict:  # type: ignore[type-arg]
                 cache[rel] = [size, mtime_ns, digest, ino, dev]
             else:
                 cache.pop(rel, None)
-        try:
-            os.makedirs(os.path.dirname(cache_file), exist_ok=True)
-            tmp = f"{cache_file}.{os.getpid()}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(cache, f)
-            os.replace(tmp, cache_file)
-        except OSError:
-            pass
+        _node_write_cache(cache_file, cache)
     files = {rel: [e[0], e[1]] for rel, e in found.items()}
     return {"files": files, "deleted": deleted, "hashed_bytes": hashed, "aborted": False}
 

@@ -317,7 +317,7 @@ class OptionList:
 
 
 class _Reject(Exception):
-    pass
+    """The option list rejects an argv, with argparse's own wording."""
 
 
 def get_judge(mode: Literal["auto", "vllm", "list"] = "auto") -> RealParser | OptionList:
