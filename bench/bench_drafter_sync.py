@@ -29,9 +29,9 @@ sys.path.insert(0, str(REPO / "tests" / "rig"))
 import rig as riglib  # noqa: E402
 
 from sparkserve.config import load_config  # noqa: E402
-from sparkserve.manifest import manifest  # noqa: E402
+from sparkserve.deploy.sync import sync_dir  # noqa: E402
+from sparkserve.models.manifest import manifest  # noqa: E402
 from sparkserve.nodes.factory import open_nodes  # noqa: E402
-from sparkserve.sync import sync_dir  # noqa: E402
 
 SHARD = 256 * 2**20
 BENCH_DIR = "/srv/spark/bench-sync"

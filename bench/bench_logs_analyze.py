@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sparkserve.analyze import analyze_files  # noqa: E402
-from sparkserve.logpatterns import NEEDLES  # noqa: E402
+from sparkserve.observe.analyze import analyze_files  # noqa: E402
+from sparkserve.observe.logpatterns import NEEDLES  # noqa: E402
 
 REAL = ROOT / "tests/fixtures/logs/real-0.25.1/A-head.log"
 

@@ -20,10 +20,10 @@ import time
 from pathlib import Path
 
 from sparkserve.config import load_config
-from sparkserve.engine import Engine, ship_image
-from sparkserve.manifest import manifest
+from sparkserve.deploy.sync import sync_dir
+from sparkserve.models.manifest import manifest
 from sparkserve.nodes import SSHNode
-from sparkserve.sync import sync_dir
+from sparkserve.nodes.engine import Engine, ship_image
 
 
 def median_ms(fn, n: int = 10) -> tuple[float, float]:  # type: ignore[no-untyped-def]

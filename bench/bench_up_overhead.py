@@ -116,8 +116,8 @@ def main() -> int:
 def timeline(cfg: Path, env: dict[str, str]) -> tuple[list[tuple[float, str]], float]:
     """One in-process up() with a timestamp on every step it reports; and the cost of one no-op command."""
     os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
-    from sparkserve import lifecycle
     from sparkserve.config import load_config
+    from sparkserve.deploy import lifecycle
     from sparkserve.nodes.factory import open_nodes
 
     c = load_config(cfg)

@@ -65,7 +65,7 @@ def validate(
     as_json: JsonOpt = False,
 ) -> None:
     """Config + drafter + target + every rendered argv through vLLM 0.33's parser. No node is touched."""
-    from sparkserve.preflight import validate as run
+    from sparkserve.plan.validate import validate as run
 
     if parser not in ("auto", "vllm", "list"):
         raise BadInput("--parser", f"{parser!r} is not one of auto, vllm, list")
@@ -96,8 +96,8 @@ def validate(
 
 
 def _display_plan(cfg: Config) -> Any:
-    from sparkserve.plan import REDACTED, build_plan
-    from sparkserve.preflight import check_config
+    from sparkserve.plan.build import REDACTED, build_plan
+    from sparkserve.plan.validate import check_config
 
     check_config(cfg).raise_first()
     # render/plan never read the key: a configured key shows as a redacted VLLM_API_KEY
@@ -106,7 +106,7 @@ def _display_plan(cfg: Config) -> Any:
 
 
 def _shell(argv: list[str]) -> str:
-    from sparkserve.launcher import argv_lines
+    from sparkserve.plan.launcher import argv_lines
 
     lines = argv_lines(argv)
     return " \\\n    ".join(lines)
@@ -122,7 +122,7 @@ def render(
     """The exact per-node container spec (docker run) — or the launcher script. Nothing runs."""
     cfg = load_config(config)
     if launcher:
-        from sparkserve.launcher import render_launcher
+        from sparkserve.plan.launcher import render_launcher
 
         text = render_launcher(cfg)
         if output:
@@ -210,10 +210,10 @@ def drafter_inspect(
     as_json: JsonOpt = False,
 ) -> None:
     """Block size, K, taps, mask id, selector/conv tensors, mask file, sha256 — for people or --json."""
-    from sparkserve.drafter import inspect_drafter
-    from sparkserve.manifest import manifest
-    from sparkserve.preflight import Report, check_drafter, check_target
-    from sparkserve.target import inspect_target
+    from sparkserve.models.drafter import inspect_drafter
+    from sparkserve.models.manifest import manifest
+    from sparkserve.models.target import inspect_target
+    from sparkserve.plan.validate import Report, check_drafter, check_target
 
     cfg = load_config(config)
     d = inspect_drafter(path)

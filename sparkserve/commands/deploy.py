@@ -1,4 +1,4 @@
-"""`up`, `down`, `status`, `doctor`, `swap-drafter`: thin wrappers over sparkserve.lifecycle."""
+"""`up`, `down`, `status`, `doctor`, `swap-drafter`: thin wrappers over sparkserve.deploy.lifecycle."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from sparkserve import lifecycle
-from sparkserve.bootwatch import NodeView
 from sparkserve.commands._common import ConfigOpt, JsonOpt, config_from, emit_json, err_console
+from sparkserve.deploy import lifecycle
+from sparkserve.deploy.wait import NodeView
 from sparkserve.errors import GateFailed
 from sparkserve.nodes.factory import open_nodes
 
@@ -78,14 +78,14 @@ def up_cmd(
     cfg = config_from(config)
     if accept_new:
         cfg.ssh.accept_new_host_keys = True
-    from sparkserve.preflight import check_config
+    from sparkserve.plan.validate import check_config
 
     check_config(cfg).raise_first()  # config alone: before any node is touched
     say = _say(json_out)
     with open_nodes(cfg) as nodes:
         gate_runner = None
         if not no_gates:
-            from sparkserve.gates_live import gates_for_up
+            from sparkserve.deploy.gates_live import gates_for_up
 
             gate_runner = gates_for_up
         with _BootView(not json_out) as view:
@@ -147,7 +147,7 @@ def status_cmd(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
 
 def doctor_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: AcceptNew = False) -> None:
     """ssh, docker, disk, UMA memory headroom, ports, stale containers, paths, CX-7 fabric — every node."""
-    from sparkserve.nodecheck import as_json, check_all
+    from sparkserve.deploy.doctor import as_json, check_all
 
     cfg = config_from(config)
     if accept_new:
@@ -179,7 +179,7 @@ def swap_drafter_cmd(
 ) -> None:
     """Validate PATH, sync it to every node, restart with the new bind mount, run the gates; roll back
     to the previous drafter if anything fails."""
-    from sparkserve.swap import swap_drafter
+    from sparkserve.deploy.swap import swap_drafter
 
     cfg = config_from(config)
     result = swap_drafter(cfg, path, break_lock=break_lock, say=_say(json_out))

@@ -7,10 +7,10 @@ from typing import Annotated
 import typer
 
 from sparkserve.commands._common import ConfigOpt, JsonOpt, config_from, emit_json, err_console
-from sparkserve.engine import Engine, ship_image
 from sparkserve.errors import RemoteFailure
+from sparkserve.nodes.engine import Engine, ship_image
 from sparkserve.nodes.factory import open_nodes
-from sparkserve.parallel import on_all
+from sparkserve.nodes.parallel import on_all
 
 image_app = typer.Typer(help="The engine image on every node: ship it, verify the same ID everywhere.",
                         no_args_is_help=True)

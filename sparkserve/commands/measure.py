@@ -10,13 +10,13 @@ import typer
 from pydantic import ValidationError
 from rich.table import Table
 
-from sparkserve.bench import CELLS, BenchResult, run_cell
 from sparkserve.commands._common import ConfigOpt, JsonOpt, config_from, console, emit_json, err_console
 from sparkserve.config import resolve_api_key
 from sparkserve.errors import BadInput, GateFailed
 from sparkserve.journal import Journal
-from sparkserve.plan import build_plan
-from sparkserve.prompts import builtin_prompts, load_prompts
+from sparkserve.measure.bench import CELLS, BenchResult, run_cell
+from sparkserve.measure.prompts import builtin_prompts, load_prompts
+from sparkserve.plan.build import build_plan
 
 
 class CellName(StrEnum):

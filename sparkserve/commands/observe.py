@@ -38,7 +38,7 @@ def logs_live(
     if ctx.invoked_subcommand is not None:
         return
     cfg = config_from(config)
-    show_logs = _lazy("sparkserve.lifecycle", "show_logs", "live logs")
+    show_logs = _lazy("sparkserve.deploy.lifecycle", "show_logs", "live logs")
     show_logs(cfg, node, follow, since)
 
 
@@ -96,8 +96,8 @@ def analyze_cmd(
     ] = None,
 ) -> None:
     """Offline analysis of saved logs (no nodes): KV pool, graphs per rank, mask, runner, readiness, faults."""
-    from sparkserve.analyze import analyze
-    from sparkserve.logs import parse_log
+    from sparkserve.observe.analyze import analyze
+    from sparkserve.observe.logs import parse_log
 
     inputs: list[tuple[str | None, Path]] = [(None, p) for p in files or []]
     inputs += [(n, p) for n, p in _node_files(list(node or []), "--node")]
@@ -163,8 +163,8 @@ def gates_cmd(
     ] = None,
 ) -> None:
     """The production gates across every node: pool, graphs, mask, smoke, faults, runner, identity."""
-    from sparkserve.gates import GATE_NAMES, Expectations, GateReport, judge
-    from sparkserve.logs import parse_log
+    from sparkserve.observe.gates import GATE_NAMES, Expectations, GateReport, judge
+    from sparkserve.observe.logs import parse_log
 
     skips = list(skip or [])
     bad = [s for s in skips if s not in GATE_NAMES]
@@ -187,7 +187,7 @@ def gates_cmd(
         expect = Expectations.from_config(cfg, mask_file=_mask_file(cfg.drafter.path), check_nodes=False)
         report = judge(logs, expect, skip=skips)
     else:
-        run_gates = _lazy("sparkserve.gates_live", "run_gates", "gates")
+        run_gates = _lazy("sparkserve.deploy.gates_live", "run_gates", "gates")
         got = run_gates(cfg, bank=bank)
         report = got if isinstance(got, GateReport) else _report_from_json(got)
         if skips:
@@ -209,7 +209,7 @@ def _mask_file(path: Path) -> bool | None:
 
 
 def _report_from_json(obj: dict[str, Any]) -> Any:
-    from sparkserve.gates import Evidence, GateReport, Verdict
+    from sparkserve.observe.gates import Evidence, GateReport, Verdict
 
     return GateReport(
         [

@@ -32,7 +32,7 @@ from sparkserve.errors import RemoteFailure
 if TYPE_CHECKING:
     import docker
 
-    from sparkserve.sync import SyncReport
+    from sparkserve.deploy.sync import SyncReport
 
 
 @dataclass
@@ -169,7 +169,7 @@ class Node(Protocol):
         ...
 
     def sync_dir(self, local_dir: Path, remote_dir: str, **kw: Any) -> SyncReport:
-        """Make ``remote_dir`` hold exactly ``local_dir``'s bytes (see :func:`sparkserve.sync.sync_dir`)."""
+        """Make ``remote_dir`` hold exactly ``local_dir``'s bytes (see :func:`sparkserve.deploy.sync.sync_dir`)."""
         ...
 
     def rsync_remote(self) -> RsyncRemote | None:

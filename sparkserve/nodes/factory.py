@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING
 
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.local import LocalNode
+from sparkserve.nodes.parallel import on_all
 from sparkserve.nodes.ssh import SSHNode
-from sparkserve.parallel import on_all
 
 if TYPE_CHECKING:
     from sparkserve.config import Config, NodeConfig, SSHConfig

@@ -22,7 +22,7 @@ from sparkserve.nodes.base import CommandResult, NodeError
 if TYPE_CHECKING:
     import docker
 
-    from sparkserve.sync import SyncReport
+    from sparkserve.deploy.sync import SyncReport
 
 
 class LocalNode:
@@ -143,7 +143,7 @@ class LocalNode:
             raise NodeError(self.name, "read", f"cannot read {remote}: {e.strerror or e}") from None
 
     def sync_dir(self, local_dir: Path, remote_dir: str, **kw: Any) -> SyncReport:
-        from sparkserve.sync import sync_dir
+        from sparkserve.deploy.sync import sync_dir
 
         return sync_dir(self, Path(local_dir), remote_dir, **kw)
 
@@ -153,7 +153,7 @@ class LocalNode:
     def docker(self) -> docker.DockerClient:
         with self._lock:
             if self._docker is None:
-                from sparkserve.dockerssh import docker_local
+                from sparkserve.nodes.docker_client import docker_local
 
                 self._docker = docker_local(self.name, self.docker_host)
             return self._docker

@@ -1,7 +1,7 @@
 """SSHNode: a node reached with paramiko — key auth, the configured known_hosts, keepalive, timeouts.
 
 One TCP connection per node carries everything: ``run`` channels, one SFTP channel, and the docker SDK's
-``docker system dial-stdio`` channel (see :mod:`sparkserve.dockerssh`). sshd allows 10 sessions per
+``docker system dial-stdio`` channel (see :mod:`sparkserve.nodes.docker_client`). sshd allows 10 sessions per
 connection by default (``MaxSessions``), so concurrent ``run`` calls on one node are capped at
 :data:`MAX_RUN_CHANNELS` and docker keeps at most two pooled channels.
 
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     import docker
 
     from sparkserve.config import NodeConfig, SSHConfig
-    from sparkserve.sync import SyncReport
+    from sparkserve.deploy.sync import SyncReport
 
 MAX_RUN_CHANNELS = 6  # + 1 SFTP + ≤2 docker pool channels + 1 spare stays under sshd's MaxSessions=10
 SFTP_REQUEST = 255 * 1024  # bytes per SFTP write request (OpenSSH's sftp-server takes up to 256 KiB)
@@ -363,7 +363,7 @@ class SSHNode:
     # -- rsync and docker -------------------------------------------------------------------------------
 
     def sync_dir(self, local_dir: Path, remote_dir: str, **kw: Any) -> SyncReport:
-        from sparkserve.sync import sync_dir
+        from sparkserve.deploy.sync import sync_dir
 
         return sync_dir(self, Path(local_dir), remote_dir, **kw)
 
@@ -383,7 +383,7 @@ class SSHNode:
     def docker(self) -> docker.DockerClient:
         with self._lock:
             if self._docker is None:
-                from sparkserve.dockerssh import docker_over_ssh
+                from sparkserve.nodes.docker_client import docker_over_ssh
 
                 self._docker = docker_over_ssh(self)
             return self._docker

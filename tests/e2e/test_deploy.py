@@ -105,7 +105,7 @@ def test_a_second_operator_is_locked_out_while_up_runs(e2e) -> None:
             time.sleep(0.1)
         p = e2e.cli("down", cfg=cfg)
         e2e.assert_explained(p, code=3, node="node-a", step="lock",
-                             says=("another sparkserve run holds /tmp/sparkserve.lock", "(up)", "--break-lock"))
+                             says=("another sparkserve run holds /tmp/sparkserve.deploy.lock", "(up)", "--break-lock"))
         out, err = proc.communicate(timeout=90)
     finally:
         if proc.poll() is None:
@@ -119,7 +119,7 @@ def test_a_second_operator_is_locked_out_while_up_runs(e2e) -> None:
 
 def test_a_stale_lock_is_named_and_broken_on_request(e2e) -> None:
     cfg = e2e.config()
-    lock = Path("/tmp/sparkserve.lock")  # node-a's /tmp (the rig's nodes share this machine's /tmp)
+    lock = Path("/tmp/sparkserve.deploy.lock")  # node-a's /tmp (the rig's nodes share this machine's /tmp)
     lock.mkdir()
     try:
         (lock / "owner").write_text(json.dumps({"user": "ops", "host": "laptop", "pid": 4242, "since": 0,
@@ -139,7 +139,7 @@ def test_a_lock_left_by_a_killed_run_on_this_machine_is_taken_over(e2e) -> None:
     cfg = e2e.config()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # a pid that no longer runs
-    lock = Path("/tmp/sparkserve.lock")
+    lock = Path("/tmp/sparkserve.deploy.lock")
     lock.mkdir()
     try:
         (lock / "owner").write_text(json.dumps({"user": "root", "host": socket.gethostname(), "pid": dead.pid,

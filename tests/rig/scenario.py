@@ -21,7 +21,7 @@ from pathlib import Path
 import runner
 
 from sparkserve.config import load_config
-from sparkserve.plan import build_plan
+from sparkserve.plan.build import build_plan
 
 
 def free_port(host: str) -> int:

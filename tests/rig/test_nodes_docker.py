@@ -13,10 +13,10 @@ import docker
 import pytest
 
 from sparkserve.config import Config
-from sparkserve.dockerssh import POOL_SIZE, docker_over_ssh
-from sparkserve.engine import Engine, NotManaged, ensure_same_image, ship_image
 from sparkserve.nodes import Node, NodeError, SSHNode
-from sparkserve.plan import ContainerSpec, Mount, build_plan, parity_view
+from sparkserve.nodes.docker_client import POOL_SIZE, docker_over_ssh
+from sparkserve.nodes.engine import Engine, NotManaged, ensure_same_image, ship_image
+from sparkserve.plan.build import ContainerSpec, Mount, build_plan, parity_view
 
 pytestmark = pytest.mark.rig
 globals().update(_nodes_rig.FIXTURES)  # rig_cfg, rig_nodes, node_a, node_b, node_scratch

@@ -6,9 +6,9 @@ import _nodes_rig
 import pytest
 
 from sparkserve.config import Config
-from sparkserve.fabric import detect, detect_all, fabric_envs
 from sparkserve.nodes import Node, NodeError, SSHNode
-from sparkserve.plan import build_plan
+from sparkserve.plan.build import build_plan
+from sparkserve.plan.fabric import detect, detect_all, fabric_envs
 
 pytestmark = pytest.mark.rig
 globals().update(_nodes_rig.FIXTURES)  # rig_info, rig_cfg, rig_nodes, node_b

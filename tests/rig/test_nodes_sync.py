@@ -10,10 +10,10 @@ from pathlib import Path
 import _nodes_rig
 import pytest
 
-from sparkserve import sync as sync_mod
-from sparkserve.manifest import manifest
+from sparkserve.deploy import sync as sync_mod
+from sparkserve.deploy.sync import _cache_file, remote_manifest, sync_all, sync_dir
+from sparkserve.models.manifest import manifest
 from sparkserve.nodes import Node, NodeError, SSHNode
-from sparkserve.sync import _cache_file, remote_manifest, sync_all, sync_dir
 
 pytestmark = pytest.mark.rig
 globals().update(_nodes_rig.FIXTURES)  # rig_cfg, rig_nodes, node_a, node_b, node_scratch

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparkserve.analyze import analyze, analyze_files, analyze_texts
-from sparkserve.logpatterns import Kind
-from sparkserve.logs import parse_log
+from sparkserve.observe.analyze import analyze, analyze_files, analyze_texts
+from sparkserve.observe.logpatterns import Kind
+from sparkserve.observe.logs import parse_log
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 REAL = LOGS / "real-0.25.1"

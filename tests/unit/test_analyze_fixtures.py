@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkserve.analyze import analyze_files
-from sparkserve.logs import strip_ansi
+from sparkserve.observe.analyze import analyze_files
+from sparkserve.observe.logs import strip_ansi
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 

@@ -11,7 +11,8 @@ from _fake_vllm import DRIBBLE, EMPTY, ERROR_EVENT, HANG, HTTP500, SHORT, FakeSt
 from _fake_vllm import NO_DONE as FAKE_NO_DONE
 from _fake_vllm import NO_USAGE as FAKE_NO_USAGE
 
-from sparkserve.bench import (
+from sparkserve.errors import BadInput, RemoteFailure
+from sparkserve.measure.bench import (
     CELLS,
     HTTP,
     NO_DONE,
@@ -27,9 +28,8 @@ from sparkserve.bench import (
     run_cell,
     summarize,
 )
-from sparkserve.errors import BadInput, RemoteFailure
-from sparkserve.metrics import Snapshot
-from sparkserve.prompts import Prompt, builtin_prompts
+from sparkserve.measure.metrics import Snapshot
+from sparkserve.measure.prompts import Prompt, builtin_prompts
 
 CONTRACT_KEYS = [
     "cell", "prompts", "concurrency", "max_tokens", "requests_ok", "stream_errors", "output_tokens",

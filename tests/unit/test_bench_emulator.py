@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sparkserve.bench import NOT_SENT, STALLED, Cell, run_cell
-from sparkserve.prompts import builtin_prompts
+from sparkserve.measure.bench import NOT_SENT, STALLED, Cell, run_cell
+from sparkserve.measure.prompts import builtin_prompts
 
 REPO = Path(__file__).parents[2]
 EMULATOR = REPO / "tests" / "rig" / "emulator" / "vllm_emulator.py"

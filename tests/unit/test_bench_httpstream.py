@@ -8,7 +8,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 
-from sparkserve.httpstream import ChunkedDecoder, StreamConnection, StreamError
+from sparkserve.measure.httpstream import ChunkedDecoder, StreamConnection, StreamError
 
 BODY = b"data: one\n\ndata: two\n\n"
 CHUNKED = b"9\r\ndata: one\r\n2\r\n\n\n\r\n" + b"b;ext=1\r\ndata: two\n\n\r\n" + b"0\r\nX-Trailer: y\r\n\r\n"

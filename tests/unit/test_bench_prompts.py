@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sparkserve.errors import BadInput
-from sparkserve.prompts import BUILTIN_NAME, builtin_prompts, load_prompts
+from sparkserve.measure.prompts import BUILTIN_NAME, builtin_prompts, load_prompts
 
 
 def test_builtin_set_has_at_least_20_distinct_prompts() -> None:

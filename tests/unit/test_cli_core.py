@@ -10,7 +10,7 @@ import pytest
 from _fixtures import REPO, clean_env, cli, config_file, write_drafter, write_target
 
 from sparkserve.config import default_yaml_text, load_config
-from sparkserve.plan import build_plan
+from sparkserve.plan.build import build_plan
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 
 from sparkserve import cli
 from sparkserve.config import default_yaml_text
-from sparkserve.gates import Evidence, GateReport, Verdict
+from sparkserve.observe.gates import Evidence, GateReport, Verdict
 
 REPO = Path(__file__).resolve().parents[2]
 LOGS = REPO / "tests" / "fixtures" / "logs"
@@ -198,30 +198,30 @@ def fake_report(ok: bool) -> GateReport:
 @pytest.mark.parametrize(("ok", "code"), [(True, 0), (False, 1)])
 def test_live_gates_call_gates_live_and_exit_by_verdict(monkeypatch, capsys, ok: bool, code: int) -> None:
     calls = []
-    mod = types.ModuleType("sparkserve.gates_live")
+    mod = types.ModuleType("sparkserve.deploy.gates_live")
     mod.run_gates = lambda cfg, bank=False: calls.append(bank) or fake_report(ok)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "sparkserve.gates_live", mod)
+    monkeypatch.setitem(sys.modules, "sparkserve.deploy.gates_live", mod)
     rc, out, _ = main(monkeypatch, capsys, "gates", "--json", "--bank")
     assert rc == code and calls == [True]
     assert json.loads(out)["ok"] is ok
 
 
 def test_live_gates_accept_the_json_form_too(monkeypatch, capsys) -> None:
-    mod = types.ModuleType("sparkserve.gates_live")
+    mod = types.ModuleType("sparkserve.deploy.gates_live")
     mod.run_gates = lambda cfg, bank=False: fake_report(False).to_json()  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "sparkserve.gates_live", mod)
+    monkeypatch.setitem(sys.modules, "sparkserve.deploy.gates_live", mod)
     rc, out, _ = main(monkeypatch, capsys, "gates", "--skip", "faults")
     assert rc == 0 and "skip" in out and "all gates passed" in out
 
 
 def test_live_gates_missing_module_is_bad_input(monkeypatch, capsys) -> None:
-    monkeypatch.setitem(sys.modules, "sparkserve.gates_live", None)
+    monkeypatch.setitem(sys.modules, "sparkserve.deploy.gates_live", None)
     rc, _, err = main(monkeypatch, capsys, "gates")
     assert rc == 2 and err.startswith("error: gates: not available yet")
 
 
 def test_live_logs_delegate_to_lifecycle(monkeypatch, capsys) -> None:
-    import sparkserve.lifecycle as lifecycle
+    import sparkserve.deploy.lifecycle as lifecycle
 
     calls = []
     monkeypatch.setattr(lifecycle, "show_logs", lambda cfg, node, follow, since: calls.append((node, follow, since)))
@@ -230,7 +230,7 @@ def test_live_logs_delegate_to_lifecycle(monkeypatch, capsys) -> None:
 
 
 def test_live_logs_without_lifecycle_support_is_bad_input(monkeypatch, capsys) -> None:
-    import sparkserve.lifecycle as lifecycle
+    import sparkserve.deploy.lifecycle as lifecycle
 
     monkeypatch.delattr(lifecycle, "show_logs")
     rc, _, err = main(monkeypatch, capsys, "logs")

@@ -12,9 +12,9 @@ import pytest
 from _fixtures import DrafterSpec, write_drafter, write_speculators_drafter
 from safetensors.numpy import save_file
 
-from sparkserve.drafter import CONV_RE, SELECTOR_RE, inspect_drafter
 from sparkserve.errors import BadInput
-from sparkserve.safetensors_header import HeaderError, read_header
+from sparkserve.models.drafter import CONV_RE, SELECTOR_RE, inspect_drafter
+from sparkserve.models.safetensors_header import HeaderError, read_header
 
 
 def test_fixture_dflash2_facts(tmp_path: Path) -> None:

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from sparkserve.config import FabricConfig
-from sparkserve.fabric import (
+from sparkserve.nodes import LocalNode
+from sparkserve.nodes.base import NodeError
+from sparkserve.plan.fabric import (
     PROBE_PROGRAM,
     FabricError,
     parse_sysfs,
@@ -17,8 +19,6 @@ from sparkserve.fabric import (
     resolve,
     twin_key,
 )
-from sparkserve.nodes import LocalNode
-from sparkserve.nodes.base import NodeError
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
 IP = {"spark-a": "192.168.200.1", "spark-b": "192.168.200.2", "spark-c": "192.168.200.3"}
@@ -141,7 +141,7 @@ def test_probe_program_runs_standalone_as_sent_to_a_node() -> None:
 
 
 def test_detect_on_a_local_node_reads_its_tree_with_one_command() -> None:
-    from sparkserve.fabric import detect
+    from sparkserve.plan.fabric import detect
 
     node = LocalNode("spark-b")
     calls: list[list[str]] = []

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sparkserve.config import load_config
-from sparkserve.gates import (
+from sparkserve.observe.gates import (
     GATE_NAMES,
     Expectations,
     GateReport,
@@ -17,7 +17,7 @@ from sparkserve.gates import (
     SmokeResult,
     judge,
 )
-from sparkserve.logs import ParsedLog, parse_log
+from sparkserve.observe.logs import ParsedLog, parse_log
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 REAL = LOGS / "real-0.25.1"

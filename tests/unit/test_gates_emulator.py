@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkserve.gates import Expectations, GateReport, judge
-from sparkserve.logs import parse_log
+from sparkserve.observe.gates import Expectations, GateReport, judge
+from sparkserve.observe.logs import parse_log
 
 REPO = Path(__file__).resolve().parents[2]
 EMU = REPO / "tests" / "rig" / "emulator" / "vllm_emulator.py"

@@ -13,8 +13,8 @@ from _fixtures import REPO, DrafterSpec, config_file, install_shims, read_shim_l
 
 from sparkserve.config import Config, load_config
 from sparkserve.errors import BadInput
-from sparkserve.launcher import render_launcher, sh_word
-from sparkserve.plan import build_plan
+from sparkserve.plan.build import build_plan
+from sparkserve.plan.launcher import render_launcher, sh_word
 
 COMMITTED = REPO / "launch_dflash2_tp2.sh"
 
@@ -68,7 +68,7 @@ def test_ray_config_is_refused_with_the_field_named(tmp_path: Path) -> None:
 
 
 def test_sh_word_turns_the_drafter_sentinel_into_the_override_variable() -> None:
-    from sparkserve.launcher import _SENTINEL
+    from sparkserve.plan.launcher import _SENTINEL
 
     assert sh_word(f"type=bind,source={_SENTINEL},target=/models/drafter,readonly") == \
         '"type=bind,source=${DRAFTER_HOST_PATH},target=/models/drafter,readonly"'

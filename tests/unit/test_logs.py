@@ -6,8 +6,8 @@ import re
 
 import pytest
 
-from sparkserve.logpatterns import ANCHORS, NEEDLES, PATTERNS, FaultKind, Kind
-from sparkserve.logs import classify_fault, normalise, parse_log
+from sparkserve.observe.logpatterns import ANCHORS, NEEDLES, PATTERNS, FaultKind, Kind
+from sparkserve.observe.logs import classify_fault, normalise, parse_log
 
 ESC = "\x1b"
 

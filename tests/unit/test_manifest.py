@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkserve import manifest as mf
-from sparkserve.manifest import FileEntry, manifest
+from sparkserve.models import manifest as mf
+from sparkserve.models.manifest import FileEntry, manifest
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkserve.metrics import (
+from sparkserve.measure.metrics import (
     MetricsError,
     Snapshot,
     acceptance,

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from sparkserve.config import NodeConfig, SSHConfig
-from sparkserve.engine import normalize_ref
-from sparkserve.manifest import manifest
+from sparkserve.deploy.sync import remote_manifest, remote_program, sync_dir
+from sparkserve.models.manifest import manifest
 from sparkserve.nodes import LocalNode, Node, NodeError, SSHNode
-from sparkserve.sync import remote_manifest, remote_program, sync_dir
+from sparkserve.nodes.engine import normalize_ref
 
 
 @pytest.fixture()
@@ -131,7 +131,7 @@ def test_remote_program_refuses_paths_outside_the_root(drafter: Path, local: Loc
 
 def test_sync_between_local_dirs_copies_only_what_differs(drafter: Path, tmp_path: Path, local: LocalNode) -> None:
     dst = tmp_path / "dst"
-    first = local.sync_dir(drafter, str(dst))  # the Node verb delegates to sparkserve.sync
+    first = local.sync_dir(drafter, str(dst))  # the Node verb delegates to sparkserve.deploy.sync
     assert first.method == "copy" and first.verified and len(first.files_copied) == 3
     assert manifest(dst).digest == manifest(drafter).digest
     same = sync_dir(local, drafter, str(dst))
@@ -150,7 +150,7 @@ def test_sync_onto_itself_is_a_no_op(drafter: Path, local: LocalNode) -> None:
 
 def test_verifier_hashes_files_as_they_land_and_stops_on_eof(drafter: Path, tmp_path: Path,
                                                              local: LocalNode) -> None:
-    from sparkserve.sync import verify_program
+    from sparkserve.deploy.sync import verify_program
 
     dst = tmp_path / "landing"
     dst.mkdir()
@@ -174,8 +174,7 @@ def test_verifier_hashes_files_as_they_land_and_stops_on_eof(drafter: Path, tmp_
 
 def test_a_failed_verification_names_the_files(drafter: Path, tmp_path: Path, local: LocalNode,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
-    from sparkserve import sync as sync_mod
-
+    from sparkserve.deploy import sync as sync_mod
     def bad_copy(node: Node, local_dir: Path, remote_dir: str, rels: list[str]) -> None:
         for rel in rels:
             node.write_bytes(f"{remote_dir}/{rel}", b"not the drafter")

@@ -10,7 +10,7 @@ import pytest
 from _fixtures import config_file
 
 from sparkserve.config import Config, load_config
-from sparkserve.plan import DRAFTER_MOUNT, LABEL_FINGERPRINT, TARGET_MOUNT, Mount, build_plan, parity_view
+from sparkserve.plan.build import DRAFTER_MOUNT, LABEL_FINGERPRINT, TARGET_MOUNT, Mount, build_plan, parity_view
 
 
 def _cfg(tmp_path: Path, over: dict[str, Any] | None = None) -> Config:

@@ -29,7 +29,7 @@ from _fixtures import (
 from safetensors.numpy import save_file
 
 from sparkserve.config import load_config
-from sparkserve.preflight import Report, check_config, validate
+from sparkserve.plan.validate import Report, check_config, validate
 
 
 @pytest.fixture(scope="module")

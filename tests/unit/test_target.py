@@ -10,7 +10,7 @@ import pytest
 from _fixtures import TargetSpec, write_target
 
 from sparkserve.errors import BadInput
-from sparkserve.target import inspect_target
+from sparkserve.models.target import inspect_target
 
 
 def _target(tmp: Path, cfg: dict[str, Any]) -> Path:

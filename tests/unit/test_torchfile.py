@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparkserve.torchfile import TensorStub, TorchFileError, load, read_mask_embedding
+from sparkserve.models.torchfile import TensorStub, TorchFileError, load, read_mask_embedding
 
 
 def test_dict_form_written_by_torch(tmp_path: Path) -> None:

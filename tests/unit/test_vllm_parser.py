@@ -18,9 +18,9 @@ import pytest
 from _fixtures import REPO, config_file, default_data, install_shims, read_shim_log, write_drafter, write_target
 
 from sparkserve.config import Config, load_config
-from sparkserve.plan import build_plan
-from sparkserve.preflight import validate
-from sparkserve.vllm_args import ArgvVerdict, OptionList, RealParser, check_argvs
+from sparkserve.plan.build import build_plan
+from sparkserve.plan.validate import validate
+from sparkserve.plan.vllm_args import ArgvVerdict, OptionList, RealParser, check_argvs
 
 pytestmark = pytest.mark.vllm
 

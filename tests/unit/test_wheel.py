@@ -20,7 +20,7 @@ def test_wheel_ships_templates_and_renders_from_an_installed_copy(tmp_path: Path
     (wheel,) = dist.glob("sparkserve-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("sparkserve/templates/launch_dflash2_tp2.sh.j2", "sparkserve/data/default.yaml",
-                   "sparkserve/data/vllm-0.33.0-serve-args.json", "sparkserve/_vllm_parser_worker.py"):
+                   "sparkserve/data/vllm-0.33.0-serve-args.json", "sparkserve/plan/_vllm_parser_worker.py"):
         assert needed in names, needed
 
     venv = tmp_path / "venv"
@@ -39,7 +39,7 @@ def test_wheel_ships_templates_and_renders_from_an_installed_copy(tmp_path: Path
     env["PYTHONPATH"] = deps
     home = tmp_path / "elsewhere"
     home.mkdir()
-    where = subprocess.run([str(py), "-c", "import sparkserve, sparkserve.launcher as l; "
+    where = subprocess.run([str(py), "-c", "import sparkserve, sparkserve.plan.launcher as l; "
                             "print(sparkserve.__file__); print(l.templates_dir())"],
                            capture_output=True, text=True, env=env, cwd=home, timeout=60)
     assert where.returncode == 0, where.stderr

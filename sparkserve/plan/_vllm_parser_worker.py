@@ -1,4 +1,4 @@
-"""Run in a subprocess by sparkserve.vllm_args: judge `vllm serve` argvs with vLLM's own parser.
+"""Run in a subprocess by sparkserve.plan.vllm_args: judge `vllm serve` argvs with vLLM's own parser.
 
 Protocol: one JSON line on stdout when ready ({"ready": true, "vllm_version": …}), then for every JSON
 argv read from stdin one JSON verdict line ({"ok": bool, "error": str|null}). vLLM's own log output is

@@ -13,10 +13,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from sparkserve import lifecycle
 from sparkserve.config import Config
+from sparkserve.deploy import lifecycle
 from sparkserve.errors import BadInput, SparkserveError
-from sparkserve.manifest import manifest
+from sparkserve.models.manifest import manifest
 from sparkserve.nodes.factory import open_nodes
 
 
@@ -32,7 +32,7 @@ def swap_drafter(cfg: Config, path: Path, *, break_lock: bool = False, say: life
     new_dir = path.expanduser().resolve()
     if not new_dir.is_dir():
         raise BadInput(str(path), "not a directory")
-    from sparkserve.gates_live import gates_for_up
+    from sparkserve.deploy.gates_live import gates_for_up
 
     digest = manifest(new_dir).digest
     new_cfg = swapped_config(cfg, new_dir, digest)

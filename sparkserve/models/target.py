@@ -11,8 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from sparkserve.drafter import read_config
 from sparkserve.errors import BadInput
+from sparkserve.models.drafter import read_config
 
 # Bits per cached element for each vLLM 0.33 --kv-cache-dtype. Sub-byte formats are approximate (their
 # scales are ignored); "auto" follows the model dtype.

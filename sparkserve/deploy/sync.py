@@ -6,7 +6,7 @@
 
 Steps (two remote commands when something changed, one when nothing did):
 
-1. Local sha256 manifest (:func:`sparkserve.manifest.manifest`, cached by path/size/mtime).
+1. Local sha256 manifest (:func:`sparkserve.models.manifest.manifest`, cached by path/size/mtime).
 2. Remote manifest computed ON the node by a small stdlib ``python3 -`` program (:func:`_remote_main`)
    with a per-node cache file keyed by (relpath, size, mtime_ns, inode) — the unchanged case reads no file
    content and sends no file bytes.
@@ -33,9 +33,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from sparkserve.manifest import FileEntry, Manifest, manifest
+from sparkserve.models.manifest import FileEntry, Manifest, manifest
 from sparkserve.nodes.base import Node, NodeError
-from sparkserve.parallel import on_all
+from sparkserve.nodes.parallel import on_all
 
 Method = Literal["auto", "rsync", "sftp"]
 PARTIAL_DIR = ".sparkserve-partial"

@@ -1,4 +1,4 @@
-"""The gates on the running stack: collect, then judge (sparkserve.gates does the judging).
+"""The gates on the running stack: collect, then judge (sparkserve.observe.gates does the judging).
 
 For every node: the engine container's log since it started, whether it is alive, its image ID, and the
 drafter digest at the configured path. On the head: the smoke cell (every request has a deadline — a hang
@@ -11,18 +11,18 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from sparkserve.bench import CELLS, Cell, run_cell
 from sparkserve.config import Config, resolve_api_key
-from sparkserve.engine import Engine
+from sparkserve.deploy.sync import remote_manifest
 from sparkserve.errors import RemoteFailure
-from sparkserve.gates import Expectations, GateReport, NodeIdentity, SmokeError, SmokeResult, judge
 from sparkserve.journal import Journal
-from sparkserve.logs import parse_log
+from sparkserve.measure.bench import CELLS, Cell, run_cell
+from sparkserve.measure.prompts import builtin_prompts
 from sparkserve.nodes.base import Node
-from sparkserve.parallel import on_all
-from sparkserve.plan import Plan, build_plan
-from sparkserve.prompts import builtin_prompts
-from sparkserve.sync import remote_manifest
+from sparkserve.nodes.engine import Engine
+from sparkserve.nodes.parallel import on_all
+from sparkserve.observe.gates import Expectations, GateReport, NodeIdentity, SmokeError, SmokeResult, judge
+from sparkserve.observe.logs import parse_log
+from sparkserve.plan.build import Plan, build_plan
 
 
 def smoke_cell(cfg: Config) -> Cell:

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 
 from sparkserve.errors import BadInput
 from sparkserve.nodes.base import Node, NodeError
-from sparkserve.parallel import on_all
+from sparkserve.nodes.parallel import on_all
 
 if TYPE_CHECKING:
     from sparkserve.config import Config, FabricConfig

@@ -2,7 +2,7 @@
 
     eng = Engine(node)                          # node: any sparkserve.nodes.Node
     image_id = ensure_same_image(nodes, ref)    # NodeError naming the node that lacks it / differs
-    cid = eng.run(spec)                         # spec: sparkserve.plan.ContainerSpec → container id
+    cid = eng.run(spec)                         # spec: sparkserve.plan.build.ContainerSpec → container id
     for c in eng.list_managed(): ...            # only containers labelled io.sparkserve.managed=1
     eng.stop_and_remove(cid, timeout=30)        # docker stop (SIGTERM, SIGKILL after timeout), then rm
     for line in eng.logs(cid, follow=True): ...
@@ -32,10 +32,10 @@ import docker.types
 import paramiko
 import requests
 
-from sparkserve.dockerssh import docker_unreachable
 from sparkserve.nodes.base import Node, NodeError
-from sparkserve.parallel import on_all
-from sparkserve.plan import (
+from sparkserve.nodes.docker_client import docker_unreachable
+from sparkserve.nodes.parallel import on_all
+from sparkserve.plan.build import (
     LABEL_FINGERPRINT,
     LABEL_MANAGED,
     LABEL_NODE,

@@ -17,7 +17,7 @@ from collections.abc import Iterator
 from sparkserve.errors import RemoteFailure
 from sparkserve.nodes.base import Node
 
-LOCK_DIR = "/tmp/sparkserve.lock"
+LOCK_DIR = "/tmp/sparkserve.deploy.lock"
 
 
 def _owner() -> dict[str, object]:

@@ -26,19 +26,19 @@ from typing import Any
 
 from platformdirs import user_state_dir
 
-from sparkserve import lock
-from sparkserve.bootwatch import BootFailure, NodeView, explain, served_models, wait_ready
 from sparkserve.config import Config, resolve_api_key
-from sparkserve.engine import Engine, ManagedContainer, ensure_same_image
+from sparkserve.deploy import lock
+from sparkserve.deploy.doctor import check_all, check_ports
+from sparkserve.deploy.sync import remote_manifest, sync_all
+from sparkserve.deploy.wait import BootFailure, NodeView, explain, served_models, wait_ready
+from sparkserve.deploy.watchdog import Floors
 from sparkserve.errors import BadInput, GateFailed, RemoteFailure, SparkserveError
-from sparkserve.fabric import FabricFacts, fabric_envs
-from sparkserve.manifest import Manifest, manifest
-from sparkserve.nodecheck import check_all, check_ports
+from sparkserve.models.manifest import Manifest, manifest
 from sparkserve.nodes.base import Node
-from sparkserve.parallel import on_all
-from sparkserve.plan import Plan, build_plan
-from sparkserve.sync import remote_manifest, sync_all
-from sparkserve.watchdog import Floors
+from sparkserve.nodes.engine import Engine, ManagedContainer, ensure_same_image
+from sparkserve.nodes.parallel import on_all
+from sparkserve.plan.build import Plan, build_plan
+from sparkserve.plan.fabric import FabricFacts, fabric_envs
 
 Reporter = Callable[[str], None]
 
@@ -131,8 +131,8 @@ def sync_drafter(cfg: Config, nodes: dict[str, Node], say: Reporter) -> tuple[st
 
 def validate_inputs(cfg: Config, nodes: dict[str, Node]) -> None:
     """The pure pre-flight rules, on the drafter and target wherever they are (metadata only)."""
-    from sparkserve.preflight import validate
-    from sparkserve.remotemeta import fetch_meta
+    from sparkserve.deploy.remotemeta import fetch_meta
+    from sparkserve.plan.validate import validate
 
     head = nodes[cfg.head.name]
     with tmpdir() as tmp, ThreadPoolExecutor(max_workers=2) as pool:  # both fetches at once

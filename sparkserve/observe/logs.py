@@ -1,6 +1,6 @@
 """vLLM log text → events. Version tolerant: reads logs from vLLM 0.10 through 0.33 as people save them.
 
-    >>> from sparkserve.logs import parse_log
+    >>> from sparkserve.observe.logs import parse_log
     >>> log = parse_log(open("head.log").read(), file="head.log", node="spark-a")
     >>> [e.kind for e in log.events][:3]
 
@@ -19,7 +19,7 @@ What a physical line may look like (all handled, in any combination):
   lines, unprefixed follower main-process lines (0.25-style) and ``MainProcess`` (0.33); PyTorch c10
   ``[rank1]:[W1129 …]`` lines and NCCL ``host:pid:tid [dev] … NCCL WARN`` lines.
 
-Only lines holding an anchor of :mod:`sparkserve.logpatterns` are parsed (one C-speed ``bytes.find`` sweep
+Only lines holding an anchor of :mod:`sparkserve.observe.logpatterns` are parsed (one C-speed ``bytes.find`` sweep
 per anchor picks them), plus the lines of each traceback; that keeps big logs fast (bench/bench_logs_analyze.py).
 A copy hard-wrapped at a fixed terminal width is re-joined first; line numbers stay those of the file.
 
@@ -32,7 +32,7 @@ Fault rules (explicit, tested):
 2. A deliberate stop starts at the first stop marker (``[shutdown] …``, uvicorn ``Shutting down``,
    ``received signal=SIGTERM``, ``Parent process exited…``, a ``KeyboardInterrupt`` traceback) that is
    *not* preceded by a fault in the same file. Fault lines after it are shutdown artefacts, not faults.
-3. Across files (see :mod:`sparkserve.analyze`): when one file stopped deliberately at time T, fault
+3. Across files (see :mod:`sparkserve.observe.analyze`): when one file stopped deliberately at time T, fault
    lines of other files stamped at or after T are shutdown artefacts too (the follower's c10d
    ``TCPStore … recvValue failed`` after the head was stopped).
 4. The same fault text twice in a file (``logger.exception`` plus the raw stderr traceback, a repeated
@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any
 
-from sparkserve.logpatterns import (
+from sparkserve.observe.logpatterns import (
     ANCHORS,
     EXCEPTION_LINE,
     NEEDLE_INDEX,
@@ -333,7 +333,7 @@ class Event:
     data: dict[str, Any] = field(default_factory=dict)
     fault: FaultKind | None = None
     sort_line: int = 0  # position used to order faults (a traceback's start, not its root line)
-    rank: str | None = None  # set by sparkserve.analyze.attribute_ranks
+    rank: str | None = None  # set by sparkserve.observe.analyze.attribute_ranks
     ts: tuple[int, ...] | None = None  # own stamp, or the nearest earlier stamp (faults and stops)
 
     @property

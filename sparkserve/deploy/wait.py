@@ -17,12 +17,12 @@ from datetime import datetime
 
 import httpx
 
-from sparkserve.engine import Engine
+from sparkserve.deploy.watchdog import Floors, Phase, check, mem_available, phase_of_line
 from sparkserve.errors import RemoteFailure
 from sparkserve.nodes.base import Node
-from sparkserve.parallel import on_all
-from sparkserve.plan import Plan
-from sparkserve.watchdog import Floors, Phase, check, mem_available, phase_of_line
+from sparkserve.nodes.engine import Engine
+from sparkserve.nodes.parallel import on_all
+from sparkserve.plan.build import Plan
 
 # Lines that end a boot for sure (the full classification lives in the log reader; this is the fast path).
 FATAL = re.compile(
@@ -154,8 +154,8 @@ def _clip(line: str, width: int = 240) -> str:
 def _root_causes(lines: list[str]) -> list[str]:
     """Fault lines (root causes) of a log tail, in order; never raises (an explanation must not fail)."""
     try:
-        from sparkserve.analyze import analyze
-        from sparkserve.logs import parse_log
+        from sparkserve.observe.analyze import analyze
+        from sparkserve.observe.logs import parse_log
 
         an = analyze([parse_log("\n".join(lines) + "\n", file="tail")])
         return [e.text.rstrip() for _, e in an.faults]

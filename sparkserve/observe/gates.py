@@ -1,12 +1,12 @@
 """The production gates as a pure judgement: parsed logs + expectations + smoke/liveness/identity facts → verdicts.
 
-    >>> from sparkserve.gates import Expectations, judge
-    >>> from sparkserve.logs import parse_log
+    >>> from sparkserve.observe.gates import Expectations, judge
+    >>> from sparkserve.observe.logs import parse_log
     >>> logs = {"spark-a": parse_log(head_text, file="head.log"), "spark-b": parse_log(f_text, file="f.log")}
     >>> report = judge(logs, Expectations.from_config(cfg, mask_file=True), smoke=None)
     >>> report.ok, [g.name for g in report.gates if not g.ok]
 
-Nothing here touches a node: the live side (``sparkserve.gates_live``) collects the logs since the
+Nothing here touches a node: the live side (``sparkserve.deploy.gates_live``) collects the logs since the
 containers started, runs the smoke cell, checks that every container is alive and reads image IDs and
 drafter digests, then calls :func:`judge`. ``sparkserve gates --from-log NODE=FILE`` calls it on saved
 logs. Each verdict carries its evidence lines ``{node, line, text}`` or says what it looked for and did
@@ -36,9 +36,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
-from sparkserve.analyze import Analysis, analyze
-from sparkserve.logpatterns import Kind
-from sparkserve.logs import Event, ParsedLog
+from sparkserve.observe.analyze import Analysis, analyze
+from sparkserve.observe.logpatterns import Kind
+from sparkserve.observe.logs import Event, ParsedLog
 
 if TYPE_CHECKING:
     from sparkserve.config import Config

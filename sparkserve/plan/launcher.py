@@ -17,7 +17,7 @@ import jinja2
 
 from sparkserve.config import Config
 from sparkserve.errors import BadInput
-from sparkserve.plan import CACHE_MOUNTS, DRAFTER_MOUNT, LABEL_MANAGED, ContainerSpec, build_plan
+from sparkserve.plan.build import CACHE_MOUNTS, DRAFTER_MOUNT, LABEL_MANAGED, ContainerSpec, build_plan
 
 LAUNCHER_NAME = "launch_dflash2_tp2.sh"
 TEMPLATE = LAUNCHER_NAME + ".j2"
@@ -30,7 +30,7 @@ def templates_dir() -> Path:
     shipped = resources.files("sparkserve").joinpath("templates")
     if shipped.is_dir():
         return Path(str(shipped))
-    return Path(__file__).resolve().parent.parent / "templates"
+    return Path(__file__).resolve().parents[2] / "templates"
 
 
 def environment() -> jinja2.Environment:

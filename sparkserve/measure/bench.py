@@ -32,15 +32,15 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field
 
 from sparkserve.errors import BadInput, RemoteFailure
-from sparkserve.httpstream import StreamConnection, StreamError
-from sparkserve.metrics import (
+from sparkserve.measure.httpstream import StreamConnection, StreamError
+from sparkserve.measure.metrics import (
     MetricsError,
     Snapshot,
     acceptance,
     counter_delta,
     parse_metrics,
 )
-from sparkserve.prompts import Prompt, PromptSet
+from sparkserve.measure.prompts import Prompt, PromptSet
 
 CHAT_PATH = "/v1/chat/completions"
 METRICS_PATH = "/metrics"

@@ -1,7 +1,7 @@
 """DFlash / DFlash2 drafter inspection: config.json, safetensors headers, mask_embedding.pt.
 
 Reads only what vLLM 0.33 reads (vllm-facts.md section 5) and never loads a weight: tensor facts come
-from the safetensors headers, the mask file is read by sparkserve.torchfile without torch. Problems that
+from the safetensors headers, the mask file is read by sparkserve.models.torchfile without torch. Problems that
 still leave something to show (no weights, unreadable mask file) are recorded in ``problems``; preflight
 turns them into errors. Only an unreadable directory or config.json raises.
 """
@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sparkserve.errors import BadInput
-from sparkserve.safetensors_header import HeaderError, TensorHeader, read_header
-from sparkserve.torchfile import MaskEmbeddingInfo, TorchFileError, read_mask_embedding
+from sparkserve.models.safetensors_header import HeaderError, TensorHeader, read_header
+from sparkserve.models.torchfile import MaskEmbeddingInfo, TorchFileError, read_mask_embedding
 
 MASK_FILE = "mask_embedding.pt"
 INDEX_FILE = "model.safetensors.index.json"

@@ -12,15 +12,15 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from sparkserve.config import Config, NodeConfig
-from sparkserve.engine import Engine
+from sparkserve.deploy.watchdog import mem_available
 from sparkserve.errors import SparkserveError
-from sparkserve.fabric import FabricError, FabricFacts, parse_sysfs, resolve
-from sparkserve.fabric import _probe as fabric_probe
 from sparkserve.nodes.base import Node
-from sparkserve.parallel import on_all
-from sparkserve.plan import Plan
+from sparkserve.nodes.engine import Engine
+from sparkserve.nodes.parallel import on_all
+from sparkserve.plan.build import Plan
+from sparkserve.plan.fabric import FabricError, FabricFacts, parse_sysfs, resolve
+from sparkserve.plan.fabric import _probe as fabric_probe
 from sparkserve.units import human_bytes
-from sparkserve.watchdog import mem_available
 
 Status = Literal["ok", "warn", "fail"]
 

@@ -1,6 +1,6 @@
 """Events of one or more log files → the ``sparkserve logs analyze --json`` object (DESIGN.md contract).
 
-    >>> from sparkserve.analyze import analyze_texts
+    >>> from sparkserve.observe.analyze import analyze_texts
     >>> a = analyze_texts({"head.log": head_text, "follower.log": follower_text})
     >>> a.to_json()["kv_cache_tokens"]
     [1677712]
@@ -20,8 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkserve.logpatterns import CUDAGRAPH_MODE_VALUES, POINTER, FaultKind, Kind
-from sparkserve.logs import Event, ParsedLog, parse_log
+from sparkserve.observe.logpatterns import CUDAGRAPH_MODE_VALUES, POINTER, FaultKind, Kind
+from sparkserve.observe.logs import Event, ParsedLog, parse_log
 
 _WORKER_NAME = re.compile(
     r"^(?:Worker|VllmWorker)(?:[ _]DP(?P<dp>\d+))?(?:[ _]PP(?P<pp>\d+))?(?:_PCP\d+)?(?:[ _]TP(?P<tp>\d+))?"

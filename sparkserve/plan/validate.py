@@ -15,11 +15,17 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sparkserve.config import API_KEY_ENV, Config
-from sparkserve.drafter import DFLASH2_REQUIRED_KEYS, KNOWN_ARCHITECTURES, MASK_FILE, DrafterFacts, inspect_drafter
 from sparkserve.errors import BadInput
-from sparkserve.plan import build_plan
-from sparkserve.target import TargetFacts, inspect_target
-from sparkserve.vllm_args import OptionList, ParserUnavailable, RealParser, get_judge
+from sparkserve.models.drafter import (
+    DFLASH2_REQUIRED_KEYS,
+    KNOWN_ARCHITECTURES,
+    MASK_FILE,
+    DrafterFacts,
+    inspect_drafter,
+)
+from sparkserve.models.target import TargetFacts, inspect_target
+from sparkserve.plan.build import build_plan
+from sparkserve.plan.vllm_args import OptionList, ParserUnavailable, RealParser, get_judge
 
 GMU_WARN_ABOVE = 0.85
 ParserMode = Literal["auto", "vllm", "list", "none"]

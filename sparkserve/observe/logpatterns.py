@@ -1,7 +1,7 @@
 """The one table of vLLM log patterns: message regexes keyed by event kind, with their version notes.
 
 Every pattern matches the *message* part of a line (after the ``(name pid=N) LEVEL MM-DD HH:MM:SS
-[file:line]`` prefix has been taken off by :mod:`sparkserve.logs`), never a ``[file:line]`` — those
+[file:line]`` prefix has been taken off by :mod:`sparkserve.observe.logs`), never a ``[file:line]`` — those
 move every release. Each pattern also names literal *needles*: a line that contains none of them is
 never tried against the regex, which is what keeps ``logs analyze`` fast on big logs.
 
