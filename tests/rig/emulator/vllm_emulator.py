@@ -2083,6 +2083,14 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
         pass
 
+    def handle(self) -> None:
+        """A client that resets its keep-alive connection ends it quietly, as uvicorn does (socketserver would
+        print a traceback no vLLM format produces)."""
+        try:
+            super().handle()
+        except ConnectionError:
+            self.close_connection = True
+
     def access(self, code: int) -> None:
         if self.server.emu.args.disable_uvicorn_access_log:
             return
