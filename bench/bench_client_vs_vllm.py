@@ -44,8 +44,9 @@ import httpx
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from sparkserve.measure.bench import Cell, run_cell  # noqa: E402
 from sparkserve.measure.prompts import builtin_prompts  # noqa: E402
+from sparkserve.measure.records import Cell  # noqa: E402
+from sparkserve.measure.run import run_cell  # noqa: E402
 
 EMULATOR = REPO / "tests" / "rig" / "emulator" / "vllm_emulator.py"
 TINY_MODELS = REPO / "tests" / "helpers" / "tiny_models.py"

@@ -24,8 +24,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from sparkserve.observe.analyze import analyze_files  # noqa: E402
 from sparkserve.observe.logpatterns import NEEDLES  # noqa: E402
+from sparkserve.observe.saved import LogFile, analyze_files  # noqa: E402
 
 REAL = ROOT / "tests/fixtures/logs/real-0.25.1/A-head.log"
 
@@ -114,7 +114,7 @@ def main() -> None:
     result: dict = {}
 
     def run_inproc() -> None:
-        result["json"] = analyze_files([(str(path), None)]).to_json()
+        result["json"] = analyze_files([LogFile(path)]).to_json()
 
     t_an = timed(run_inproc)
     t_cli = timed(

@@ -23,7 +23,7 @@ from sparkserve.config import load_config
 from sparkserve.deploy.sync import sync_dir
 from sparkserve.models.manifest import manifest
 from sparkserve.nodes import SSHNode
-from sparkserve.nodes.engine import Engine, ship_image
+from sparkserve.nodes.images import image_id, ship_image
 
 
 def median_ms(fn, n: int = 10) -> tuple[float, float]:  # type: ignore[no-untyped-def]
@@ -88,11 +88,10 @@ def main() -> None:
 
     if a.ship:
         src = SSHNode(cfg.nodes[0], cfg.ssh).connect()
-        eng = Engine(node)
         tag = f"{cfg.image.ref.rsplit(':', 1)[0]}:bench-ship"
         src.docker().images.get(cfg.image.ref).tag(tag)
         try:
-            if eng.image_id(tag):
+            if image_id(node, tag):
                 node.docker().images.remove(tag)
             r = ship_image(src, node, tag)
             print(f"ship {tag}: {r.bytes / 1e6:.0f} MB in {r.seconds:.2f}s = {r.mb_per_s:.0f} MB/s")

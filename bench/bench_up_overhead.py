@@ -117,17 +117,17 @@ def timeline(cfg: Path, env: dict[str, str]) -> tuple[list[tuple[float, str]], f
     """One in-process up() with a timestamp on every step it reports; and the cost of one no-op command."""
     os.environ["XDG_STATE_HOME"] = env["XDG_STATE_HOME"]
     from sparkserve.config import load_config
-    from sparkserve.deploy import lifecycle
+    from sparkserve.deploy.stack import down
+    from sparkserve.deploy.up import up
     from sparkserve.nodes.factory import open_nodes
 
     c = load_config(cfg)
     steps: list[tuple[float, str]] = []
     with open_nodes(c) as nodes:
         t0 = time.monotonic()
-        res = lifecycle.up(c, nodes, run_gates=False, validate=True,
-                           say=lambda m: steps.append((time.monotonic() - t0, m[:90])))
+        res = up(c, nodes, run_gates=False, say=lambda m: steps.append((time.monotonic() - t0, m[:90])))
         steps.append((time.monotonic() - t0, f"up() returned ({res.status})"))
-        lifecycle.down(c, nodes)
+        down(c, nodes)
         node = nodes[c.nodes[-1].name]
         costs = []
         for _ in range(7):

@@ -22,9 +22,24 @@ console = Console()
 err_console = Console(stderr=True)
 
 
-def config_from(path: Path | None) -> Config:
-    return load_config(path)
+AcceptNew = Annotated[bool, typer.Option("--accept-new-host-keys",
+                                         help="add unknown SSH host keys to known_hosts (default: refuse them)")]
+
+
+def config_from(path: Path | None, *, accept_new: bool = False, check: bool = False) -> Config:
+    """The config a command runs with. ``accept_new`` is ``--accept-new-host-keys`` (ssh trusts a host key
+    it has never seen and records it) for this run only; ``check`` applies the config's own rules too, so
+    a bad config fails (BadInput, exit 2) before any node is touched."""
+    cfg = load_config(path)
+    if accept_new:
+        cfg.ssh.accept_new_host_keys = True
+    if check:
+        from sparkserve.plan.validate import check_config
+
+        check_config(cfg).raise_first()
+    return cfg
 
 
 def emit_json(obj: Any) -> None:
+    """Print ``obj`` as the command's --json output."""
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")

@@ -96,7 +96,8 @@ def validate(
 
 
 def _display_plan(cfg: Config) -> Any:
-    from sparkserve.plan.build import REDACTED, build_plan
+    from sparkserve.plan.build import build_plan
+    from sparkserve.plan.container import REDACTED
     from sparkserve.plan.validate import check_config
 
     check_config(cfg).raise_first()
@@ -163,32 +164,9 @@ def plan(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """What `sparkserve up` would do with this config, step by step. Nothing runs."""
     cfg = load_config(config)
     p = _display_plan(cfg)
-    steps: list[dict[str, Any]] = [
-        {"step": "validate", "detail": f"config, drafter {cfg.drafter.path}, target {cfg.model.target}, "
-                                        "every argv through vLLM 0.33's parser"},
-        {"step": "preflight", "detail": "on every node in parallel: ssh, docker, disk, memory headroom, ports "
-                                         f"{cfg.serve.port}/{cfg.fabric.master_port}, stale containers, paths, fabric"},
-        {"step": "image", "detail": f"{cfg.image.ref}: the same image ID on every node"},
-        {"step": "drafter", "detail": f"sync {cfg.drafter.path} to every node (sha256 manifest, only differing files)"},
-    ]
-    for s in p.start_order():
-        what = "ray start --head" if p.executor == "ray" and s.role == "head" else (
-            "ray worker" if p.executor == "ray" else ("vllm serve (API server)" if s.role == "head" else
-                                                       "vllm serve --headless"))
-        steps.append({"step": "start", "node": s.node, "rank": s.rank, "container": s.name,
-                      "detail": f"{what} in {s.name} on {s.host}"})
-    if p.executor == "ray":
-        steps.append({"step": "serve", "node": p.head.node, "detail": "vllm serve --distributed-executor-backend "
-                                                                       "ray, exec'd in the head container"})
-    g = cfg.gates
-    mode = "no graphs (eager)" if cfg.serve.enforce_eager else cfg.serve.compilation.cudagraph_mode.value
-    steps += [
-        {"step": "wait", "detail": f"`Application startup complete.` on the head ({p.api_url}); every rank's "
-                                   "container alive; free memory above the floor"},
-        {"step": "gates", "detail": f"pool {g.pool_tokens} tokens, graphs {mode} on every rank, mask "
-                                    f"{g.mask_token_id} on every rank, smoke {g.smoke.prompts}x{g.smoke.concurrency}"
-                                    f"x{g.smoke.max_tokens}, no faults"},
-    ]
+    from sparkserve.deploy.up import planned_steps
+
+    steps = planned_steps(cfg, p)
     if as_json:
         emit_json({"fingerprint": p.fingerprint, "executor": p.executor, "steps": steps, "plan": p.public()})
         return

@@ -1,4 +1,8 @@
-"""`up`, `down`, `status`, `doctor`, `swap-drafter`: thin wrappers over sparkserve.deploy.lifecycle."""
+"""`up`, `down`, `status`, `doctor`, `swap-drafter`: parse, open the nodes, call one deploy function, print.
+
+Nodes are opened here, by the commands layer, with :func:`sparkserve.nodes.factory.open_nodes`; every
+deploy function takes them open.
+"""
 
 from __future__ import annotations
 
@@ -10,18 +14,19 @@ import typer
 from rich.live import Live
 from rich.table import Table
 
-from sparkserve.commands._common import ConfigOpt, JsonOpt, config_from, emit_json, err_console
-from sparkserve.deploy import lifecycle
+from sparkserve.commands._common import AcceptNew, ConfigOpt, JsonOpt, config_from, console, emit_json, err_console
+from sparkserve.deploy.stack import down, status
+from sparkserve.deploy.swap import swap_drafter
+from sparkserve.deploy.up import up
 from sparkserve.deploy.wait import NodeView
 from sparkserve.errors import GateFailed
 from sparkserve.nodes.factory import open_nodes
 
-AcceptNew = Annotated[bool, typer.Option("--accept-new-host-keys",
-                                         help="add unknown SSH host keys to known_hosts (default: refuse them)")]
 BreakLock = Annotated[bool, typer.Option("--break-lock", help="remove a lock left by a run that is gone")]
 
 
 def _say(json_out: bool):  # noqa: ANN202
+    """The progress reporter deploy functions get: dim lines on stderr, nothing with --json."""
     def say(msg: str) -> None:
         if not json_out:
             err_console.print(f"[dim]·[/dim] {msg}", highlight=False)
@@ -75,24 +80,12 @@ def up_cmd(
     """Preflight, sync the drafter, start every rank (followers, then head), wait, check parity and gates.
 
     On any failure or Ctrl-C every container this run started is stopped and removed on every node."""
-    cfg = config_from(config)
-    if accept_new:
-        cfg.ssh.accept_new_host_keys = True
-    from sparkserve.plan.validate import check_config
-
-    check_config(cfg).raise_first()  # config alone: before any node is touched
-    say = _say(json_out)
-    with open_nodes(cfg) as nodes:
-        gate_runner = None
-        if not no_gates:
-            from sparkserve.deploy.gates_live import gates_for_up
-
-            gate_runner = gates_for_up
-        with _BootView(not json_out) as view:
-            result = lifecycle.up(cfg, nodes, run_gates=not no_gates, break_lock=break_lock, say=say,
-                                  on_update=view.update, gate_runner=gate_runner, validate=True)
+    cfg = config_from(config, accept_new=accept_new, check=True)
+    with open_nodes(cfg) as nodes, _BootView(not json_out) as view:
+        result = up(cfg, nodes, run_gates=not no_gates, break_lock=break_lock, say=_say(json_out),
+                    on_update=view.update)
     if json_out:
-        emit_json(result.as_dict())
+        emit_json(result.to_json())
         return
     if result.status == "unchanged":
         print(f"already up: {result.api_url} serves {result.served_name} (deployment {result.fingerprint[:12]})")
@@ -105,15 +98,13 @@ def up_cmd(
 def down_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: AcceptNew = False,
              break_lock: BreakLock = False) -> None:
     """Stop (gracefully) and remove every sparkserve container on every node; logs are saved first."""
-    cfg = config_from(config)
-    if accept_new:
-        cfg.ssh.accept_new_host_keys = True
+    cfg = config_from(config, accept_new=accept_new)
     with open_nodes(cfg) as nodes:
-        out = lifecycle.down(cfg, nodes, break_lock=break_lock, say=_say(json_out))
+        result = down(cfg, nodes, break_lock=break_lock, say=_say(json_out))
     if json_out:
-        emit_json(out)
-    elif out["removed"]:
-        print(f"down: removed {sum(len(v) for v in out['removed'].values())} container(s); logs in {out['logs']}")
+        emit_json(result.to_json())
+    elif result.removed:
+        print(f"down: removed {sum(len(v) for v in result.removed.values())} container(s); logs in {result.logs}")
     else:
         print("down: nothing was running")
 
@@ -122,26 +113,23 @@ def status_cmd(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
     """What runs where: every node's sparkserve containers (liveness per node) and the head's API."""
     cfg = config_from(config)
     with open_nodes(cfg) as nodes:
-        st = lifecycle.status(cfg, nodes)
+        st = status(cfg, nodes)
     if json_out:
-        emit_json(st)
+        emit_json(st.to_json())
     else:
         t = Table(title="sparkserve status")
         for col in ("node", "container", "rank", "role", "status", "deployment", "image"):
             t.add_column(col)
-        for node, cs in st["nodes"].items():
+        for node, cs in st.nodes.items():
             if not cs:
                 t.add_row(node, "-", "-", "-", "[red]none[/red]", "-", "-")
             for c in cs:
-                color = "green" if c["status"] == "running" else "red"
-                t.add_row(node, c["name"], str(c["rank"]), c["role"], f"[{color}]{c['status']}[/{color}]",
-                          c["deployment"], c["image_id"])
-        from sparkserve.commands._common import console
-
+                color = "green" if c.status == "running" else "red"
+                t.add_row(node, c.name, str(c.rank), c.role, f"[{color}]{c.status}[/{color}]", c.deployment,
+                          c.image_id)
         console.print(t)
-        api = st["api"]
-        print(f"api {api['url']}: {'serving' if api['serving'] else 'not serving'}")
-    if not st["ok"]:
+        print(f"api {st.api.url}: {'serving' if st.api.serving else 'not serving'}")
+    if not st.ok:
         raise typer.Exit(1)
 
 
@@ -149,9 +137,7 @@ def doctor_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: 
     """ssh, docker, disk, UMA memory headroom, ports, stale containers, paths, CX-7 fabric — every node."""
     from sparkserve.deploy.doctor import as_json, check_all
 
-    cfg = config_from(config)
-    if accept_new:
-        cfg.ssh.accept_new_host_keys = True
+    cfg = config_from(config, accept_new=accept_new)
     with open_nodes(cfg) as nodes:
         checks = check_all(cfg, nodes, None, check_ports=True)
     out = as_json(checks)
@@ -164,8 +150,6 @@ def doctor_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: 
         for c in checks:
             mark = {"ok": "[green]ok[/green]", "warn": "[yellow]warn[/yellow]", "fail": "[red]FAIL[/red]"}[c.status]
             t.add_row(c.node, c.name, mark, c.detail)
-        from sparkserve.commands._common import console
-
         console.print(t)
     if not out["ok"]:
         raise typer.Exit(1)
@@ -179,16 +163,15 @@ def swap_drafter_cmd(
 ) -> None:
     """Validate PATH, sync it to every node, restart with the new bind mount, run the gates; roll back
     to the previous drafter if anything fails."""
-    from sparkserve.deploy.swap import swap_drafter
-
     cfg = config_from(config)
-    result = swap_drafter(cfg, path, break_lock=break_lock, say=_say(json_out))
+    with open_nodes(cfg) as nodes:
+        result = swap_drafter(cfg, nodes, path, break_lock=break_lock, say=_say(json_out))
     if json_out:
-        emit_json(result)
+        emit_json(result.to_json())
     else:
-        print(result["message"])
-    if not result["ok"]:
-        raise GateFailed("swap-drafter", result["message"])
+        print(result.message)
+    if not result.ok:
+        raise GateFailed("swap-drafter", result.message)
 
 
 def register(app: typer.Typer) -> None:

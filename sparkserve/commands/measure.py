@@ -4,19 +4,17 @@ from __future__ import annotations
 
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from pydantic import ValidationError
 from rich.table import Table
 
 from sparkserve.commands._common import ConfigOpt, JsonOpt, config_from, console, emit_json, err_console
-from sparkserve.config import resolve_api_key
-from sparkserve.errors import BadInput, GateFailed
+from sparkserve.errors import GateFailed
 from sparkserve.journal import Journal
-from sparkserve.measure.bench import CELLS, BenchResult, run_cell
-from sparkserve.measure.prompts import builtin_prompts, load_prompts
-from sparkserve.plan.build import build_plan
+from sparkserve.measure.ab import compare_files
+from sparkserve.measure.records import CELLS, BenchResult
+from sparkserve.measure.run import bench_and_record
 
 
 class CellName(StrEnum):
@@ -42,29 +40,12 @@ def bench(
     stall: Annotated[float, typer.Option("--stall-timeout", help="silent this long = hung, s")] = 60.0,
 ) -> None:
     """Run one cell of the model card's bench protocol and record it in the journal."""
-    cfg = config_from(config)
-    plan = build_plan(cfg)
-    prompt_set = load_prompts(prompts) if prompts else builtin_prompts()
-    api_key = resolve_api_key(cfg)
-    with Journal.open() as journal:  # open first: a broken journal fails before the run, not after
-        fingerprint: str | None = None
-        if url is None or config is not None:
-            fingerprint = journal.latest_fingerprint_for_config(cfg.fingerprint()) or cfg.fingerprint()
-        result = run_cell(
-            url or plan.api_url,
-            model or plan.served_name,
-            CELLS[cell.value],
-            prompt_set,
-            node=None if url else plan.head.node,
-            api_key=api_key,
-            deadline_s=deadline,
-            stall_timeout_s=stall,
-            progress=not json_out,
-        )
-        raw = result.to_json()
-        bench_id = journal.record_bench(fingerprint, result.cell, raw)
+    result, bench_id = bench_and_record(
+        config_from(config), CELLS[cell.value], prompts, url=url, model=model, config_given=config is not None,
+        deadline_s=deadline, stall_timeout_s=stall, progress=not json_out,
+    )
     if json_out:
-        print(raw, end="")
+        print(result.to_json(), end="")
     else:
         _print_result(result, bench_id)
     if result.refused:
@@ -120,59 +101,6 @@ def history(
     console.print(t)
 
 
-def _load_result(path: Path) -> BenchResult:
-    try:
-        return BenchResult.model_validate_json(path.read_bytes())
-    except OSError as e:
-        raise BadInput(str(path), f"cannot read ({e.strerror or e})") from e
-    except ValidationError as e:
-        err = e.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise BadInput(str(path), f"not a bench result: {loc + ': ' if loc else ''}{err['msg']}") from e
-
-
-def _rel(x: float | None, base: float | None) -> float | None:
-    if x is None or base is None or base == 0:
-        return None
-    return (x - base) / base
-
-
-def ab_table(paths: list[Path]) -> dict[str, Any]:
-    """Compare bench result files against the first (the baseline). Refuses unlike cells."""
-    results = [(p, _load_result(p)) for p in paths]
-    base_path, base = results[0]
-    rows = []
-    for p, r in results:
-        if (r.cell, r.prompts, r.concurrency, r.max_tokens) != (base.cell, base.prompts, base.concurrency,
-                                                               base.max_tokens):
-            raise BadInput(
-                str(p),
-                f"cell {r.cell} ({r.prompts}×c{r.concurrency}×{r.max_tokens}) differs from the baseline "
-                f"{base_path}'s {base.cell} ({base.prompts}×c{base.concurrency}×{base.max_tokens}): "
-                "compare like with like",
-            )
-        n = max(len(r.per_position_acceptance), len(base.per_position_acceptance))
-        pp = r.per_position_acceptance + [None] * (n - len(r.per_position_acceptance))
-        bp = base.per_position_acceptance + [None] * (n - len(base.per_position_acceptance))
-        rows.append({
-            "file": str(p),
-            "cell": r.cell,
-            "ok": r.ok and not r.refused,
-            "refused": r.refused,
-            "stream_errors": r.stream_errors,
-            "output_tok_s": r.output_tok_s,
-            "output_tok_s_delta": _rel(r.output_tok_s, base.output_tok_s),
-            "acceptance_length": r.acceptance_length,
-            "acceptance_length_delta": _rel(r.acceptance_length, base.acceptance_length),
-            "acceptance_rate": r.acceptance_rate,
-            "acceptance_rate_delta": _rel(r.acceptance_rate, base.acceptance_rate),
-            "per_position_acceptance": r.per_position_acceptance,
-            "per_position_delta": [_rel(a, b) for a, b in zip(pp, bp, strict=True)],
-            "boot_id": r.boot_id,
-        })
-    return {"baseline": str(base_path), "cell": base.cell, "rows": rows}
-
-
 def _pct(d: float | None) -> str:
     if d is None:
         return ""
@@ -184,32 +112,32 @@ def ab(
     json_out: JsonOpt = False,
 ) -> None:
     """A/B table of record: output tok/s, acceptance length and per-position acceptance vs the first file."""
-    table = ab_table(results)
+    table = compare_files(results)
     if json_out:
-        emit_json(table)
+        emit_json(table.model_dump(mode="json"))
         return
-    t = Table(title=f"A/B {table['cell']} — baseline {table['baseline']}")
+    t = Table(title=f"A/B {table.cell} — baseline {table.baseline}")
     for col in ("result", "tok/s", "AL", "acc. rate", "per-position acceptance", "errors", "valid"):
         t.add_column(col)
-    for row in table["rows"]:
+    for row in table.rows:
+        base = row.file == table.baseline
         pos = "  ".join(
-            f"{x:.3f}{'' if d is None or row['file'] == table['baseline'] else f'({d * 100:+.0f}%)'}"
-            for x, d in zip(row["per_position_acceptance"], row["per_position_delta"], strict=False)
+            f"{x:.3f}{'' if d is None or base else f'({d * 100:+.0f}%)'}"
+            for x, d in zip(row.per_position_acceptance, row.per_position_delta, strict=False)
         )
-        base = row["file"] == table["baseline"]
         t.add_row(
-            row["file"] + (" [dim](A)[/dim]" if base else ""),
-            f"{row['output_tok_s']:,.1f}" + ("" if base else _pct(row["output_tok_s_delta"])),
-            _fmt(row["acceptance_length"]) + ("" if base else _pct(row["acceptance_length_delta"])),
-            _fmt(row["acceptance_rate"]) + ("" if base else _pct(row["acceptance_rate_delta"])),
+            row.file + (" [dim](A)[/dim]" if base else ""),
+            f"{row.output_tok_s:,.1f}" + ("" if base else _pct(row.output_tok_s_delta)),
+            _fmt(row.acceptance_length) + ("" if base else _pct(row.acceptance_length_delta)),
+            _fmt(row.acceptance_rate) + ("" if base else _pct(row.acceptance_rate_delta)),
             pos or "n/a",
-            str(row["stream_errors"]),
-            "yes" if row["ok"] else f"[red]REFUSED[/red]: {row['refused'][0] if row['refused'] else ''}",
+            str(row.stream_errors),
+            "yes" if row.ok else f"[red]REFUSED[/red]: {row.refused[0] if row.refused else ''}",
         )
     console.print(t)
-    for row in table["rows"]:
-        if not row["ok"]:
-            err_console.print(f"[yellow]warning:[/yellow] {row['file']} is a refused cell: figures not valid")
+    for row in table.rows:
+        if not row.ok:
+            err_console.print(f"[yellow]warning:[/yellow] {row.file} is a refused cell: figures not valid")
 
 
 def register(app: typer.Typer) -> None:
@@ -218,4 +146,4 @@ def register(app: typer.Typer) -> None:
     app.command("ab")(ab)
 
 
-__all__ = ["register", "ab_table", "bench", "history", "ab"]
+__all__ = ["register", "bench", "history", "ab"]

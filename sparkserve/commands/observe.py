@@ -1,23 +1,27 @@
 """`sparkserve logs` (live, or `logs analyze FILE…` offline) and `sparkserve gates`.
 
 Exit codes: 0 ok · 1 a gate failed · 2 bad input (missing file, unknown gate, `--bank` offline) · 3 remote.
-`gates --from-log NODE=FILE…` judges saved logs without touching a node: `smoke` and `identity` cannot be
-observed in a log, so they are reported "not run" and fail unless `--skip smoke --skip identity`;
-container liveness is not checked offline (the `faults` reason says so).
+`gates --from-log NODE=FILE…` judges saved logs without touching a node (sparkserve.observe.saved says what
+that cannot observe).
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from sparkserve.commands._common import ConfigOpt, JsonOpt, config_from, console, emit_json
+from sparkserve.deploy.gates_live import run_gates
+from sparkserve.deploy.stack import stream_logs
 from sparkserve.errors import BadInput
+from sparkserve.nodes.factory import open_nodes
+from sparkserve.observe.analyze import Analysis
+from sparkserve.observe.gate_report import GATE_NAMES, GateReport
+from sparkserve.observe.saved import LogFile, analyze_files, judge_files
 
 logs_app = typer.Typer(
     help="Both nodes' engine logs (live), or `logs analyze FILE…` for saved logs.",
@@ -38,50 +42,22 @@ def logs_live(
     if ctx.invoked_subcommand is not None:
         return
     cfg = config_from(config)
-    show_logs = _lazy("sparkserve.deploy.lifecycle", "show_logs", "live logs")
-    show_logs(cfg, node, follow, since)
+    with open_nodes(cfg) as nodes:
+        stream_logs(cfg, nodes, node=node, follow=follow, since=since)
 
 
-def _lazy(module: str, name: str, what: str) -> Any:
-    import importlib
-
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as e:
-        if e.name != module:
-            raise
-        raise BadInput(what, f"not available yet ({module} is missing)") from None
-    fn = getattr(mod, name, None)
-    if fn is None:
-        raise BadInput(what, f"not available yet ({module}.{name} is missing)")
-    return fn
-
-
-def _node_files(pairs: list[str], option: str) -> list[tuple[str, Path]]:
+def _log_files(items: list[str], option: str) -> list[LogFile]:
+    """``NAME=FILE`` (or a bare ``FILE``, named after the file) → saved logs with their node."""
     out = []
-    for item in pairs:
+    for item in items:
         node, sep, file = item.partition("=")
         if not sep:
-            path = Path(item)
-            out.append((path.name, path))
+            out.append(LogFile(Path(item), Path(item).name, option))
             continue
         if not node or not file:
             raise BadInput(option, f"{item!r} is not NAME=FILE")
-        out.append((node, Path(file)))
+        out.append(LogFile(Path(file), node, option))
     return out
-
-
-def _read(path: Path, option: str) -> bytes:
-    if str(path) == "-":
-        return sys.stdin.buffer.read()
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise BadInput(option, f"{path}: no such file") from None
-    except IsADirectoryError:
-        raise BadInput(option, f"{path}: is a directory") from None
-    except OSError as e:
-        raise BadInput(option, f"{path}: {e.strerror or e}") from None
 
 
 @logs_app.command("analyze")
@@ -96,22 +72,17 @@ def analyze_cmd(
     ] = None,
 ) -> None:
     """Offline analysis of saved logs (no nodes): KV pool, graphs per rank, mask, runner, readiness, faults."""
-    from sparkserve.observe.analyze import analyze
-    from sparkserve.observe.logs import parse_log
-
-    inputs: list[tuple[str | None, Path]] = [(None, p) for p in files or []]
-    inputs += [(n, p) for n, p in _node_files(list(node or []), "--node")]
+    inputs = [LogFile(p) for p in files or []] + _log_files(list(node or []), "--node")
     if not inputs:
         raise BadInput("logs analyze", "give at least one FILE (or --node NAME=FILE)")
-    logs = [parse_log(_read(p, "FILE" if n is None else "--node"), file=str(p), node=n) for n, p in inputs]
-    result = analyze(logs)
+    result = analyze_files(inputs)
     if json_out:
         emit_json(result.to_json())
         return
     _print_analysis(result)
 
 
-def _print_analysis(a: Any) -> None:
+def _print_analysis(a: Analysis) -> None:
     j = a.to_json()
     t = Table(show_header=False, box=None, pad_edge=False)
     t.add_column(style="bold")
@@ -163,15 +134,11 @@ def gates_cmd(
     ] = None,
 ) -> None:
     """The production gates across every node: pool, graphs, mask, smoke, faults, runner, identity."""
-    from sparkserve.observe.gates import GATE_NAMES, Expectations, GateReport, judge
-    from sparkserve.observe.logs import parse_log
-
     skips = list(skip or [])
     bad = [s for s in skips if s not in GATE_NAMES]
     if bad:
         raise BadInput("--skip", f"unknown gate {bad[0]!r}; gates are {', '.join(GATE_NAMES)}")
     cfg = config_from(config)
-    report: GateReport
     if from_log:
         if bank:
             raise BadInput(
@@ -179,19 +146,13 @@ def gates_cmd(
                 "needs the running stack (the fingerprint holds the image ID and drafter "
                 "manifest); not with --from-log",
             )
-        pairs = _node_files(list(from_log), "--from-log")
-        names = [n for n, _ in pairs]
-        if len(set(names)) != len(names):
+        logs = _log_files(list(from_log), "--from-log")
+        if len({f.node for f in logs}) != len(logs):
             raise BadInput("--from-log", "a node is named twice; use NODE=FILE with distinct names")
-        logs = {n: parse_log(_read(p, "--from-log"), file=str(p), node=n) for n, p in pairs}
-        expect = Expectations.from_config(cfg, mask_file=_mask_file(cfg.drafter.path), check_nodes=False)
-        report = judge(logs, expect, skip=skips)
+        report = judge_files(cfg, logs, skip=skips)
     else:
-        run_gates = _lazy("sparkserve.deploy.gates_live", "run_gates", "gates")
-        got = run_gates(cfg, bank=bank)
-        report = got if isinstance(got, GateReport) else _report_from_json(got)
-        if skips:
-            report = report.with_skipped(skips)
+        with open_nodes(cfg) as nodes:
+            report = run_gates(cfg, nodes, bank=bank).with_skipped(skips)
     if json_out:
         emit_json(report.to_json())
     else:
@@ -200,36 +161,7 @@ def gates_cmd(
         raise typer.Exit(1)
 
 
-def _mask_file(path: Path) -> bool | None:
-    """Does the drafter directory hold mask_embedding.pt? None when the directory is not on this machine."""
-    p = Path(path).expanduser()
-    if not p.is_dir():
-        return None
-    return (p / "mask_embedding.pt").is_file()
-
-
-def _report_from_json(obj: dict[str, Any]) -> Any:
-    from sparkserve.observe.gates import Evidence, GateReport, Verdict
-
-    return GateReport(
-        [
-            Verdict(
-                g["name"],
-                bool(g["ok"]),
-                g.get("expected"),
-                g.get("observed"),
-                g.get("reason", ""),
-                [
-                    Evidence(e.get("node", ""), e.get("line"), e.get("text", ""))
-                    for e in g.get("evidence", [])
-                ],
-            )
-            for g in obj.get("gates", [])
-        ]
-    )
-
-
-def _print_report(report: Any) -> None:
+def _print_report(report: GateReport) -> None:
     t = Table(show_header=True, header_style="bold")
     t.add_column("gate")
     t.add_column("")

@@ -1,17 +1,17 @@
 """Node-side pre-flight (`sparkserve doctor`, and the first step of `up`): every node in parallel.
 
 Each check returns a :class:`Check` (ok / warn / fail with one sentence). `up` stops at the first
-failing node check; `doctor` shows them all.
+failing node check; `doctor` shows them all. What the node is asked, in one round trip, is
+:mod:`sparkserve.deploy.probe`; the fabric facts it returns are resolved by :mod:`sparkserve.plan.fabric`.
 """
 
 from __future__ import annotations
 
-import inspect
-import json
 from dataclasses import asdict, dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from sparkserve.config import Config, NodeConfig
+from sparkserve.deploy.probe import probe_node
 from sparkserve.deploy.watchdog import mem_available
 from sparkserve.errors import SparkserveError
 from sparkserve.nodes.base import Node
@@ -19,48 +19,15 @@ from sparkserve.nodes.engine import Engine
 from sparkserve.nodes.parallel import on_all
 from sparkserve.plan.build import Plan
 from sparkserve.plan.fabric import FabricError, FabricFacts, parse_sysfs, resolve
-from sparkserve.plan.fabric import _probe as fabric_probe
 from sparkserve.units import human_bytes
 
 Status = Literal["ok", "warn", "fail"]
 
-# One remote python3 program answers every node-side question in one round trip: paths, disk, ports,
-# memory, the fabric's sysfs files (fabric._probe's own source runs inside it) and, for `up`, the
-# containers' writable mount dirs it creates.
-_PROBE = inspect.getsource(fabric_probe) + r"""
-import json, os, shutil, socket, sys
-a = json.loads(sys.stdin.read())
-out = {"paths": {}, "disk": {}, "ports": {}, "mkdirs": {}}
-for p in a["paths"]:
-    out["paths"][p] = os.path.isdir(p)
-for p in a["disk"]:
-    q = p
-    while q and not os.path.exists(q):
-        q = os.path.dirname(q)
-    out["disk"][p] = shutil.disk_usage(q or "/").free
-for host, port in a["ports"]:
-    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn/TCPStore bind: TIME_WAIT is free
-    try:
-        s.bind((host, port)); free = True
-    except OSError:
-        free = False
-    finally:
-        s.close()
-    out["ports"][f"{host}:{port}"] = free
-for p in a.get("mkdirs", []):
-    try:
-        os.makedirs(p, exist_ok=True); out["mkdirs"][p] = ""
-    except OSError as e:
-        out["mkdirs"][p] = e.strerror or str(e)
-out["meminfo"] = open("/proc/meminfo").read()
-out["sysfs"] = _probe(a["sysfs"]) if a.get("sysfs") else None
-print(json.dumps(out))
-"""
-
 
 @dataclass
 class Check:
+    """One node check's verdict, as `doctor --json` prints it."""
+
     node: str
     name: str
     status: Status
@@ -69,14 +36,6 @@ class Check:
     @property
     def ok(self) -> bool:
         return self.status != "fail"
-
-
-def _probe(node: Node, paths: list[str], disk: list[str], ports: list[tuple[str, int]], *,
-           sysfs: str | None = None, mkdirs: list[str] | None = None) -> dict[str, Any]:
-    question = json.dumps({"paths": paths, "disk": disk, "ports": ports, "sysfs": sysfs,
-                           "mkdirs": mkdirs or []}).encode()
-    res = node.run(["python3", "-c", _PROBE], stdin=question, step="preflight", timeout=30)
-    return json.loads(res.stdout)
 
 
 def _meminfo_total(meminfo: str) -> int:
@@ -113,23 +72,23 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
     ports = head_ports(cfg) if check_ports and rank == 0 else []
     target, drafter = str(cfg.model.target), str(cfg.drafter.path)
     sysfs = str(cfg.fabric.sysfs_root)
-    facts = _probe(node, [target, drafter], [drafter, str(cfg.container.cache_root)], ports, sysfs=sysfs,
-                   mkdirs=mkdirs)
-    add("target", "ok" if facts["paths"][target] else "fail",
-        f"{target} present" if facts["paths"][target] else f"model.target: {target} is missing on {name}")
-    free = facts["disk"][drafter]
+    facts = probe_node(node, paths=[target, drafter], disk=[drafter, str(cfg.container.cache_root)],
+                       ports=ports, sysfs=sysfs, mkdirs=mkdirs or [])
+    add("target", "ok" if facts.paths[target] else "fail",
+        f"{target} present" if facts.paths[target] else f"model.target: {target} is missing on {name}")
+    free = facts.disk[drafter]
     need = drafter_bytes
     add("disk", "ok" if free >= need else "fail",
         f"{human_bytes(free)} free for the drafter" + (f" (needs {human_bytes(need)})" if need else ""))
-    for hp, is_free in facts["ports"].items():
+    for hp, is_free in facts.ports.items():
         add(f"port {hp}", "ok" if is_free else "fail",
             "free" if is_free else f"port {hp} is already in use on {name}")
-    bad_dirs = {d: why for d, why in facts.get("mkdirs", {}).items() if why}
+    bad_dirs = {d: why for d, why in facts.mkdirs.items() if why}
     if mkdirs:
         add("dirs", "fail" if bad_dirs else "ok",
             "; ".join(f"cannot create {d}: {why}" for d, why in bad_dirs.items()) if bad_dirs
             else f"{len(mkdirs)} writable mount dir(s) ready")
-    total, avail = _meminfo_total(facts["meminfo"]), mem_available(facts["meminfo"])
+    total, avail = _meminfo_total(facts.meminfo), mem_available(facts.meminfo)
     need_mem = int(cfg.serve.gpu_memory_utilization * total)
     gmu = cfg.serve.gpu_memory_utilization
     hint = "" if avail >= need_mem else " — free memory or lower serve.gpu_memory_utilization"
@@ -143,7 +102,7 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
     except SparkserveError as e:
         add("containers", "fail", e.what)
     try:
-        fab = resolve(parse_sysfs(facts["sysfs"] or {}), cfg.fabric, node_cfg.fabric_ip, node=name, sysfs_root=sysfs)
+        fab = resolve(parse_sysfs(facts.sysfs or {}), cfg.fabric, node_cfg.fabric_ip, node=name, sysfs_root=sysfs)
         add("fabric", "ok", ", ".join(f"{k}={v}" for k, v in sorted(fab.env().items())))
         if fabric_out is not None:
             fabric_out[name] = fab
@@ -169,10 +128,10 @@ def check_all(cfg: Config, nodes: dict[str, Node], plan: Plan | None = None, *,
 
 def check_ports(cfg: Config, node: Node) -> list[Check]:
     """Only the head's ports (after `up` stopped a previous stack that held them): one round trip."""
-    facts = _probe(node, [], [], head_ports(cfg))
+    facts = probe_node(node, ports=head_ports(cfg))
     return [Check(cfg.head.name, f"port {hp}", "ok" if free else "fail",
                   "free" if free else f"port {hp} is already in use on {cfg.head.name}")
-            for hp, free in facts["ports"].items()]
+            for hp, free in facts.ports.items()]
 
 
 def as_json(checks: list[Check]) -> dict[str, object]:

@@ -12,26 +12,32 @@ import json
 from typing import Any
 
 from sparkserve.config import Config, resolve_api_key
+from sparkserve.deploy.stack import managed_on_all
 from sparkserve.deploy.sync import remote_manifest
 from sparkserve.errors import RemoteFailure
 from sparkserve.journal import Journal
-from sparkserve.measure.bench import CELLS, Cell, run_cell
 from sparkserve.measure.prompts import builtin_prompts
+from sparkserve.measure.records import CELLS, Cell
+from sparkserve.measure.run import run_cell
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.engine import Engine
 from sparkserve.nodes.parallel import on_all
-from sparkserve.observe.gates import Expectations, GateReport, NodeIdentity, SmokeError, SmokeResult, judge
+from sparkserve.observe.gate_inputs import Expectations, NodeIdentity, SmokeError, SmokeResult
+from sparkserve.observe.gate_report import GateReport
+from sparkserve.observe.gates import judge
 from sparkserve.observe.logs import parse_log
 from sparkserve.plan.build import Plan, build_plan
 
 
 def smoke_cell(cfg: Config) -> Cell:
+    """The built-in smoke cell, sized by ``gates.smoke``."""
     s = cfg.gates.smoke
     base = CELLS["smoke"]
     return Cell(base.name, prompts=s.prompts, concurrency=s.concurrency, max_tokens=s.max_tokens)
 
 
 def run_smoke(cfg: Config, plan: Plan) -> tuple[SmokeResult, dict[str, Any]]:
+    """The smoke cell against the head's API: what the smoke gate judges, and the raw bench result."""
     cell = smoke_cell(cfg)
     res = run_cell(plan.api_url, plan.served_name, cell, builtin_prompts(), node=plan.head.node,
                    api_key=resolve_api_key(cfg), deadline_s=cfg.gates.smoke.request_timeout_s,
@@ -44,6 +50,8 @@ def run_smoke(cfg: Config, plan: Plan) -> tuple[SmokeResult, dict[str, Any]]:
 
 def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str, str], *,
                       smoke: bool = True, bank: bool = False, skip: tuple[str, ...] = ()) -> GateReport:
+    """Every gate on the stack in ``containers`` (node → container id): collect on every node, judge,
+    and record the run (and, with ``bank``, the observed pool) in the journal. `up`'s last step."""
     def per_node(name: str) -> tuple[str, bool, str | None, str | None]:
         eng = Engine(nodes[name])
         cid = containers.get(name)
@@ -71,49 +79,47 @@ def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, container
         banked = j.get_banked_pool(plan.fingerprint)
     expect = Expectations.from_config(cfg, banked_pool=banked, mask_file=mask_file)
     report = judge(logs, expect, smoke=smoke_result, liveness=liveness, identity=identity, skip=skip)
-    out = report.to_json()
     with Journal.open() as j:
         if bank:
-            pool = next((g for g in out["gates"] if g["name"] == "pool"), None)
-            observed = pool.get("observed") if pool else None
-            if isinstance(observed, list):
-                observed = observed[0] if len(set(observed)) == 1 else None
-            if isinstance(observed, int):
+            observed = _observed_pool(report)
+            if observed is not None:
                 j.put_banked_pool(plan.fingerprint, observed)
-        j.record_gate_run(plan.fingerprint, bool(out["ok"]), out)
+        j.record_gate_run(plan.fingerprint, report.ok, report.to_json())
         if raw_smoke is not None:
             j.record_bench(plan.fingerprint, "smoke", json.dumps(raw_smoke, indent=2) + "\n")
     return report
 
 
+def _observed_pool(report: GateReport) -> int | None:
+    """The one KV pool size every rank reported (what ``--bank`` records), or None when they disagree."""
+    pool = next((g for g in report.gates if g.name == "pool"), None)
+    observed = pool.observed if pool else None
+    if isinstance(observed, list):
+        observed = observed[0] if len(set(observed)) == 1 else None
+    return observed if isinstance(observed, int) else None
+
+
 def _drafter_has_mask(node: Node, path: str) -> bool:
+    """Whether the drafter on ``node`` holds mask_embedding.pt (what the mask gate expects)."""
     res = node.run(["test", "-f", f"{path.rstrip('/')}/mask_embedding.pt"], check=False, step="gates", timeout=20)
     return res.ok
 
 
-def gates_for_up(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str, str]) -> dict[str, Any]:
-    """`up`'s last step: every gate, with the smoke cell."""
-    return collect_and_judge(cfg, nodes, plan, containers).to_json()
-
-
-def run_gates(cfg: Config, *, bank: bool = False) -> GateReport:
+def run_gates(cfg: Config, nodes: dict[str, Node], *, bank: bool = False) -> GateReport:
     """`sparkserve gates` on the running stack: find its containers by label on every node."""
-    from sparkserve.nodes.factory import open_nodes
-
-    with open_nodes(cfg) as nodes:
-        existing = on_all(list(nodes.values()), lambda n: Engine(n).list_managed(), name=lambda n: n.name)
-        containers: dict[str, str] = {}
-        fps = set()
-        for n in cfg.nodes:
-            mine = existing.get(n.name, [])
-            if not mine:
-                continue
-            c = mine[0]
-            containers[n.name] = c.id
-            fps.add(c.fingerprint)
-        if not containers:
-            raise RemoteFailure("gates", "no sparkserve stack runs on any node (run `sparkserve up`)")
-        if len(fps) > 1:
-            raise RemoteFailure("gates", f"nodes run different deployments ({', '.join(f[:12] for f in fps)})")
-        plan = build_plan(cfg, fingerprint=fps.pop())
-        return collect_and_judge(cfg, nodes, plan, containers, bank=bank)
+    existing = managed_on_all(nodes)
+    containers: dict[str, str] = {}
+    fps = set()
+    for n in cfg.nodes:
+        mine = existing.get(n.name, [])
+        if not mine:
+            continue
+        c = mine[0]
+        containers[n.name] = c.id
+        fps.add(c.fingerprint)
+    if not containers:
+        raise RemoteFailure("gates", "no sparkserve stack runs on any node (run `sparkserve up`)")
+    if len(fps) > 1:
+        raise RemoteFailure("gates", f"nodes run different deployments ({', '.join(f[:12] for f in fps)})")
+    plan = build_plan(cfg, fingerprint=fps.pop())
+    return collect_and_judge(cfg, nodes, plan, containers, bank=bank)

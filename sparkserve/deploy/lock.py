@@ -43,6 +43,8 @@ def _stale(owner_json: str) -> bool:
 
 
 def acquire(node: Node, *, what: str, lock_dir: str = LOCK_DIR, _retried: bool = False) -> None:
+    """Take the lock on ``node`` for ``what`` (`up`, `down`); RemoteFailure naming who holds it when taken.
+    A lock left by a run on this machine whose process is gone is taken over, with a warning."""
     owner = _owner() | {"what": what}
     res = node.run(["sh", "-c", _TAKE, "sparkserve-lock", lock_dir], stdin=json.dumps(owner).encode(),
                    check=False, step="lock", timeout=20)
@@ -74,11 +76,13 @@ def acquire(node: Node, *, what: str, lock_dir: str = LOCK_DIR, _retried: bool =
 
 
 def release(node: Node, *, lock_dir: str = LOCK_DIR) -> None:
+    """Give the lock back (whoever holds it: `--break-lock` uses this too)."""
     node.run(["rm", "-rf", "--", lock_dir], check=False, step="unlock", timeout=20)
 
 
 @contextlib.contextmanager
 def held(node: Node, *, what: str, break_lock: bool = False, lock_dir: str = LOCK_DIR) -> Iterator[None]:
+    """The lock, held for the ``with`` block; ``break_lock`` first removes a lock someone left behind."""
     if break_lock:
         release(node, lock_dir=lock_dir)
     acquire(node, what=what, lock_dir=lock_dir)

@@ -10,52 +10,86 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from sparkserve.config import Config
-from sparkserve.deploy import lifecycle
+from sparkserve.deploy.inputs import validate_inputs
+from sparkserve.deploy.teardown import Reporter
+from sparkserve.deploy.up import up
 from sparkserve.errors import BadInput, SparkserveError
 from sparkserve.models.manifest import manifest
-from sparkserve.nodes.factory import open_nodes
+from sparkserve.nodes.base import Node
+from sparkserve.observe.gate_report import GateReport
+
+
+@dataclass
+class SwapResult:
+    """How a swap ended: swapped (``ok``), rolled back to the previous drafter, or neither (nothing runs).
+
+    ``message`` is the one line for people; the other fields are set as the outcome has them."""
+
+    ok: bool
+    rolled_back: bool
+    message: str
+    error: str | None = None  # why the swap failed
+    details: list[str] = field(default_factory=list)
+    rollback_error: str | None = None  # why the rollback failed too
+    drafter_path: str | None = None  # swapped: where the new drafter is on every node
+    drafter_digest: str | None = None
+    deployment: str | None = None  # the fingerprint now running (swapped or rolled back)
+    gates: GateReport | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The `swap-drafter --json` object: its keys depend on the outcome."""
+        head: dict[str, Any] = {"ok": self.ok, "rolled_back": self.rolled_back}
+        if self.ok:
+            return head | {"drafter_path": self.drafter_path, "drafter_digest": self.drafter_digest,
+                           "deployment": self.deployment,
+                           "gates": self.gates.to_json() if self.gates is not None else None,
+                           "message": self.message}
+        if self.rolled_back:
+            return head | {"error": self.error, "details": self.details, "deployment": self.deployment,
+                           "message": self.message}
+        return head | {"error": self.error, "rollback_error": self.rollback_error, "message": self.message}
 
 
 def swapped_config(cfg: Config, new_dir: Path, digest: str) -> Config:
+    """``cfg`` with the drafter at its new node path (next to the current one), synced from ``new_dir``."""
     new = cfg.model_copy(deep=True)
     node_path = Path(str(cfg.drafter.path)).parent / f"{new_dir.name}-{digest[:12]}"
     new.drafter = new.drafter.model_copy(update={"path": node_path, "source": new_dir})
     return new
 
 
-def swap_drafter(cfg: Config, path: Path, *, break_lock: bool = False, say: lifecycle.Reporter = print,
-                 run_gates: bool = True) -> dict[str, Any]:
+def swap_drafter(cfg: Config, nodes: dict[str, Node], path: Path, *, break_lock: bool = False,
+                 say: Reporter = print, run_gates: bool = True) -> SwapResult:
+    """Swap the running stack's drafter for the one at ``path`` (see the module docstring).
+
+    BadInput (nothing changed) when ``path`` is not a valid drafter for this config; otherwise the outcome
+    is in the result, rollback included."""
     new_dir = path.expanduser().resolve()
     if not new_dir.is_dir():
         raise BadInput(str(path), "not a directory")
-    from sparkserve.deploy.gates_live import gates_for_up
-
     digest = manifest(new_dir).digest
     new_cfg = swapped_config(cfg, new_dir, digest)
-    gate_runner = gates_for_up if run_gates else None
-    with open_nodes(cfg) as nodes:
-        lifecycle.validate_inputs(new_cfg, nodes)  # BadInput (exit 2) before anything changes
-        say(f"swap: new drafter {new_dir} ({digest[:12]}) → {new_cfg.drafter.path} on every node")
+    validate_inputs(new_cfg, nodes)  # BadInput (exit 2) before anything changes
+    say(f"swap: new drafter {new_dir} ({digest[:12]}) → {new_cfg.drafter.path} on every node")
+    try:
+        res = up(new_cfg, nodes, run_gates=run_gates, validate=False, break_lock=break_lock, say=say)
+    except SparkserveError as e:
+        say(f"swap failed ({e.line()}); rolling back to {cfg.drafter.path}")
         try:
-            res = lifecycle.up(new_cfg, nodes, run_gates=run_gates, break_lock=break_lock, say=say,
-                               gate_runner=gate_runner)
-        except SparkserveError as e:
-            say(f"swap failed ({e.line()}); rolling back to {cfg.drafter.path}")
-            try:
-                back = lifecycle.up(cfg, nodes, run_gates=run_gates, say=say, gate_runner=gate_runner)
-            except SparkserveError as e2:
-                return {"ok": False, "rolled_back": False, "error": e.line(), "rollback_error": e2.line(),
-                        "message": f"swap failed: {e.line()}; ROLLBACK FAILED too: {e2.line()} — nothing runs"}
-            return {"ok": False, "rolled_back": True, "error": e.line(), "details": e.details,
-                    "deployment": back.fingerprint,
-                    "message": f"swap failed: {e.line()}; rolled back to {cfg.drafter.path} "
-                               f"({back.api_url} serving again)"}
-    return {"ok": True, "rolled_back": False, "drafter_path": str(new_cfg.drafter.path), "drafter_digest": digest,
-            "deployment": res.fingerprint, "gates": res.gates,
-            "message": f"swapped: {res.served_name} now drafts with {new_dir.name} ({digest[:12]}) at {res.api_url}; "
-                       f"set drafter.path: {new_cfg.drafter.path} and drafter.source: {new_dir} in your config "
-                       "to keep it"}
+            # the previous config booted before: its inputs were validated then
+            back = up(cfg, nodes, run_gates=run_gates, validate=False, say=say)
+        except SparkserveError as e2:
+            return SwapResult(False, False, f"swap failed: {e.line()}; ROLLBACK FAILED too: {e2.line()} — nothing "
+                              "runs", error=e.line(), rollback_error=e2.line())
+        return SwapResult(False, True, f"swap failed: {e.line()}; rolled back to {cfg.drafter.path} "
+                          f"({back.api_url} serving again)", error=e.line(), details=e.details,
+                          deployment=back.fingerprint)
+    return SwapResult(True, False, f"swapped: {res.served_name} now drafts with {new_dir.name} ({digest[:12]}) at "
+                      f"{res.api_url}; set drafter.path: {new_cfg.drafter.path} and drafter.source: {new_dir} in "
+                      "your config to keep it", drafter_path=str(new_cfg.drafter.path), drafter_digest=digest,
+                      deployment=res.fingerprint, gates=res.gates)

@@ -7,14 +7,14 @@
 Steps (two remote commands when something changed, one when nothing did):
 
 1. Local sha256 manifest (:func:`sparkserve.models.manifest.manifest`, cached by path/size/mtime).
-2. Remote manifest computed ON the node by a small stdlib ``python3 -`` program (:func:`_remote_main`)
-   with a per-node cache file keyed by (relpath, size, mtime_ns, inode) — the unchanged case reads no file
-   content and sends no file bytes.
+2. Remote manifest computed ON the node by a small stdlib ``python3 -`` program with a per-node cache
+   file keyed by (relpath, size, mtime_ns, inode) — the unchanged case reads no file content and sends
+   no file bytes. Both node-side programs live in :mod:`sparkserve.deploy.sync_remote`.
 3. Copy only the files that differ or are missing: ``rsync`` over OpenSSH with the node's own key and
    known_hosts (``StrictHostKeyChecking=yes``) when both ends have rsync, else SFTP (pipelined 255 KiB
    writes).
    Paths travel as data (rsync ``--protect-args``, SFTP, JSON) — never through a shell.
-   While the copy runs, a second small program on the node (:func:`_verify_main`) deletes files the
+   While the copy runs, a second small program on the node (the verifier) deletes files the
    source does not have and re-hashes every copied file as soon as it has been renamed into place, so
    verification overlaps the transfer; after the copy it hashes whatever is left.
 4. The node's resulting manifest must equal the local one, file by file.
@@ -23,7 +23,7 @@ Steps (two remote commands when something changed, one when nothing did):
 from __future__ import annotations
 
 import contextlib
-import inspect
+import hashlib
 import json
 import re
 import shutil
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from sparkserve.deploy.sync_remote import remote_program, verify_program
 from sparkserve.models.manifest import FileEntry, Manifest, manifest
 from sparkserve.nodes.base import Node, NodeError
 from sparkserve.nodes.parallel import on_all
@@ -40,271 +41,18 @@ from sparkserve.nodes.parallel import on_all
 Method = Literal["auto", "rsync", "sftp"]
 PARTIAL_DIR = ".sparkserve-partial"
 MIN_RATE = 20e6  # bytes/s assumed when sizing the copy timeout
-
-
-# -- the remote programs (run on the node: stdlib only, self-contained) ------------------------------------
-
-
-def _node_path(root: str, rel: str) -> str:
-    """On the node: ``root/rel``, refusing absolute paths and ``.``/``..``/empty parts."""
-    import os
-
-    parts = rel.split("/")
-    if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"refusing path {rel!r}")
-    return os.path.join(root, *parts)
-
-
-def _node_delete(root: str, rels: list[str]) -> list[str]:
-    """On the node: delete ``rels`` under ``root`` and the directories they leave empty."""
-    import os
-
-    deleted = []
-    for rel in rels:
-        p = _node_path(root, rel)
-        try:
-            os.unlink(p)
-            deleted.append(rel)
-        except FileNotFoundError:
-            pass
-        d = os.path.dirname(p)
-        while d != root and d.startswith(root + os.sep):
-            try:
-                os.rmdir(d)  # only succeeds when empty
-            except OSError:
-                break
-            d = os.path.dirname(d)
-    return deleted
-
-
-def _node_write_cache(cache_file: str, entries: dict) -> None:  # type: ignore[type-arg]
-    """On the node: replace the manifest cache file atomically; a cache that cannot be written is skipped."""
-    import json
-    import os
-
-    try:
-        os.makedirs(os.path.dirname(cache_file), exist_ok=True)
-        tmp = f"{cache_file}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(entries, f)
-        os.replace(tmp, cache_file)
-    except OSError:
-        return
-
-
-def _node_prelude() -> str:
-    return (inspect.getsource(_node_path) + "\n" + inspect.getsource(_node_delete) + "\n"
-            + inspect.getsource(_node_write_cache) + "\n")
-
-
-def _remote_main(args: dict) -> dict:  # type: ignore[type-arg]
-    """On the node: optionally delete files, then the sha256 manifest of ``root`` (cached).
-
-    args: root, cache (path or ""), delete (relpaths), rehash (relpaths hashed even if cached),
-    create (make ``root`` if missing, so a copy can follow without another round trip).
-    Returns {exists, files: {rel: [sha256, size]}, idents: {rel: [ino, dev, mtime_ns, size]}, hashed_bytes,
-    rsync, deleted}.
-    """
-    import hashlib
-    import os
-    import shutil
-    import time
-    from concurrent.futures import ThreadPoolExecutor
-
-    root = args["root"]
-    deleted = _node_delete(root, args.get("delete", []))
-
-    if args.get("create"):
-        os.makedirs(root, exist_ok=True)
-    out = {"exists": os.path.isdir(root), "files": {}, "idents": {}, "hashed_bytes": 0,
-           "rsync": shutil.which("rsync") is not None, "deleted": deleted}
-    if not out["exists"]:
-        return out
-    cache_file = os.path.expanduser(args.get("cache") or "")
-    cache = {}
-    if cache_file:
-        try:
-            import json
-
-            with open(cache_file) as f:
-                cache = json.load(f)
-        except (OSError, ValueError):
-            cache = {}
-    rehash = set(args.get("rehash", []))
-    todo = []
-    entries = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames.sort()
-        for name in sorted(filenames):
-            p = os.path.join(dirpath, name)
-            if not os.path.isfile(p):
-                continue
-            rel = os.path.relpath(p, root).replace(os.sep, "/")
-            st = os.stat(p)
-            out["idents"][rel] = [st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size]
-            hit = cache.get(rel)
-            # keyed by inode and device too: two rig "nodes" share one home (and one cache file) while
-            # their copies of a directory are different files with the same size and mtime
-            if rel not in rehash and hit and hit[:2] == [st.st_size, st.st_mtime_ns] \
-                    and hit[3:5] == [st.st_ino, st.st_dev]:
-                entries[rel] = [hit[2], st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
-            else:
-                todo.append((rel, p, st))
-
-    def digest(item):  # type: ignore[no-untyped-def]
-        rel, p, st = item
-        h = hashlib.sha256()
-        n = 0
-        with open(p, "rb") as f:
-            while True:
-                b = f.read(4 << 20)
-                if not b:
-                    break
-                h.update(b)
-                n += len(b)
-        return rel, h.hexdigest(), n, st
-
-    workers = max(1, min(8, os.cpu_count() or 1, len(todo)))
-    with ThreadPoolExecutor(workers) as pool:
-        for rel, sha, n, st in pool.map(digest, todo):
-            entries[rel] = [sha, st.st_size, st.st_mtime_ns, st.st_ino, st.st_dev]
-            out["hashed_bytes"] += n
-    out["files"] = {rel: [e[0], e[1]] for rel, e in entries.items()}
-    if cache_file and (todo or set(cache) - set(entries)):
-        racy = time.time_ns() - 2 * 10**9
-        new = {rel: [e[1], e[2], e[0], e[3], e[4]] for rel, e in entries.items() if e[2] < racy}
-        _node_write_cache(cache_file, new)
-    return out
-
-
-def remote_program(args: dict[str, object]) -> str:
-    """The exact program sent on stdin to ``python3 -``: the function source plus its arguments as data."""
-    call = f"_remote_main(json.loads({json.dumps(args)!r}))"
-    tail = f"\nimport json, sys\nsys.stdout.write(json.dumps({call}))\n"
-    return _node_prelude() + inspect.getsource(_remote_main) + tail
-
-
-def _verify_main(args: dict) -> dict:  # type: ignore[type-arg]
-    """On the node, WHILE the copy runs: delete ``delete``, then hash each file in ``files`` as soon as it
-    has been replaced (its identity differs from ``before``: rsync, SFTP and local puts all write a temp
-    file and rename it into place), and once more everything still pending after stdin says ``done``.
-    EOF on stdin without ``done`` aborts. Updates the node's manifest cache with what it verified.
-
-    args: root, cache, files {rel: [size, sha256]}, before {rel: [ino, dev, mtime_ns, size]}, delete.
-    Returns {files: {rel: [sha256, size]}, deleted, hashed_bytes, aborted}.
-    """
-    import hashlib
-    import json
-    import os
-    import sys
-    import threading
-    import time
-
-    root = args["root"]
-
-    def safe(rel: str) -> str:
-        return _node_path(root, rel)
-
-    def ident(p: str) -> list[int] | None:
-        try:
-            st = os.stat(p)
-        except OSError:
-            return None
-        return [st.st_ino, st.st_dev, st.st_mtime_ns, st.st_size]
-
-    def sha256(p: str) -> tuple[str, int]:
-        h = hashlib.sha256()
-        n = 0
-        with open(p, "rb") as f:
-            while True:
-                b = f.read(4 << 20)
-                if not b:
-                    return h.hexdigest(), n
-                h.update(b)
-                n += len(b)
-
-    deleted = _node_delete(root, args.get("delete", []))
-
-    control = {"state": "copying"}
-
-    def listen() -> None:
-        data = sys.stdin.buffer.read()  # returns at EOF
-        control["state"] = "done" if b"done" in data else "aborted"  # one assignment: no torn read
-
-    threading.Thread(target=listen, daemon=True).start()
-    want, before = args["files"], args.get("before", {})
-    pending = sorted(want)
-    found = {}
-    hashed = 0
-    while pending:
-        state = control["state"]
-        if state == "aborted":
-            return {"files": found, "deleted": deleted, "hashed_bytes": hashed, "aborted": True}
-        finished = state == "done"
-        progressed = False
-        for rel in list(pending):
-            p = safe(rel)
-            cur = ident(p)
-            replaced = cur is not None and cur != before.get(rel) and cur[3] == want[rel][0]
-            if not (replaced or finished):
-                continue
-            if cur is None:  # the copy finished and the file is not there
-                pending.remove(rel)
-                continue
-            digest, n = sha256(p)
-            hashed += n
-            if not finished and ident(p) != cur:
-                continue  # replaced again while hashing: look at it once more
-            found[rel] = [digest, cur[3], cur[2], cur[0], cur[1]]
-            pending.remove(rel)
-            progressed = True
-        if pending and not progressed:
-            time.sleep(0.05)
-    cache_file = os.path.expanduser(args.get("cache") or "")
-    if cache_file:
-        try:
-            with open(cache_file) as f:
-                cache = json.load(f)
-        except (OSError, ValueError):
-            cache = {}
-        racy = time.time_ns() - 2 * 10**9
-        for rel in deleted:
-            cache.pop(rel, None)
-        for rel, (digest, size, mtime_ns, ino, dev) in found.items():
-            if digest == want[rel][1] and mtime_ns < racy:
-                cache[rel] = [size, mtime_ns, digest, ino, dev]
-            else:
-                cache.pop(rel, None)
-        _node_write_cache(cache_file, cache)
-    files = {rel: [e[0], e[1]] for rel, e in found.items()}
-    return {"files": files, "deleted": deleted, "hashed_bytes": hashed, "aborted": False}
-
-
-def verify_program(args: dict[str, object]) -> str:
-    """The program run as ``python3 -c`` (its stdin carries the ``done`` signal)."""
-    call = f"_verify_main(json.loads({json.dumps(args)!r}))"
-    # os._exit: the stdin listener thread may still be blocked in read(); a normal interpreter shutdown
-    # would abort on its buffer lock
-    return _node_prelude() + inspect.getsource(_verify_main) + (
-        "\nimport json, os, sys\n"
-        f"try:\n    out = json.dumps({call})\n"
-        "except Exception as e:\n    sys.stderr.write(f'{type(e).__name__}: {e}\\n')\n    sys.stderr.flush()\n"
-        "    os._exit(1)\n"
-        "sys.stdout.write(out)\nsys.stdout.flush()\nos._exit(0)\n")
-
-
 REMOTE_CACHE = "~/.cache/sparkserve/manifests"
 
 
 def _cache_file(remote_dir: str) -> str:
-    import hashlib
-
     key = hashlib.sha256(remote_dir.encode()).hexdigest()[:24]
     return f"{REMOTE_CACHE}/{key}.json"
 
 
 @dataclass
 class RemoteState:
+    """What the manifest program found on the node (and what it deleted first)."""
+
     exists: bool
     manifest: Manifest
     rsync: bool
@@ -351,6 +99,8 @@ def remote_manifest(
 
 @dataclass
 class SyncReport:
+    """What one node's sync did: how (method), what it copied and removed, and that it verified."""
+
     node: str
     method: str  # "none" (already identical), "rsync", "sftp", "copy" (LocalNode), "same-dir"
     files_copied: list[str] = field(default_factory=list)

@@ -1,15 +1,16 @@
-"""Watch a booting stack on every node until the head serves, or say exactly why it never will.
+"""Watch a booting stack on every node until it is where `up` needs it, or say exactly why it never will.
 
-One function waits for readiness (:func:`wait_ready`), used by `up` and `swap-drafter`. Each poll
-checks, on every node: the rank's container is still running, its new log lines (boot phase, fatal
-lines), free unified memory against the watchdog floor; and on the head whether ``/v1/models`` lists
-the served model. `/health` alone is never trusted: real vLLM answers 200 while a dead follower has
-hung every request.
+This is the one module that waits. :func:`wait_ready` waits until the head serves; :func:`wait_running`
+until just-started followers are up far enough for the next start (their marker line logged). Both poll
+the same way (:func:`_poll_node` on every watched rank in parallel, every ``POLL_S``), which checks: the
+rank's container is still running, its log lines (boot phase, fatal lines), free unified memory against
+the watchdog floor; the earliest failure is the cause. For readiness the head's ``/v1/models`` must list
+the served model: `/health` alone is never trusted, real vLLM answers 200 while a dead follower has hung
+every request.
 """
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -22,14 +23,8 @@ from sparkserve.errors import RemoteFailure
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.engine import Engine
 from sparkserve.nodes.parallel import on_all
+from sparkserve.observe.logpatterns import FATAL
 from sparkserve.plan.build import Plan
-
-# Lines that end a boot for sure (the full classification lives in the log reader; this is the fast path).
-FATAL = re.compile(
-    r"EngineCore failed to start\.|EngineCore encountered a fatal error\.|died unexpectedly|"
-    r"Engine core initialization failed|Watchdog caught collective operation timeout|CUDA out of memory|"
-    r"\bNCCL WARN\b|NCCL error|WorkerProc failed|RPC call to \S+ timed out|NV_ERR_NO_MEMORY"
-)
 
 
 @dataclass
@@ -163,6 +158,9 @@ def _root_causes(lines: list[str]) -> list[str]:
         return []
 
 
+POLL_S = 0.2  # between looks at the nodes; one look costs a few round trips per node
+
+
 def wait_ready(
     plan: Plan,
     nodes: dict[str, Node],
@@ -170,7 +168,7 @@ def wait_ready(
     *,
     timeout_s: float,
     floors: Floors | None = None,
-    poll_s: float = 0.2,
+    poll_s: float = POLL_S,
     on_update: Callable[[list[NodeView], float], None] | None = None,
 ) -> float:
     """Block until the head lists ``plan.served_name`` on /v1/models; return the seconds it took.
@@ -179,13 +177,10 @@ def wait_ready(
     falls below the floor; RemoteFailure on timeout.
     """
     t0 = time.monotonic()
-    views = [NodeView(s.node, s.rank, containers[s.node]) for s in plan.specs]
+    views = _views(plan, containers)
     engines = {name: Engine(node) for name, node in nodes.items()}
     while True:
-        on_all(views, lambda v: _poll_node(v, engines[v.node], nodes[v.node], floors), name=lambda v: v.node)
-        failure = _first_failure(views)
-        if failure is not None:
-            raise failure
+        _poll_all(views, engines, nodes, floors)
         elapsed = time.monotonic() - t0
         if on_update:
             on_update(views, elapsed)
@@ -201,3 +196,36 @@ def wait_ready(
             raise BootFailure(head.node, "wait ready", f"{plan.api_url} did not serve {plan.served_name!r} "
                               f"within {timeout_s:.0f}s (phase {head.phase.value})", explain(head.log))
         time.sleep(poll_s)
+
+
+def wait_running(plan: Plan, nodes: dict[str, Node], containers: dict[str, str], *, marker: str | None,
+                 timeout_s: float = 60.0, poll_s: float = POLL_S) -> None:
+    """Block until every given rank's container runs and (when given) has logged ``marker``: no fixed
+    sleeps between starting followers and starting the head.
+
+    Raises BootFailure like :func:`wait_ready` when a rank stops or logs a fatal line. A rank that runs
+    but stays quiet past ``timeout_s`` is let through: the head's rendezvous wait covers the rest."""
+    t0 = time.monotonic()
+    views = _views(plan, containers)
+    engines = {name: Engine(nodes[name]) for name in containers}
+    while True:
+        _poll_all(views, engines, nodes, None)
+        if marker is None or all(any(marker in line for line in v.log) for v in views):
+            return
+        if time.monotonic() - t0 > timeout_s:
+            return
+        time.sleep(poll_s)
+
+
+def _views(plan: Plan, containers: dict[str, str]) -> list[NodeView]:
+    """One view per rank that has a container here, in plan order (the head first)."""
+    return [NodeView(s.node, s.rank, containers[s.node]) for s in plan.specs if s.node in containers]
+
+
+def _poll_all(views: list[NodeView], engines: dict[str, Engine], nodes: dict[str, Node],
+              floors: Floors | None) -> None:
+    """One poll of every watched rank in parallel; raise the earliest failure."""
+    on_all(views, lambda v: _poll_node(v, engines[v.node], nodes[v.node], floors), name=lambda v: v.node)
+    failure = _first_failure(views)
+    if failure is not None:
+        raise failure

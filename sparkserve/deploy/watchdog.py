@@ -13,10 +13,13 @@ import re
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from sparkserve.observe.logpatterns import Milestone, milestone_of
 from sparkserve.units import human_bytes
 
 
 class Phase(StrEnum):
+    """Boot phase of one node, in order; each has its own free-memory floor."""
+
     START = "start"
     LOAD = "load"
     PROFILE = "profile"
@@ -25,29 +28,22 @@ class Phase(StrEnum):
     SERVING = "serving"
 
 
-_MODEL_LOADED = re.compile(r"Model loading took [\d.]+ GiB (?:memory )?and")
-_KV_SIZED = re.compile(r"KV cache size: [\d,]+ tokens|reserved [\d.]+ GiB memory for KV Cache|"
-                       r"Available KV cache memory: ")
-_CAPTURE = re.compile(r"Graph capturing finished|Capturing model for|Cudagraph is disabled under eager mode")
-_LOADING = re.compile(r"Loading model from scratch|Starting to load model|Loading weights took")
-_READY = re.compile(r"Application startup complete\.")
+#: The phase a node enters when its log shows a milestone (the lines live in observe.logpatterns).
+_PHASE_AT: dict[Milestone, Phase] = {
+    Milestone.LOADING: Phase.LOAD,
+    Milestone.LOADED: Phase.PROFILE,
+    Milestone.CAPTURE: Phase.CAPTURE,
+    Milestone.KV_SIZED: Phase.KV_READY,
+    Milestone.READY: Phase.SERVING,
+}
+_ORDER = list(Phase)
 
 
 def phase_of_line(line: str, current: Phase) -> Phase:
     """The boot phase a node is in after ``line`` (phases only move forward)."""
-    order = list(Phase)
-    nxt = current
-    if _READY.search(line):
-        nxt = Phase.SERVING
-    elif _KV_SIZED.search(line):
-        nxt = Phase.KV_READY
-    elif _CAPTURE.search(line):
-        nxt = Phase.CAPTURE
-    elif _MODEL_LOADED.search(line):
-        nxt = Phase.PROFILE
-    elif _LOADING.search(line):
-        nxt = Phase.LOAD
-    return nxt if order.index(nxt) > order.index(current) else current
+    m = milestone_of(line)
+    nxt = _PHASE_AT[m] if m is not None else current
+    return nxt if _ORDER.index(nxt) > _ORDER.index(current) else current
 
 
 def mem_available(meminfo: str) -> int:
@@ -60,6 +56,8 @@ def mem_available(meminfo: str) -> int:
 
 @dataclass
 class Floors:
+    """Free-memory floors in bytes: one per phase where set, ``default`` for the others."""
+
     default: int
     per_phase: dict[Phase, int] = field(default_factory=dict)
 
@@ -69,6 +67,8 @@ class Floors:
 
 @dataclass
 class Breach:
+    """Free memory on a node fell below its phase's floor."""
+
     node: str
     phase: Phase
     available: int
@@ -82,5 +82,6 @@ class Breach:
 
 
 def check(node: str, phase: Phase, available: int, floors: Floors) -> Breach | None:
+    """The breach when ``available`` bytes are below the floor of ``phase``, else None."""
     floor = floors.for_phase(phase)
     return Breach(node, phase, available, floor) if available < floor else None

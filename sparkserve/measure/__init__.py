@@ -1,1 +1,17 @@
-"""measure"""
+"""measure: the model card's bench protocol against a live server, and the A/B table of its records.
+
+A cell's path, top-down::
+
+    run.py         run_cell / bench_and_record: check the model, scrape, send the requests, scrape, summarize
+    ├─ scrape.py   /metrics and /v1/models over httpx            → metrics.py  (Prometheus text → counters → AL)
+    ├─ client.py   one streamed request with deadline and stall  → httpstream.py (lean HTTP/1.1 body stream)
+    │                                                             → stream.py   (SSE chat chunks → tokens, usage)
+    └─ summary.py  outcomes + two snapshots → BenchResult, with the guards that refuse a cell
+    records.py     Cell, CELLS, Sampling, RequestOutcome, BenchResult (the ``bench --json`` record)
+    prompts.py     prompt sets (JSONL, or the built-in smoke set)
+    ab.py          bench records against a baseline (``sparkserve ab``)
+
+May import: ground (errors, config, journal, units), models/, plan/, observe/ and itself; never nodes/,
+deploy/ or commands/. Network I/O lives only in run, scrape, client and httpstream; metrics, stream,
+summary, records and ab are pure.
+"""

@@ -24,11 +24,15 @@ _ROLES = {"system", "user", "assistant", "developer", "tool"}
 
 @dataclass(frozen=True)
 class Prompt:
+    """One request's chat messages, as the ``messages`` field of a chat completion."""
+
     messages: list[dict[str, Any]]
 
 
 @dataclass(frozen=True)
 class PromptSet:
+    """The prompts a cell cycles through, with where they came from (both go into the bench record)."""
+
     source: str  # file path, or BUILTIN_NAME
     sha256: str  # of the file's bytes
     prompts: list[Prompt]
@@ -78,6 +82,7 @@ def parse_prompts(text: str, source: str) -> list[Prompt]:
 
 
 def load_prompts(path: Path) -> PromptSet:
+    """A JSONL prompt file; BadInput naming the file (and line) when it cannot be used."""
     try:
         raw = path.read_bytes()
     except OSError as e:
@@ -91,6 +96,7 @@ def load_prompts(path: Path) -> PromptSet:
 
 
 def builtin_prompts() -> PromptSet:
+    """The small prompt set shipped with sparkserve (the smoke cell's and the smoke gate's)."""
     raw = resources.files("sparkserve").joinpath("data/smoke_prompts.jsonl").read_bytes()
     return PromptSet(
         source=BUILTIN_NAME,

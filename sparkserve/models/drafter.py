@@ -3,20 +3,31 @@
 Reads only what vLLM 0.33 reads (vllm-facts.md section 5) and never loads a weight: tensor facts come
 from the safetensors headers, the mask file is read by sparkserve.models.torchfile without torch. Problems that
 still leave something to show (no weights, unreadable mask file) are recorded in ``problems``; preflight
-turns them into errors. Only an unreadable directory or config.json raises.
+turns them into errors. Only an unreadable directory or config.json raises. Every file is read through
+sparkserve.models.files (regular files only, size-capped), cheapest first: config.json, the index, the
+safetensors headers, the mask file; nothing here hashes or reads weights.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from sparkserve.errors import BadInput
-from sparkserve.models.safetensors_header import HeaderError, TensorHeader, read_header
-from sparkserve.models.torchfile import MaskEmbeddingInfo, TorchFileError, read_mask_embedding
+from sparkserve.models.files import (
+    INDEX_LIMIT,
+    BadFile,
+    MissingFile,
+    as_int,
+    name_list,
+    parse_json,
+    read_config,
+    read_regular,
+)
+from sparkserve.models.safetensors_header import TensorHeader, read_header
+from sparkserve.models.torchfile import MaskEmbeddingInfo, read_mask_embedding
 
 MASK_FILE = "mask_embedding.pt"
 INDEX_FILE = "model.safetensors.index.json"
@@ -135,41 +146,25 @@ class DrafterFacts:
         return d
 
 
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
 def _int_list(v: Any) -> list[int] | None:
-    if isinstance(v, list | tuple) and all(isinstance(x, int) and not isinstance(x, bool) for x in v):
+    if isinstance(v, list | tuple) and all(as_int(x) is not None for x in v):
         return list(v)
     return None
 
 
-def read_config(path: Path, *, where: str = "drafter.path") -> dict[str, Any]:
-    """A model dir's config.json as a dict; BadInput naming the dir or file when unusable."""
-    if not path.exists():
-        raise BadInput(where, f"{path} does not exist")
-    if not path.is_dir():
-        raise BadInput(where, f"{path} is not a directory")
-    cfg_file = path / "config.json"
-    try:
-        text = cfg_file.read_text()
-    except FileNotFoundError:
-        raise BadInput(str(cfg_file), "missing (a model directory needs config.json)") from None
-    except OSError as e:
-        raise BadInput(str(cfg_file), f"cannot read: {e.strerror}") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise BadInput(str(cfg_file), f"not valid JSON: {e.msg} at line {e.lineno}") from None
-    if not isinstance(data, dict):
-        raise BadInput(str(cfg_file), "must be a JSON object")
-    return data
+def _obj(raw: dict[str, Any], key: str, cfg_file: Path) -> dict[str, Any]:
+    """``raw[key]`` as a JSON object ({} when absent); BadInput when it is something else."""
+    v = raw.get(key)
+    if v is None:
+        return {}
+    if not isinstance(v, dict):
+        raise BadInput(str(cfg_file), f"{key} must be an object")
+    return v
 
 
-def _normalize_speculators(raw: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+def _normalize_speculators(raw: dict[str, Any], cfg_file: Path) -> tuple[dict[str, Any], int | None]:
     """Apply vLLM's speculators conversion (speculators.algos.update_dflash/update_dflash2)."""
-    layer = dict(raw.get("transformer_layer_config") or {})
+    layer = dict(_obj(raw, "transformer_layer_config", cfg_file))
     mtype = raw.get("speculators_model_type")
     dflash: dict[str, Any] = {}
     if raw.get("mask_token_id") is not None:
@@ -194,9 +189,9 @@ def _normalize_speculators(raw: dict[str, Any]) -> tuple[dict[str, Any], int | N
         layer["target_hidden_size"] = raw["target_hidden_size"]
     layer["dflash_config"] = dflash
     k = None
-    methods = (raw.get("speculators_config") or {}).get("proposal_methods") or []
-    if methods and isinstance(methods[0], dict):
-        k = _int(methods[0].get("speculative_tokens"))
+    methods = _obj(raw, "speculators_config", cfg_file).get("proposal_methods")
+    if isinstance(methods, list) and methods and isinstance(methods[0], dict):
+        k = as_int(methods[0].get("speculative_tokens"))
     return layer, k
 
 
@@ -215,25 +210,36 @@ def _layer_ids(cfg: dict[str, Any], dflash: dict[str, Any]) -> tuple[list[int] |
     return None, None
 
 
+def _index_shards(index: Path) -> tuple[list[str], list[Problem]]:
+    """The shard names ``model.safetensors.index.json`` lists (none when there is no index)."""
+    try:
+        data = parse_json(read_regular(index, limit=INDEX_LIMIT))
+    except MissingFile:
+        return [], []
+    except BadFile as e:
+        return [], [Problem(str(index), str(e))]
+    weight_map = (data.get("weight_map") or {}) if isinstance(data, dict) else None
+    if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
+        return [], [Problem(str(index), "not a valid safetensors index (weight_map)")]
+    return sorted(set(weight_map.values())), []
+
+
 def weight_facts(path: Path) -> tuple[WeightFacts | None, list[Problem]]:
-    problems: list[Problem] = []
-    index = path / INDEX_FILE
+    """Tensor facts from every ``*.safetensors`` header in ``path`` (regular files; the data is never read)."""
     files = sorted(p for p in path.glob("*.safetensors") if p.is_file())
-    if index.exists():
-        try:
-            weight_map = json.loads(index.read_text()).get("weight_map") or {}
-        except (OSError, json.JSONDecodeError, AttributeError):
-            return None, [Problem(str(index), "not a valid safetensors index (weight_map)")]
-        for shard in sorted(set(weight_map.values())):
-            if not (path / shard).is_file():
-                problems.append(Problem(str(path / shard), f"missing (listed in {INDEX_FILE})"))
+    shards, problems = _index_shards(path / INDEX_FILE)
+    if problems:
+        return None, problems
+    for shard in shards:
+        if not (path / shard).is_file():
+            problems.append(Problem(str(path / shard), f"missing (listed in {INDEX_FILE})"))
     if not files:
         return None, problems + [Problem("drafter.path", f"{path} has no *.safetensors weights")]
     tensors: list[TensorHeader] = []
     for f in files:
         try:
             t, _meta = read_header(f)
-        except HeaderError as e:
+        except BadFile as e:
             problems.append(Problem(str(f), str(e)))
             continue
         tensors.extend(t)
@@ -259,12 +265,13 @@ def weight_facts(path: Path) -> tuple[WeightFacts | None, list[Problem]]:
 
 
 def mask_facts(path: Path) -> MaskFacts:
+    """What ``mask_embedding.pt`` holds; an unreadable one (a FIFO, too big, not torch) is ``error``."""
     f = path / MASK_FILE
-    if not f.exists():
-        return MaskFacts(present=False)
     try:
         info: MaskEmbeddingInfo = read_mask_embedding(f)
-    except TorchFileError as e:
+    except MissingFile:
+        return MaskFacts(present=False)
+    except BadFile as e:
         return MaskFacts(present=True, error=str(e))
     return MaskFacts(True, info.form, info.mask_token_id, info.embedding_shape, info.embedding_dtype)
 
@@ -273,48 +280,47 @@ def inspect_drafter(path: Path | str) -> DrafterFacts:
     """Everything sparkserve knows about a drafter directory. BadInput if the dir or config.json is unusable."""
     path = Path(path)
     raw = read_config(path)
+    cfg_file = path / "config.json"
     fmt: Literal["dflash", "speculators"] = "dflash"
     spec_k = None
     cfg = raw
     if raw.get("speculators_model_type") is not None:
         fmt = "speculators"
-        cfg, spec_k = _normalize_speculators(raw)
-    dflash = cfg.get("dflash_config") or {}
-    if not isinstance(dflash, dict):
-        raise BadInput(str(path / "config.json"), "dflash_config must be an object")
-    archs = [str(a) for a in (cfg.get("architectures") or [])]
+        cfg, spec_k = _normalize_speculators(raw, cfg_file)
+    dflash = _obj(cfg, "dflash_config", cfg_file)
+    archs = name_list(cfg, "architectures", cfg_file)
     arch = archs[0] if archs else None
     kind = next((KNOWN_ARCHITECTURES[a] for a in archs if a in KNOWN_ARCHITECTURES), None)
     if dflash.get("mask_token_id") is not None:
-        mask_id, mask_src = _int(dflash.get("mask_token_id")), "dflash_config.mask_token_id"
+        mask_id, mask_src = as_int(dflash.get("mask_token_id")), "dflash_config.mask_token_id"
     elif cfg.get("mask_token_id") is not None:
-        mask_id, mask_src = _int(cfg.get("mask_token_id")), "mask_token_id"
+        mask_id, mask_src = as_int(cfg.get("mask_token_id")), "mask_token_id"
     else:
         mask_id, mask_src = None, None
     target_ids, aux_ids = _layer_ids(cfg, dflash)
     use_aux = dflash.get("use_aux_hidden_state", cfg.get("use_aux_hidden_state", True))
     weights, problems = weight_facts(path)
-    hidden = _int(cfg.get("hidden_size"))
+    hidden = as_int(cfg.get("hidden_size"))
     return DrafterFacts(
         path=str(path),
         format=fmt,
         architectures=archs,
         architecture=arch,
         kind=kind,
-        model_type=cfg.get("model_type"),
+        model_type=cfg["model_type"] if isinstance(cfg.get("model_type"), str) else None,
         hidden_size=hidden,
-        target_hidden_size=_int(cfg.get("target_hidden_size")) or hidden,
-        num_hidden_layers=_int(cfg.get("num_hidden_layers")),
-        vocab_size=_int(cfg.get("vocab_size")),
-        block_size=_int(dflash.get("block_size")) or _int(cfg.get("block_size")),
+        target_hidden_size=as_int(cfg.get("target_hidden_size")) or hidden,
+        num_hidden_layers=as_int(cfg.get("num_hidden_layers")),
+        vocab_size=as_int(cfg.get("vocab_size")),
+        block_size=as_int(dflash.get("block_size")) or as_int(cfg.get("block_size")),
         mask_token_id=mask_id,
         mask_token_id_source=mask_src,
         target_layer_ids=target_ids,
         aux_layer_ids=aux_ids,
-        conv_kernel_size=_int(dflash.get("conv_kernel_size")),
-        conv_group_size=_int(dflash.get("conv_group_size")),
-        selector_rank=_int(dflash.get("selector_rank")),
-        selector_top_k=_int(dflash.get("selector_top_k")),
+        conv_kernel_size=as_int(dflash.get("conv_kernel_size")),
+        conv_group_size=as_int(dflash.get("conv_group_size")),
+        selector_rank=as_int(dflash.get("selector_rank")),
+        selector_top_k=as_int(dflash.get("selector_top_k")),
         use_aux_hidden_state=bool(use_aux),
         sample_from_anchor=bool(dflash.get("sample_from_anchor", False)),
         speculative_tokens=spec_k,

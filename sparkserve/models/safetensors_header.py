@@ -1,17 +1,20 @@
 """Read a safetensors file's header (names, dtypes, shapes) without loading any tensor.
 
 Format: 8-byte little-endian header length N, then N bytes of JSON ``{name: {dtype, shape, data_offsets}}``
-with an optional ``__metadata__`` entry, then the data.
+with an optional ``__metadata__`` entry, then the data. Only the 8 bytes and the header are read, from a
+regular file (see :mod:`sparkserve.models.files`), after the length field was checked against the file size.
 """
 
 from __future__ import annotations
 
-import json
+import os
 import struct
 from dataclasses import dataclass
 from pathlib import Path
 
-MAX_HEADER_BYTES = 100 * 2**20
+from sparkserve.models.files import BadFile, open_regular, parse_json
+
+MAX_HEADER_BYTES = 100 * 2**20  # the safetensors format's own limit
 
 # bits per element of each safetensors dtype
 DTYPE_BITS = {
@@ -21,7 +24,7 @@ DTYPE_BITS = {
 }
 
 
-class HeaderError(ValueError):
+class HeaderError(BadFile):
     """The file is not a readable safetensors file."""
 
 
@@ -40,10 +43,11 @@ class TensorHeader:
 
 
 def read_header(path: Path) -> tuple[list[TensorHeader], dict[str, str]]:
-    """(tensors in file order, __metadata__) of one safetensors file. Raises HeaderError."""
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as f:
+    """(tensors in file order, __metadata__) of one safetensors file. Raises BadFile (HeaderError when
+    the file is there but is not safetensors)."""
+    with open_regular(path) as f:
+        try:
+            size = os.fstat(f.fileno()).st_size
             head = f.read(8)
             if len(head) < 8:
                 raise HeaderError("too short to be a safetensors file")
@@ -51,12 +55,14 @@ def read_header(path: Path) -> tuple[list[TensorHeader], dict[str, str]]:
             if n > MAX_HEADER_BYTES or 8 + n > size:
                 raise HeaderError(f"header length {n} does not fit the file ({size} bytes)")
             raw = f.read(n)
-    except OSError as e:
-        raise HeaderError(f"cannot read: {e.strerror or e}") from None
+        except OSError as e:
+            raise HeaderError(f"cannot read: {e.strerror or e}") from None
+    if len(raw) < n:  # truncated while being read
+        raise HeaderError(f"header length {n} does not fit the file ({size} bytes)")
     try:
-        header = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        raise HeaderError("header is not JSON (not a safetensors file?)") from None
+        header = parse_json(raw)
+    except BadFile as e:
+        raise HeaderError(f"header is {e} (not a safetensors file?)") from None
     if not isinstance(header, dict):
         raise HeaderError("header is not a JSON object")
     meta = header.pop("__metadata__", None) or {}
@@ -67,7 +73,7 @@ def read_header(path: Path) -> tuple[list[TensorHeader], dict[str, str]]:
             dtype = str(spec["dtype"])
             shape = tuple(int(d) for d in spec["shape"])
             begin, stop = (int(x) for x in spec["data_offsets"])
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):  # OverflowError: int(Infinity)
             raise HeaderError(f"tensor {name!r} has a malformed header entry") from None
         if stop < begin or any(d < 0 for d in shape):
             raise HeaderError(f"tensor {name!r} has invalid offsets or shape")

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from sparkserve.errors import BadInput
-from sparkserve.models.drafter import read_config
+from sparkserve.models.files import as_int, name_list, read_config
 
 # Bits per cached element for each vLLM 0.33 --kv-cache-dtype. Sub-byte formats are approximate (their
 # scales are ignored); "auto" follows the model dtype.
@@ -75,27 +75,25 @@ class TargetFacts:
         return d
 
 
-def _int(v: Any) -> int | None:
-    return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-
 def inspect_target(path: Path | str, *, where: str = "model.target") -> TargetFacts:
     """Facts of a target model directory (its config.json). BadInput naming the field or file."""
     path = Path(path)
     raw = read_config(path, where=where)
     cfg = raw
-    if _int(raw.get("num_hidden_layers")) is None and isinstance(raw.get("text_config"), dict):
+    if as_int(raw.get("num_hidden_layers")) is None and isinstance(raw.get("text_config"), dict):
         cfg = raw["text_config"]
-    cfg_file = str(path / "config.json")
-    layers, hidden = _int(cfg.get("num_hidden_layers")), _int(cfg.get("hidden_size"))
+    cfg_file = path / "config.json"
+    architectures = name_list(raw, "architectures", cfg_file)
+    model_type = cfg.get("model_type") or raw.get("model_type")
+    layers, hidden = as_int(cfg.get("num_hidden_layers")), as_int(cfg.get("hidden_size"))
     if not layers or layers <= 0:
-        raise BadInput(cfg_file, "num_hidden_layers is missing or not a positive integer")
+        raise BadInput(str(cfg_file), "num_hidden_layers is missing or not a positive integer")
     if not hidden or hidden <= 0:
-        raise BadInput(cfg_file, "hidden_size is missing or not a positive integer")
-    heads = _int(cfg.get("num_attention_heads"))
-    kv_heads = _int(cfg.get("num_key_value_heads")) or heads
-    head_dim = _int(cfg.get("head_dim")) or (hidden // heads if heads else None)
-    kv_lora = _int(cfg.get("kv_lora_rank"))
+        raise BadInput(str(cfg_file), "hidden_size is missing or not a positive integer")
+    heads = as_int(cfg.get("num_attention_heads"))
+    kv_heads = as_int(cfg.get("num_key_value_heads")) or heads
+    head_dim = as_int(cfg.get("head_dim")) or (hidden // heads if heads else None)
+    kv_lora = as_int(cfg.get("kv_lora_rank"))
     attention: Literal["mha", "gqa", "mla"]
     if kv_lora:
         attention = "mla"
@@ -104,20 +102,21 @@ def inspect_target(path: Path | str, *, where: str = "model.target") -> TargetFa
     else:
         attention = "mha"
     dtype = cfg.get("torch_dtype") or cfg.get("dtype") or raw.get("torch_dtype")
+    dtype = dtype if isinstance(dtype, str) else None
     return TargetFacts(
         path=str(path),
-        architectures=[str(a) for a in (raw.get("architectures") or [])],
-        model_type=cfg.get("model_type") or raw.get("model_type"),
+        architectures=architectures,
+        model_type=model_type if isinstance(model_type, str) else None,
         num_hidden_layers=layers,
         hidden_size=hidden,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         head_dim=head_dim,
-        vocab_size=_int(cfg.get("vocab_size")),
-        max_position_embeddings=_int(cfg.get("max_position_embeddings")),
-        torch_dtype=str(dtype) if dtype else None,
+        vocab_size=as_int(cfg.get("vocab_size")),
+        max_position_embeddings=as_int(cfg.get("max_position_embeddings")),
+        torch_dtype=dtype,
         attention=attention,
         kv_lora_rank=kv_lora,
-        qk_rope_head_dim=_int(cfg.get("qk_rope_head_dim")),
-        mtp_layers=_int(cfg.get("num_nextn_predict_layers")) or 0,
+        qk_rope_head_dim=as_int(cfg.get("qk_rope_head_dim")),
+        mtp_layers=as_int(cfg.get("num_nextn_predict_layers")) or 0,
     )

@@ -6,7 +6,8 @@ an unpickler that knows only the handful of globals a tensor needs and replaces 
 stand-in; any other global (``os.system``, ``builtins.eval`` …) is refused, never imported.
 
 Used for ``mask_embedding.pt``: either a tensor, or ``{"embedding": tensor, "mask_token_id": int}``
-(vllm-facts.md 5.4), where the id may also be a 0-d integer tensor.
+(vllm-facts.md 5.4), where the id may also be a 0-d integer tensor. The file is read whole, once, from a
+regular file of at most ``MASK_LIMIT`` bytes (:mod:`sparkserve.models.files`); nothing after is unbounded.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
+
+from sparkserve.models.files import MASK_LIMIT, BadFile, read_regular
 
 MAX_PICKLE_BYTES = 16 * 2**20
 
@@ -40,7 +43,7 @@ _STORAGES: dict[str, tuple[str, int, str | None]] = {
 _DTYPES = {v[0] for v in _STORAGES.values()}
 
 
-class TorchFileError(ValueError):
+class TorchFileError(BadFile):
     """The file is not a readable torch zip archive, or its pickle asks for something not allowed."""
 
 
@@ -77,9 +80,8 @@ class TensorStub:
             raise TorchFileError(f"tensor of shape {list(self.shape)} has no single value")
         if self.storage.fmt is None or self._archive is None:
             raise TorchFileError(f"cannot read a {self.dtype} value without torch")
-        raw = self._archive.storage_bytes(self.storage.key)
         start = self.offset * self.storage.itemsize
-        chunk = raw[start:start + self.storage.itemsize]
+        chunk = self._archive.storage_bytes(self.storage.key, start, self.storage.itemsize)
         if len(chunk) != self.storage.itemsize:
             raise TorchFileError(f"storage {self.storage.key} is shorter than the tensor says")
         order = "<" if self._archive.little_endian else ">"
@@ -95,11 +97,18 @@ class _Archive:
         except KeyError:
             self.little_endian = True
 
-    def storage_bytes(self, key: str) -> bytes:
+    def storage_bytes(self, key: str, start: int, count: int) -> bytes:
+        """``count`` bytes of a storage from ``start`` (only those: a storage may inflate to gigabytes)."""
+        name = f"{self.prefix}data/{key}"
         try:
-            return self.zf.read(f"{self.prefix}data/{key}")
+            size = self.zf.getinfo(name).file_size
         except KeyError:
             raise TorchFileError(f"storage {key!r} is missing from the archive") from None
+        if start < 0 or start + count > size:
+            return b""
+        with self.zf.open(name) as f:
+            f.seek(start)
+            return f.read(count)
 
 
 def _rebuild_parameter(data: Any, requires_grad: Any = None, backward_hooks: Any = None) -> Any:
@@ -140,14 +149,14 @@ class _RestrictedUnpickler(pickle.Unpickler):
         return StorageRef(dtype, itemsize, fmt, str(key), int(numel))
 
 
-def load(path: Path) -> Any:
-    """Unpickle a torch zip file into plain Python data with TensorStub in place of tensors."""
+def load(path: Path, *, limit: int = MASK_LIMIT) -> Any:
+    """Unpickle a torch zip file of at most ``limit`` bytes into plain Python data with TensorStub in place
+    of tensors. Raises BadFile (TorchFileError when the file is there but not a torch file we read)."""
+    data = read_regular(path, limit=limit)
     try:
-        zf = zipfile.ZipFile(path)
-    except zipfile.BadZipFile:
+        zf = zipfile.ZipFile(io.BytesIO(data))
+    except (zipfile.BadZipFile, ValueError, EOFError):  # ValueError/EOFError: a mangled central directory
         raise TorchFileError("not a torch zip archive (legacy or corrupt torch.save format)") from None
-    except OSError as e:
-        raise TorchFileError(f"cannot read: {e.strerror or e}") from None
     with zf:
         pkls = [n for n in zf.namelist() if n.endswith("/data.pkl") and n.count("/") == 1]
         if len(pkls) != 1:
@@ -155,24 +164,30 @@ def load(path: Path) -> Any:
         info = zf.getinfo(pkls[0])
         if info.file_size > MAX_PICKLE_BYTES:
             raise TorchFileError(f"data.pkl is {info.file_size} bytes; refusing to read more than {MAX_PICKLE_BYTES}")
-        archive = _Archive(zf, pkls[0][: -len("data.pkl")])
         try:
+            archive = _Archive(zf, pkls[0][: -len("data.pkl")])
             obj = _RestrictedUnpickler(zf.read(info), archive).load()
+            _materialize(obj)  # read scalar values while the archive is open
         except TorchFileError:
             raise
-        except Exception as e:  # malformed pickle: any unpickling error is a bad file
-            raise TorchFileError(f"unreadable pickle: {type(e).__name__}: {e}") from None
-        _materialize(obj)  # read scalar values while the archive is open
+        except Exception as e:  # malformed pickle or archive member (bad CRC, …): any error is a bad file
+            raise TorchFileError(f"unreadable pickle: {type(e).__name__}: {str(e)[:200]}") from None
         return obj
 
 
 def _materialize(obj: Any) -> None:
-    items = obj.values() if isinstance(obj, dict) else obj if isinstance(obj, list | tuple) else ()
-    for v in items:
-        if isinstance(v, TensorStub) and v.numel == 1 and v.storage.fmt is not None:
-            v.value = v.item()
-        elif isinstance(v, dict | list | tuple):
-            _materialize(v)
+    """Fill ``value`` of every one-element tensor in ``obj``. Iterative and visiting each container once:
+    a pickle can nest 100,000 deep or share one list a million times for a few bytes."""
+    seen: set[int] = set()
+    stack = [obj]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, TensorStub):
+            if v.numel == 1 and v.storage.fmt is not None:
+                v.value = v.item()
+        elif isinstance(v, dict | list | tuple) and id(v) not in seen:
+            seen.add(id(v))
+            stack.extend(v.values() if isinstance(v, dict) else v)
 
 
 @dataclass

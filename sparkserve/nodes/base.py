@@ -25,14 +25,12 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from sparkserve.errors import RemoteFailure
 
 if TYPE_CHECKING:
     import docker
-
-    from sparkserve.deploy.sync import SyncReport
 
 
 @dataclass
@@ -166,10 +164,6 @@ class Node(Protocol):
 
     def makedirs(self, remote: str) -> None:
         """``mkdir -p`` without a shell (SFTP on SSH nodes: milliseconds, no process on the node)."""
-        ...
-
-    def sync_dir(self, local_dir: Path, remote_dir: str, **kw: Any) -> SyncReport:
-        """Make ``remote_dir`` hold exactly ``local_dir``'s bytes (see :func:`sparkserve.deploy.sync.sync_dir`)."""
         ...
 
     def rsync_remote(self) -> RsyncRemote | None:

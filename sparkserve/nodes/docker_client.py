@@ -5,10 +5,10 @@ but on its own terms: it reads ``~/.ssh/config`` and ``~/.ssh/known_hosts``, let
 keys and the agent, and keys connection pools by request URL — so every new endpoint opens another SSH
 channel and sshd's ``MaxSessions`` (10) runs out after about ten distinct calls (rig-notes.md section 5).
 
-:class:`NodeSSHAdapter` fixes all three: it borrows the :class:`~sparkserve.nodes.ssh.SSHNode`'s paramiko
-client (explicit key, the configured known_hosts, ``RejectPolicy``), maps every URL to ONE pool of at
-most :data:`POOL_SIZE` channels, and opens those channels with a window sized for paramiko (see
-:data:`WINDOW`).
+:class:`NodeSSHAdapter` fixes all three: it borrows the node's paramiko client (explicit key, the
+configured known_hosts, ``RejectPolicy``) through the small :class:`SSHEndpoint` protocol that
+:class:`~sparkserve.nodes.ssh.SSHNode` satisfies, maps every URL to ONE pool of at most :data:`POOL_SIZE`
+channels, and opens those channels with a window sized for paramiko (see :data:`WINDOW`).
 
     client = docker_over_ssh(node)       # what SSHNode.docker() returns (cached there)
     client.images.get("sparkserve-testbase:bookworm").id
@@ -22,16 +22,17 @@ tests/rig/test_nodes_docker.py checks it.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import contextlib
+from collections.abc import Iterator
+from typing import Any, Protocol
 
 import docker
+import docker.errors
 import paramiko
+import requests
 from docker.transport.sshconn import SSHConnection, SSHConnectionPool, SSHHTTPAdapter
 
-from sparkserve.nodes.base import NodeError
-
-if TYPE_CHECKING:
-    from sparkserve.nodes.ssh import SSHNode
+from sparkserve.nodes.base import Node, NodeError
 
 POOL_KEY = "http+docker://ssh/"
 POOL_SIZE = 2  # channels kept open per node (a `logs --follow` stream holds one while others run)
@@ -41,6 +42,19 @@ POOL_SIZE = 2  # channels kept open per node (a `logs --follow` stream holds one
 WINDOW = 2**20
 API_TIMEOUT_S = 120
 MIN_API = "1.41"  # docker 20.10 (the rig, and older DGX OS images)
+
+
+class SSHEndpoint(Node, Protocol):
+    """A node reached over SSH, as the adapter needs it: where it is and its live paramiko client (and
+    ``run``, to ask the node's docker CLI why the API did not answer)."""
+
+    user: str
+    host: str
+    port: int
+
+    def ssh_client(self) -> paramiko.SSHClient:
+        """The node's connected paramiko client (reconnecting if the link dropped)."""
+        ...
 
 
 class _WideConnection(SSHConnection):
@@ -69,10 +83,10 @@ class _WidePool(SSHConnectionPool):
 
 
 class NodeSSHAdapter(SSHHTTPAdapter):
-    """docker-py's SSH adapter on an existing SSHNode connection, every request in one pool."""
+    """docker-py's SSH adapter on an existing node connection, every request in one pool."""
 
     def __init__(
-        self, node: SSHNode, *, timeout: int = API_TIMEOUT_S, max_pool_size: int = POOL_SIZE
+        self, node: SSHEndpoint, *, timeout: int = API_TIMEOUT_S, max_pool_size: int = POOL_SIZE
     ) -> None:
         self._node = node
         super().__init__(f"ssh://{node.user}@{node.host}:{node.port}", timeout=timeout,
@@ -119,7 +133,7 @@ def _client_with_adapter(adapter: Any, timeout: int) -> docker.DockerClient:
     return client
 
 
-def docker_over_ssh(node: SSHNode, *, timeout: int = API_TIMEOUT_S) -> docker.DockerClient:
+def docker_over_ssh(node: SSHEndpoint, *, timeout: int = API_TIMEOUT_S) -> docker.DockerClient:
     """A DockerClient for ``node``'s dockerd over its SSH connection. Raises NodeError if docker is down."""
     adapter = NodeSSHAdapter(node, timeout=timeout)
     try:
@@ -129,7 +143,25 @@ def docker_over_ssh(node: SSHNode, *, timeout: int = API_TIMEOUT_S) -> docker.Do
         raise docker_unreachable(node, e) from None
 
 
-def docker_unreachable(node: Any, e: BaseException, *, step: str = "docker") -> NodeError:
+@contextlib.contextmanager
+def docker_errors(node: Node, step: str, what: str = "") -> Iterator[None]:
+    """Turn whatever the docker SDK raises inside the block into a NodeError naming the node and step."""
+    try:
+        yield
+    except NodeError:
+        raise
+    except docker.errors.APIError as e:
+        msg = e.explanation or str(e)
+        if isinstance(msg, bytes):
+            msg = msg.decode(errors="replace")
+        raise NodeError(node.name, step, f"{what + ': ' if what else ''}{msg}") from None
+    except docker.errors.DockerException as e:
+        raise NodeError(node.name, step, f"{what + ': ' if what else ''}{e}") from None
+    except (requests.exceptions.RequestException, paramiko.SSHException, OSError, EOFError) as e:
+        raise docker_unreachable(node, e, step=step) from None
+
+
+def docker_unreachable(node: Node, e: BaseException, *, step: str = "docker") -> NodeError:
     """Ask the docker CLI on the node why the API did not answer; its message is the useful one."""
     why = ""
     try:

@@ -1,13 +1,14 @@
-"""Docker on one node through the SDK: image identity and shipping, run, list, stop, logs, exec, parity.
+"""Containers on one node through the docker SDK: run, list, stop, logs, exec, parity facts.
 
     eng = Engine(node)                          # node: any sparkserve.nodes.Node
-    image_id = ensure_same_image(nodes, ref)    # NodeError naming the node that lacks it / differs
-    cid = eng.run(spec)                         # spec: sparkserve.plan.build.ContainerSpec → container id
+    cid = eng.run(spec)                         # spec: sparkserve.plan.container.ContainerSpec → container id
     for c in eng.list_managed(): ...            # only containers labelled io.sparkserve.managed=1
     eng.stop_and_remove(cid, timeout=30)        # docker stop (SIGTERM, SIGKILL after timeout), then rm
     for line in eng.logs(cid, follow=True): ...
     eng.exec(cid, argv, detach=True, to_container_log=True)   # the ray `vllm serve` step
     eng.parity_facts(cid) == eng2.parity_facts(cid2)          # rank parity (same keys as plan.parity_view)
+
+Images (identity across nodes, shipping) are :mod:`sparkserve.nodes.images`.
 
 Ownership rule: every verb that stops, removes or execs in a container first checks that it carries
 ``io.sparkserve.managed=1``; a container without it is never touched, whatever its name. A container is
@@ -20,7 +21,6 @@ Every failure is a :class:`~sparkserve.nodes.NodeError` naming the node and the 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -28,14 +28,12 @@ from typing import TYPE_CHECKING, Any
 
 import docker
 import docker.errors
-import docker.types
-import paramiko
-import requests
 
 from sparkserve.nodes.base import Node, NodeError
-from sparkserve.nodes.docker_client import docker_unreachable
-from sparkserve.nodes.parallel import on_all
-from sparkserve.plan.build import (
+from sparkserve.nodes.docker_client import docker_errors
+from sparkserve.nodes.images import SHIP_HINT
+from sparkserve.plan.build import parity_view
+from sparkserve.plan.container import (
     LABEL_FINGERPRINT,
     LABEL_MANAGED,
     LABEL_NODE,
@@ -43,14 +41,12 @@ from sparkserve.plan.build import (
     LABEL_ROLE,
     ContainerSpec,
     Mount,
-    parity_view,
 )
 
 if TYPE_CHECKING:
     from docker.models.containers import Container
 
-SHIP_CHUNK = 8 * 2**20
-SHIP_HINT = "run `sparkserve image ship` to copy it from a node that has it"
+DOCKER_STOP_TIMEOUT_S = 10  # what dockerd uses when a container was created without a stop timeout
 EXEC_TO_LOG = 'exec "$@" >/proc/1/fd/1 2>/proc/1/fd/2'  # exec'd output joins the container's log
 
 
@@ -98,24 +94,11 @@ class ExecResult:
     output: str
 
 
-@dataclass(frozen=True)
-class ShipReport:
-    ref: str
-    image_id: str
-    bytes: int
-    seconds: float
-
-    @property
-    def mb_per_s(self) -> float:
-        return self.bytes / 1e6 / self.seconds if self.seconds else 0.0
-
-
-def normalize_ref(ref: str) -> str:
-    """``foo`` → ``foo:latest`` (what docker lists in an image's tags); digests are left alone."""
-    if "@" in ref:
-        return ref
-    last = ref.rsplit("/", 1)[-1]
-    return ref if ":" in last else f"{ref}:latest"
+def _restart_text(policy: dict[str, Any]) -> str:
+    """The API's RestartPolicy back in ``docker run --restart`` syntax."""
+    name = str(policy.get("Name") or "no")
+    retries = policy.get("MaximumRetryCount")
+    return f"{name}:{retries}" if name == "on-failure" and retries else name
 
 
 def _is_managed(labels: dict[str, str] | None) -> bool:
@@ -136,36 +119,14 @@ class Engine:
     def client(self) -> docker.DockerClient:
         return self.node.docker()
 
-    @contextlib.contextmanager
-    def _step(self, step: str, what: str = "") -> Iterator[None]:
-        try:
-            yield
-        except NodeError:
-            raise
-        except docker.errors.APIError as e:
-            msg = e.explanation or str(e)
-            if isinstance(msg, bytes):
-                msg = msg.decode(errors="replace")
-            raise NodeError(self.name, step, f"{what + ': ' if what else ''}{msg}") from None
-        except docker.errors.DockerException as e:
-            raise NodeError(self.name, step, f"{what + ': ' if what else ''}{e}") from None
-        except (requests.exceptions.RequestException, paramiko.SSHException, OSError, EOFError) as e:
-            raise docker_unreachable(self.node, e, step=step) from None
-
-    # -- images ---------------------------------------------------------------------------------------
-
-    def image_id(self, ref: str) -> str | None:
-        """The image ID (``sha256:…``) ``ref`` names on this node, or None if the node lacks it."""
-        with self._step("image", ref):
-            try:
-                return str(self.client.images.get(ref).id)
-            except docker.errors.ImageNotFound:
-                return None
+    def _step(self, step: str, what: str = "") -> contextlib.AbstractContextManager[None]:
+        return docker_errors(self.node, step, what)
 
     # -- containers -----------------------------------------------------------------------------------
 
     def run(self, spec: ContainerSpec, *, create_rw_mount_dirs: bool = True) -> str:
-        """Create and start ``spec``'s container (detached, restart=no); return its id.
+        """Create and start ``spec``'s container (detached, with its restart policy and stop timeout); return
+        its id.
 
         Never pulls. A name clash is reported, never resolved by removing the other container.
         """
@@ -173,29 +134,13 @@ class Engine:
             for m in spec.mounts:
                 if not m.read_only:
                     self.node.makedirs(m.source)
-        kwargs: dict[str, Any] = dict(
-            image=spec.image,
-            entrypoint=[spec.entrypoint],  # the image's own ENTRYPOINT (e.g. `vllm serve`) is always replaced
-            command=list(spec.command[1:]),
-            name=spec.name,
-            environment=spec.run_env(),  # env + secrets (VLLM_API_KEY on the head)
-            labels=dict(spec.labels),
-            mounts=[docker.types.Mount(target=m.target, source=m.source, type="bind", read_only=m.read_only)
-                    for m in spec.mounts],
-            network_mode=spec.network_mode,
-            ipc_mode=spec.ipc_mode,
-            shm_size=spec.shm_size,
-            ulimits=[docker.types.Ulimit(name=k, soft=s, hard=h) for k, (s, h) in spec.ulimits.items()],
-            cap_add=list(spec.cap_add) or None,
-            devices=[f"{d}:{d}:rwm" for d in spec.devices] or None,
-            restart_policy={"Name": "no"},
-            detach=True,
-        )
-        if spec.gpus:
-            kwargs["device_requests"] = [docker.types.DeviceRequest(count=-1, capabilities=[["gpu"]])]
+        kw = spec.docker_sdk_kwargs()
         with self._step("run", spec.name):
+            api = self.client.api  # low-level: docker-py's containers.create has no stop_timeout
+            host_config = api.create_host_config(**kw["host_config"])
             try:
-                container = self.client.containers.create(**kwargs)
+                created = api.create_container(**kw["create"], host_config=host_config)
+                container = self.client.containers.get(created["Id"])
             except docker.errors.ImageNotFound:
                 what = f"image {spec.image} is not on this node; {SHIP_HINT}"
                 raise NodeError(self.name, "run", what) from None
@@ -412,6 +357,9 @@ class Engine:
             mounts=[Mount(source=m["Source"], target=m["Destination"], read_only=not m.get("RW", True))
                     for m in a.get("Mounts") or [] if m.get("Type") == "bind"],
             labels=labels,
+            ulimits={u["Name"]: (u["Soft"], u["Hard"]) for u in host.get("Ulimits") or []},
+            restart=_restart_text(host.get("RestartPolicy") or {}),
+            stop_timeout=int(cfg.get("StopTimeout") or DOCKER_STOP_TIMEOUT_S),
             network_mode=str(host.get("NetworkMode", "")),
             ipc_mode=str(host.get("IpcMode", "")),
             shm_size=int(host.get("ShmSize") or 0),
@@ -427,68 +375,3 @@ class Engine:
         Compare ranks with each other on the whole dict; compare with the plan on parity_view's keys."""
         spec, image_id = self.inspect_spec(ref)
         return parity_view(spec) | {"image_id": image_id}
-
-
-# -- across nodes -------------------------------------------------------------------------------------
-
-
-def ensure_same_image(nodes: list[Node], ref: str) -> str:
-    """The image ID ``ref`` has on every node; NodeError naming a node that lacks it or differs.
-
-    The first node (the head) is the reference when IDs differ."""
-    ids = on_all(nodes, lambda n: Engine(n).image_id(ref), name=lambda n: n.name)
-    missing = [n.name for n in nodes if ids[n.name] is None]
-    if missing:
-        have = [n.name for n in nodes if ids[n.name]]
-        where = f" ({', '.join(have)} {'has' if len(have) == 1 else 'have'} it)" if have else ""
-        err = NodeError(missing[0], "image", f"image {ref} is not on this node{where}; {SHIP_HINT}")
-        err.details += [f"also missing on {m}" for m in missing[1:]]
-        raise err
-    ref_node = nodes[0].name
-    want = ids[ref_node]
-    assert want is not None
-    for n in nodes[1:]:
-        got = ids[n.name]
-        if got != want:
-            raise NodeError(n.name, "image", f"image {ref} is {_short(got)} here but {_short(want)} on "
-                            f"{ref_node}; every node must run the same image ID — {SHIP_HINT}")
-    return want
-
-
-def _short(image_id: str | None) -> str:
-    return (image_id or "?").removeprefix("sha256:")[:12]
-
-
-def ship_image(src: Node, dst: Node, ref: str, *, chunk_size: int = SHIP_CHUNK) -> ShipReport:
-    """Stream ``docker save`` of ``ref`` on ``src`` into ``docker load`` on ``dst`` (tags kept).
-
-    Internal helper for ``up``/``image ship``: every layer is sent (no registry). Verifies the ID after."""
-    s, d = Engine(src), Engine(dst)
-    named = normalize_ref(ref)
-    with s._step("ship", ref):
-        try:
-            img = s.client.images.get(ref)
-        except docker.errors.ImageNotFound:
-            what = f"image {ref} is not on this node either; nothing to ship"
-            raise NodeError(src.name, "ship", what) from None
-        stream = img.save(chunk_size=chunk_size, named=named if named in img.tags else True)
-    sent = 0
-
-    def counted() -> Iterator[bytes]:
-        nonlocal sent
-        with s._step("ship", f"docker save {ref}"):
-            for chunk in stream:
-                sent += len(chunk)
-                yield chunk
-
-    t0 = time.monotonic()
-    with d._step("ship", f"docker load {ref}"):
-        try:
-            d.client.images.load(counted())
-        except docker.errors.ImageLoadError as e:
-            raise NodeError(dst.name, "ship", f"docker load failed: {e}") from None
-    seconds = time.monotonic() - t0
-    got = d.image_id(ref)
-    if got != img.id:
-        raise NodeError(dst.name, "ship", f"after loading, {ref} is {_short(got)} here, not {_short(img.id)}")
-    return ShipReport(ref=ref, image_id=str(img.id), bytes=sent, seconds=seconds)

@@ -15,17 +15,18 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from sparkserve.nodes.base import CommandResult, NodeError
+from sparkserve.nodes.docker_client import docker_local
 
 if TYPE_CHECKING:
     import docker
 
-    from sparkserve.deploy.sync import SyncReport
-
 
 class LocalNode:
+    """This machine as a Node: argv through subprocess, files through the filesystem."""
+
     def __init__(self, name: str, *, docker_host: str | None = None) -> None:
         self.name = name
         self.docker_host = docker_host
@@ -142,19 +143,12 @@ class LocalNode:
         except OSError as e:
             raise NodeError(self.name, "read", f"cannot read {remote}: {e.strerror or e}") from None
 
-    def sync_dir(self, local_dir: Path, remote_dir: str, **kw: Any) -> SyncReport:
-        from sparkserve.deploy.sync import sync_dir
-
-        return sync_dir(self, Path(local_dir), remote_dir, **kw)
-
     def rsync_remote(self) -> None:
         return None
 
     def docker(self) -> docker.DockerClient:
         with self._lock:
             if self._docker is None:
-                from sparkserve.nodes.docker_client import docker_local
-
                 self._docker = docker_local(self.name, self.docker_host)
             return self._docker
 

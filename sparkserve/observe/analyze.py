@@ -5,40 +5,27 @@
     >>> a.to_json()["kv_cache_tokens"]
     [1677712]
 
-Unknown stays ``None`` (``null``), never guessed. Ranks are global ranks: from the
-``world_size=… rank=…`` / ``rank N in world size …`` lines (mapped by pid, so the rank-less
-``(Worker pid=N)`` lines before the rename count), from the worker name (``Worker_TP1``,
-``Worker_TP0_EP0``, ``VllmWorker TP0``, ``VllmWorker rank=1``, ``VllmWorker-1``), from PyTorch's
-``[rankN]:`` or an NCCL line's pid. With ``tensor_parallel_size=1`` and ``pipeline_parallel_size=1`` in the
-engine config the only rank is 0.
+Unknown stays ``None`` (``null``), never guessed. Ranks are global ranks (:mod:`sparkserve.observe.ranks`);
+the configuration is what the logs print (:mod:`sparkserve.observe.engine_config`).
 """
 
 from __future__ import annotations
 
-import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkserve.observe.logpatterns import CUDAGRAPH_MODE_VALUES, POINTER, FaultKind, Kind
-from sparkserve.observe.logs import Event, ParsedLog, parse_log
-
-_WORKER_NAME = re.compile(
-    r"^(?:Worker|VllmWorker)(?:[ _]DP(?P<dp>\d+))?(?:[ _]PP(?P<pp>\d+))?(?:_PCP\d+)?(?:[ _]TP(?P<tp>\d+))?"
-    r"(?:_DCP\d+)?(?:_EP\d+)?$"
-)
-_MP_NAME = re.compile(r"^VllmWorker-(?P<rank>\d+)$")
-_API_NAMES = ("APIServer", "ApiServer")
-_MODE_REPR = re.compile(
-    r"""['"]cudagraph_mode['"]\s*:\s*(?:<CUDAGraphMode\.(?P<enum>\w+)[^>]*>|\[(?P<pair>\d+,\s*\d+)\]"""
-    r"""|(?P<num>\d+)|['"](?P<name>\w+)['"]|CUDAGraphMode\.(?P<bare>\w+))"""
-)
-_SPEC_CFG = re.compile(r"speculative_config=SpeculativeConfig\((?P<body>[^)]*)\)")
-_SPEC_ARGS = re.compile(r"""['"]speculative_config['"]\s*:\s*\{(?P<body>[^{}]*)\}""")
+from sparkserve.observe.engine_config import EngineConfig, engine_config
+from sparkserve.observe.events import Event
+from sparkserve.observe.logpatterns import POINTER, FaultKind, Kind
+from sparkserve.observe.logs import ParsedLog, parse_log
+from sparkserve.observe.ranks import API_NAMES, attribute_ranks, rank_sort
 
 
 @dataclass
 class RankState:
+    """What the logs show for one worker rank."""
+
     graphs: str = "unknown"  # captured | eager | unknown
     kv_cache_tokens: int | None = None
     mask_token_id: int | None = None
@@ -52,6 +39,8 @@ class RankState:
 
 @dataclass
 class Spec:
+    """Speculative decoding as the logs show it."""
+
     method: str | None = None
     num_speculative_tokens: int | None = None
     mask_embedding_loaded: bool | None = None
@@ -61,6 +50,8 @@ class Spec:
 
 @dataclass
 class Analysis:
+    """Everything ``logs analyze`` and the gates read off a set of logs."""
+
     logs: list[ParsedLog]
     kv_cache_tokens: list[int]
     graphs: str
@@ -106,153 +97,168 @@ class Analysis:
         }
 
 
-# ----------------------------------------------------------------------------------------------------
-# ranks
-# ----------------------------------------------------------------------------------------------------
-def _name_rank(name: str, tp_size: int | None) -> str | None:
-    m = _MP_NAME.match(name)
-    if m:
-        return m.group("rank")
-    m = _WORKER_NAME.match(name)
-    if not m or m.group("tp") is None and m.group("pp") is None:
-        return None
-    tp = int(m.group("tp") or 0)
-    pp = m.group("pp")
-    dp = m.group("dp")
-    if dp is not None:
-        return f"DP{dp}_{'PP' + pp + '_' if pp else ''}TP{tp}"
-    if pp is None:
-        return str(tp)
-    if tp_size:
-        return str(int(pp) * tp_size + tp)
-    return f"PP{pp}_TP{tp}"
+class _Events:
+    """The events of several logs, by kind, each with its log."""
+
+    def __init__(self, logs: Sequence[ParsedLog]) -> None:
+        self.all = [(log, e) for log in logs for e in log.events]
+        self._by_kind: dict[Kind, list[tuple[ParsedLog, Event]]] = {}
+        for pair in self.all:
+            self._by_kind.setdefault(pair[1].kind, []).append(pair)
+
+    def of(self, kind: Kind) -> list[tuple[ParsedLog, Event]]:
+        return self._by_kind.get(kind, [])
 
 
-def _int_of(pattern: str, text: str) -> int | None:
-    m = re.search(pattern, text)
-    return int(m.group(1)) if m else None
+def analyze(logs: Sequence[ParsedLog], node_ranks: Mapping[str, Sequence[str]] | None = None) -> Analysis:
+    """Combine the events of several files (e.g. head + follower) into one analysis (``node_ranks``: see
+    :func:`sparkserve.observe.ranks.attribute_ranks`)."""
+    tp_size = attribute_ranks(logs, node_ranks)
+    ev = _Events(logs)
+    cfg = engine_config(logs)
+    kv, kv_streams = _kv_pool(ev)
+    ranks = _rank_states(ev)
+    runner = _model_runner(ev)
+    eager_known = any(e.rank is None for _, e in ev.of(Kind.EAGER)) or cfg.enforce_eager is True
+    graphs = _graphs(ev, ranks, runner, eager_known)
+    if len({s for (_, s) in kv_streams}) == 1:  # one engine: its pool is every rank's pool
+        for st in ranks.values():
+            st.kv_cache_tokens = list(kv_streams.values())[-1]
+    faults, artefacts = _ordered_faults(logs)
+    return Analysis(
+        logs=list(logs),
+        kv_cache_tokens=kv,
+        graphs=graphs,
+        cudagraph_mode=_effective_mode(ev, cfg, eager_known),
+        configured_cudagraph_mode=cfg.cudagraph_mode,
+        enforce_eager=cfg.enforce_eager,
+        ranks={r: ranks[r] for r in sorted(ranks, key=rank_sort)},
+        spec=_spec(ev, cfg, ranks),
+        model_runner=runner,
+        ready=_ready(ev),
+        faults=faults,
+        artefacts=artefacts,
+        tensor_parallel_size=tp_size,
+        versions=_versions(ev),
+    )
 
 
-def _parallel_sizes(logs: Sequence[ParsedLog]) -> tuple[int | None, int | None]:
-    tp = pp = None
-    for log in logs:
-        for e in log.events:
-            if e.kind is Kind.ENGINE_CONFIG:
-                cfg = e.data.get("config", "")
-                tp = _int_of(r"\btensor_parallel_size=(\d+)", cfg) or tp
-                pp = _int_of(r"\bpipeline_parallel_size=(\d+)", cfg) or pp
-            elif e.kind is Kind.NON_DEFAULT_ARGS and tp is None:
-                tp = _int_of(r"""['"]tensor_parallel_size['"]:\s*(\d+)""", e.data.get("args", ""))
-    return tp, pp
+def _kv_pool(ev: _Events) -> tuple[list[int], dict[tuple[Any, ...], int]]:
+    """The distinct pool sizes in order, and the last size per (file, writer): one writer is one engine."""
+    kv: list[int] = []
+    kv_streams: dict[tuple[Any, ...], int] = {}
+    for log, e in ev.of(Kind.KV_TOKENS):
+        n = int(e.data["tokens"].replace(",", ""))
+        if n not in kv:
+            kv.append(n)
+        kv_streams[(log.file, e.rec.stream)] = n
+    return kv, kv_streams
 
 
-#: Events that belong to one worker rank (the ones a node's rank can be inferred for).
-RANKED_KINDS = frozenset(
-    {
-        Kind.GRAPH_CAPTURED,
-        Kind.MASK_LOADED,
-        Kind.RANK_PRESENCE,
-        Kind.CUDAGRAPH_DOWNGRADE,
-        Kind.SPECULATOR_CAPTURE,
-        Kind.DRAFT_EAGER,
-    }
-)
-_NOT_WORKERS = ("APIServer", "ApiServer", "EngineCore")
+def _rank_states(ev: _Events) -> dict[str, RankState]:
+    """Per rank: its capture, mask, eager and downgrade lines, whether it finished loading, its nodes."""
+    ranks: dict[str, RankState] = {}
+    for log, e in ev.all:
+        if e.rank is None:
+            continue
+        st = ranks.setdefault(e.rank, RankState())
+        st.nodes.add(log.node)
+        if e.kind is Kind.GRAPH_CAPTURED:
+            st.capture.append(e)
+        elif e.kind is Kind.MASK_LOADED:
+            st.mask.append(e)
+            if st.mask_token_id is None:
+                st.mask_token_id = int(e.data["id"])
+        elif e.kind is Kind.EAGER:
+            st.eager.append(e)
+        elif e.kind is Kind.CUDAGRAPH_DOWNGRADE:
+            st.downgrades.append(e)
+        elif e.kind is Kind.RANK_PRESENCE and e.data.get("gib"):
+            st.loaded = True
+    return ranks
 
 
-def attribute_ranks(logs: Sequence[ParsedLog], node_ranks: Mapping[str, Sequence[str]] | None = None) -> int | None:
-    """Set ``Event.rank`` on every event that belongs to a worker rank; returns the TP size if known.
-
-    ``node_ranks`` (node → the ranks it hosts, from the caller's config) attributes worker lines that carry
-    no rank of their own to the node's rank — only for a node that hosts exactly one rank.
-    """
-    tp_size, pp_size = _parallel_sizes(logs)
-    for log in logs:
-        # keyed by (source, ip, pid): one file may interleave nodes (compose columns, `sparkserve logs` output)
-        by_pid: dict[tuple[str | None, str | None, int], str] = {}
-        identity: dict[tuple[str | None, str | None, int], str] = {}
-        for e in log.events:
-            p = e.rec.proc
-            if p is None:
-                continue
-            key = (e.rec.source, p.ip, p.pid)
-            if e.kind is Kind.RANK_IDENTITY:
-                r = e.data.get("rank") or e.data.get("rank2")
-                if r is not None:
-                    identity[key] = r
-            if p.rank is not None:
-                by_pid.setdefault(key, str(p.rank))
-            else:
-                r = _name_rank(p.name, tp_size)
-                if r is not None:
-                    by_pid.setdefault(key, r)
-        by_pid.update(identity)  # the world-size lines give the global rank: they win
-        single = tp_size == 1 and (pp_size or 1) == 1 and not by_pid
-        for e in log.events:
-            p = e.rec.proc
-            rank = None
-            if p is not None:
-                rank = by_pid.get((e.rec.source, p.ip, p.pid))
-                if rank is None and p.rank is not None:
-                    rank = str(p.rank)
-                if rank is None:
-                    rank = _name_rank(p.name, tp_size)
-            if rank is None and e.rec.c10_rank is not None:
-                rank = str(e.rec.c10_rank)
-            if rank is None and e.rec.nccl_pid is not None:
-                rank = by_pid.get((e.rec.source, None, e.rec.nccl_pid))
-            if rank is None and single and not (p and p.name.startswith(_API_NAMES)):
-                rank = "0"
-            e.rank = rank
-        hosted = (node_ranks or {}).get(log.node)
-        if hosted is not None and len(hosted) == 1:
-            for e in log.events:
-                p = e.rec.proc
-                if e.rank is None and e.kind in RANKED_KINDS and not (p and p.name.startswith(_NOT_WORKERS)):
-                    e.rank = hosted[0]
-    return tp_size
+def _model_runner(ev: _Events) -> str | None:
+    """``v1`` / ``v2`` / None: a V1 fallback line wins over the V2 line, which wins over V1-only lines."""
+    if ev.of(Kind.RUNNER_V1_FALLBACK):
+        return "v1"
+    if ev.of(Kind.RUNNER_V2):
+        return "v2"
+    return "v1" if ev.of(Kind.RUNNER_V1) else None
 
 
-def _rank_sort(r: str) -> tuple[int, int | str]:
-    return (0, int(r)) if r.isdigit() else (1, r)
+def _graphs(ev: _Events, ranks: dict[str, RankState], runner: str | None, eager_known: bool) -> str:
+    """Set each rank's ``graphs``; return the stack's: captured | partial | eager | unknown."""
+    captures = ev.of(Kind.GRAPH_CAPTURED)
+    # V1 (0.12+) logs `Graph capturing finished` with info_once: once per node, standing for its ranks
+    v1_nodes = {log.node for log, e in captures if e.rank is not None} if runner == "v1" else set()
+    for st in ranks.values():
+        if st.capture or st.nodes & v1_nodes:
+            st.graphs = "captured"
+        elif st.eager or eager_known:
+            st.graphs = "eager"
+    if ranks:
+        states = {s.graphs for s in ranks.values()}
+        if states == {"captured"}:
+            return "captured"
+        if "captured" in states:
+            return "partial"
+        return "eager" if "eager" in states else "unknown"
+    any_eager = eager_known or bool(ev.of(Kind.EAGER))
+    if captures and any_eager:
+        return "partial"
+    if captures:
+        return "captured"
+    return "eager" if any_eager else "unknown"
 
 
-# ----------------------------------------------------------------------------------------------------
-# facts
-# ----------------------------------------------------------------------------------------------------
-def _mode_from(text: str) -> str | None:
-    m = _MODE_REPR.search(text)
-    if not m:
-        return None
-    if m.group("enum"):
-        return m.group("enum")
-    if m.group("bare"):
-        return m.group("bare")
-    if m.group("name"):
-        return m.group("name").upper()
-    raw = (m.group("pair") or m.group("num") or "").replace(" ", "")
-    return CUDAGRAPH_MODE_VALUES.get(raw)
+def _effective_mode(ev: _Events, cfg: EngineConfig, eager_known: bool) -> str | None:
+    """The cudagraph mode in effect: a downgrade wins, then eager (NONE), then the configured mode."""
+    downgrades = ev.of(Kind.CUDAGRAPH_DOWNGRADE)
+    if downgrades:
+        d = downgrades[-1][1].data
+        return d.get("dst") or d.get("dst2")
+    if eager_known or (ev.of(Kind.EAGER) and not ev.of(Kind.GRAPH_CAPTURED)):
+        return "NONE"
+    return cfg.cudagraph_mode
 
 
-def _spec_from_config(cfg: str) -> tuple[str | None, int | None, bool]:
-    """(method, k, found) from the EngineCore config dump."""
-    m = _SPEC_CFG.search(cfg)
-    if not m:
-        return None, None, "speculative_config=None" in cfg
-    body = m.group("body")
-    method = re.search(r"method='([^']+)'", body)
-    k = re.search(r"num_spec_tokens=(\d+)", body)
-    return (method.group(1) if method else None), (int(k.group(1)) if k else None), True
+def _spec(ev: _Events, cfg: EngineConfig, ranks: dict[str, RankState]) -> Spec:
+    """Method and k as configured; the mask is loaded when every rank that finished loading logged it (a
+    DFlash drafter without any mask line: not loaded)."""
+    spec = Spec(method=cfg.spec_method, num_speculative_tokens=cfg.num_speculative_tokens)
+    mask_events = ev.of(Kind.MASK_LOADED)
+    dflash = (cfg.spec_method or "").lower().startswith("dflash") or any(
+        (e.data.get("which") or "").lower().startswith("dflash") for _, e in ev.of(Kind.SPECULATOR_CAPTURE)
+    )
+    finished = [r for r, s in ranks.items() if s.loaded]
+    if mask_events:
+        spec.mask_token_id = int(mask_events[0][1].data["id"])
+        spec.mask_embedding_loaded = all(ranks[r].mask for r in finished)
+    elif dflash and finished:
+        spec.mask_embedding_loaded = False
+    spec.mean_acceptance_length = [float(e.data["al"]) for _, e in ev.of(Kind.SPEC_METRICS)]
+    return spec
 
 
-def _spec_from_args(args: str) -> tuple[str | None, int | None]:
-    m = _SPEC_ARGS.search(args)
-    if not m:
-        return None, None
-    body = m.group("body")
-    method = re.search(r"""['"]method['"]\s*:\s*['"]([^'"]+)['"]""", body)
-    k = re.search(r"""['"]num_speculative_tokens['"]\s*:\s*(\d+)""", body)
-    return (method.group(1) if method else None), (int(k.group(1)) if k else None)
+def _ready(ev: _Events) -> bool | None:
+    """True on the readiness line; False when an API server exists in the logs without it; else unknown."""
+    if ev.of(Kind.READY):
+        return True
+    if ev.of(Kind.API_SERVER) or ev.of(Kind.NON_DEFAULT_ARGS) or any(
+        e.rec.proc is not None and e.rec.proc.name.startswith(API_NAMES) for _, e in ev.all
+    ):
+        return False
+    return None
+
+
+def _versions(ev: _Events) -> list[str]:
+    versions: list[str] = []
+    for _, e in ev.of(Kind.VERSION):
+        v = e.data.get("version") or e.data.get("v2") or e.data.get("v3")
+        if v and v not in versions:
+            versions.append(v)
+    return versions
 
 
 def _consequence(e: Event) -> int:
@@ -281,196 +287,7 @@ def _ordered_faults(
     return [(log, e) for _, log, e in faults], artefacts
 
 
-def analyze(logs: Sequence[ParsedLog], node_ranks: Mapping[str, Sequence[str]] | None = None) -> Analysis:
-    """Combine the events of several files (e.g. head + follower) into one analysis (``node_ranks``: see
-    :func:`attribute_ranks`)."""
-    tp_size = attribute_ranks(logs, node_ranks)
-    evs = [(log, e) for log in logs for e in log.events]
-    by_kind: dict[Kind, list[tuple[ParsedLog, Event]]] = {}
-    for pair in evs:
-        by_kind.setdefault(pair[1].kind, []).append(pair)
-
-    def of(*kinds: Kind) -> list[tuple[ParsedLog, Event]]:
-        if len(kinds) == 1:
-            return by_kind.get(kinds[0], [])
-        return [(log, e) for log, e in evs if e.kind in kinds]
-
-    # KV pool
-    kv: list[int] = []
-    kv_streams: dict[tuple[Any, ...], int] = {}
-    for log, e in of(Kind.KV_TOKENS):
-        n = int(e.data["tokens"].replace(",", ""))
-        if n not in kv:
-            kv.append(n)
-        kv_streams[(log.file, e.rec.stream)] = n
-
-    # configuration
-    configured_mode = None
-    enforce_eager: bool | None = None
-    method = k = None
-    spec_found = False
-    for _, e in of(Kind.ENGINE_CONFIG):
-        cfg = e.data.get("config", "")
-        configured_mode = _mode_from(cfg) or configured_mode
-        ee = re.search(r"\benforce_eager=(True|False)", cfg)
-        if ee:
-            enforce_eager = ee.group(1) == "True"
-        mm, kk, found = _spec_from_config(cfg)
-        if found:
-            spec_found = True
-            method, k = mm or method, kk or k
-    args_mode = None
-    for _, e in of(Kind.NON_DEFAULT_ARGS):
-        args = e.data.get("args", "")
-        args_mode = _mode_from(args) or args_mode
-        if enforce_eager is None and re.search(r"""['"]enforce_eager['"]\s*:\s*True""", args):
-            enforce_eager = True
-        if not spec_found:
-            mm, kk = _spec_from_args(args)
-            method, k = method or mm, k or kk
-
-    # ranks
-    ranks: dict[str, RankState] = {}
-
-    def rs(r: str) -> RankState:
-        if r not in ranks:
-            ranks[r] = RankState()
-        return ranks[r]
-
-    for log, e in evs:
-        if e.rank is None:
-            continue
-        st = rs(e.rank)
-        st.nodes.add(log.node)
-        if e.kind is Kind.GRAPH_CAPTURED:
-            st.capture.append(e)
-        elif e.kind is Kind.MASK_LOADED:
-            st.mask.append(e)
-            if st.mask_token_id is None:
-                st.mask_token_id = int(e.data["id"])
-        elif e.kind is Kind.EAGER:
-            st.eager.append(e)
-        elif e.kind is Kind.CUDAGRAPH_DOWNGRADE:
-            st.downgrades.append(e)
-        elif e.kind is Kind.RANK_PRESENCE and e.data.get("gib"):
-            st.loaded = True
-    # model runner
-    if of(Kind.RUNNER_V1_FALLBACK):
-        runner: str | None = "v1"
-    elif of(Kind.RUNNER_V2):
-        runner = "v2"
-    elif of(Kind.RUNNER_V1):
-        runner = "v1"
-    else:
-        runner = None
-    global_eager = [e for _, e in of(Kind.EAGER) if e.rank is None]
-    eager_known = bool(global_eager) or enforce_eager is True
-    captures = of(Kind.GRAPH_CAPTURED)
-    # V1 (0.12+) logs `Graph capturing finished` with info_once: once per node, standing for its ranks
-    v1_nodes = {log.node for log, e in captures if e.rank is not None} if runner == "v1" else set()
-    for st in ranks.values():
-        if st.capture or st.nodes & v1_nodes:
-            st.graphs = "captured"
-        elif st.eager or eager_known:
-            st.graphs = "eager"
-    if ranks:
-        states = {s.graphs for s in ranks.values()}
-        if states == {"captured"}:
-            graphs = "captured"
-        elif "captured" in states:
-            graphs = "partial"
-        elif "eager" in states:
-            graphs = "eager"
-        else:
-            graphs = "unknown"
-    else:
-        any_eager = eager_known or bool(of(Kind.EAGER))
-        if captures and any_eager:
-            graphs = "partial"
-        elif captures:
-            graphs = "captured"
-        elif any_eager:
-            graphs = "eager"
-        else:
-            graphs = "unknown"
-
-    # effective cudagraph mode: a downgrade wins, then eager (NONE), then the engine dump, then the args
-    downgrades = of(Kind.CUDAGRAPH_DOWNGRADE)
-    if downgrades:
-        d = downgrades[-1][1].data
-        mode = d.get("dst") or d.get("dst2")
-    elif eager_known or (of(Kind.EAGER) and not captures):
-        mode = "NONE"
-    else:
-        mode = configured_mode or args_mode
-
-    # per-rank pool: one engine → its pool is every rank's pool
-    engines = {s for (_, s) in kv_streams}
-    if len(engines) == 1:
-        last = list(kv_streams.values())[-1]
-        for st in ranks.values():
-            st.kv_cache_tokens = last
-
-    # speculative decoding
-    spec = Spec(method=method, num_speculative_tokens=k)
-    mask_events = of(Kind.MASK_LOADED)
-    dflash = (method or "").lower().startswith("dflash") or any(
-        (e.data.get("which") or "").lower().startswith("dflash") for _, e in of(Kind.SPECULATOR_CAPTURE)
-    )
-    finished = [r for r, s in ranks.items() if s.loaded]
-    if mask_events:
-        spec.mask_token_id = int(mask_events[0][1].data["id"])
-        lacking = [r for r in finished if not ranks[r].mask]
-        spec.mask_embedding_loaded = not lacking
-    elif dflash and finished:
-        spec.mask_embedding_loaded = False
-    spec.mean_acceptance_length = [float(e.data["al"]) for _, e in of(Kind.SPEC_METRICS)]
-
-    # readiness
-    if of(Kind.READY):
-        ready: bool | None = True
-    elif of(Kind.API_SERVER, Kind.NON_DEFAULT_ARGS) or any(
-        e.rec.proc is not None and e.rec.proc.name.startswith(_API_NAMES) for _, e in evs
-    ):
-        ready = False
-    else:
-        ready = None
-
-    faults, artefacts = _ordered_faults(logs)
-    versions: list[str] = []
-    for _, e in of(Kind.VERSION):
-        v = e.data.get("version") or e.data.get("v2") or e.data.get("v3")
-        if v and v not in versions:
-            versions.append(v)
-
-    return Analysis(
-        logs=list(logs),
-        kv_cache_tokens=kv,
-        graphs=graphs,
-        cudagraph_mode=mode,
-        configured_cudagraph_mode=configured_mode or args_mode,
-        enforce_eager=enforce_eager,
-        ranks={r: ranks[r] for r in sorted(ranks, key=_rank_sort)},
-        spec=spec,
-        model_runner=runner,
-        ready=ready,
-        faults=faults,
-        artefacts=artefacts,
-        tensor_parallel_size=tp_size,
-        versions=versions,
-    )
-
-
 def analyze_texts(texts: Mapping[str, str], nodes: Mapping[str, str] | None = None) -> Analysis:
     """``{file name: text}`` (in order) → analysis; ``nodes`` maps file name → node name."""
     nodes = nodes or {}
     return analyze([parse_log(t, file=f, node=nodes.get(f)) for f, t in texts.items()])
-
-
-def analyze_files(paths: Iterable[tuple[str, str | None]]) -> Analysis:
-    """``[(path, node or None)]`` → analysis. Lines are decoded as UTF-8, undecodable bytes replaced."""
-    logs = []
-    for path, node in paths:
-        with open(path, "rb") as fh:
-            logs.append(parse_log(fh.read(), file=path, node=node))
-    return analyze(logs)

@@ -1,6 +1,7 @@
 """The production gates as a pure judgement: parsed logs + expectations + smoke/liveness/identity facts → verdicts.
 
-    >>> from sparkserve.observe.gates import Expectations, judge
+    >>> from sparkserve.observe.gate_inputs import Expectations
+    >>> from sparkserve.observe.gates import judge
     >>> from sparkserve.observe.logs import parse_log
     >>> logs = {"spark-a": parse_log(head_text, file="head.log"), "spark-b": parse_log(f_text, file="f.log")}
     >>> report = judge(logs, Expectations.from_config(cfg, mask_file=True), smoke=None)
@@ -10,7 +11,7 @@ Nothing here touches a node: the live side (``sparkserve.deploy.gates_live``) co
 containers started, runs the smoke cell, checks that every container is alive and reads image IDs and
 drafter digests, then calls :func:`judge`. ``sparkserve gates --from-log NODE=FILE`` calls it on saved
 logs. Each verdict carries its evidence lines ``{node, line, text}`` or says what it looked for and did
-not find. Gates (DESIGN.md):
+not find (records: :mod:`sparkserve.observe.gate_report`). Gates (DESIGN.md):
 
 * ``pool`` — ``KV cache size: N tokens`` equals the banked pool for this config fingerprint and
   ``gates.pool_tokens`` when set (with neither, the observed pool passes and is what ``--bank`` records).
@@ -33,156 +34,15 @@ skipped.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
 
 from sparkserve.observe.analyze import Analysis, analyze
+from sparkserve.observe.events import Event
+from sparkserve.observe.gate_inputs import Expectations, NodeIdentity, SmokeResult
+from sparkserve.observe.gate_report import GATE_NAMES, Evidence, GateReport, Verdict
 from sparkserve.observe.logpatterns import Kind
-from sparkserve.observe.logs import Event, ParsedLog
-
-if TYPE_CHECKING:
-    from sparkserve.config import Config
-
-GATE_NAMES: tuple[str, ...] = ("pool", "graphs", "mask", "smoke", "faults", "runner", "identity")
+from sparkserve.observe.logs import ParsedLog
 
 
-@dataclass(frozen=True)
-class Evidence:
-    node: str
-    line: int | None
-    text: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"node": self.node, "line": self.line, "text": self.text}
-
-
-@dataclass
-class Verdict:
-    name: str
-    ok: bool
-    expected: Any
-    observed: Any
-    reason: str
-    evidence: list[Evidence] = field(default_factory=list)
-    skipped: bool = False
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "ok": self.ok,
-            "expected": self.expected,
-            "observed": self.observed,
-            "reason": self.reason,
-            "evidence": [e.to_json() for e in self.evidence],
-        }
-
-
-@dataclass
-class GateReport:
-    gates: list[Verdict]
-
-    @property
-    def ok(self) -> bool:
-        return all(g.ok for g in self.gates)
-
-    def failed(self) -> list[Verdict]:
-        return [g for g in self.gates if not g.ok]
-
-    def get(self, name: str) -> Verdict:
-        return next(g for g in self.gates if g.name == name)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"ok": self.ok, "gates": [g.to_json() for g in self.gates]}
-
-    def with_skipped(self, names: Iterable[str]) -> GateReport:
-        names = set(names)
-        return GateReport([_skipped(g) if g.name in names else g for g in self.gates])
-
-
-def _skipped(g: Verdict) -> Verdict:
-    return replace(
-        g, ok=True, observed=None, evidence=[], skipped=True, reason=f"skipped (--skip {g.name}): not judged"
-    )
-
-
-@dataclass(frozen=True)
-class Expectations:
-    """What the configuration says the logs must show."""
-
-    ranks: tuple[str, ...]
-    cudagraph_mode: str | None = "FULL_AND_PIECEWISE"
-    enforce_eager: bool = False
-    pool_tokens: int | None = None  # config gates.pool_tokens
-    banked_pool: int | None = None  # journal, for this config fingerprint
-    mask_file: bool | None = None  # the drafter directory holds mask_embedding.pt (None: not known)
-    mask_token_id: int | None = None
-    smoke_prompts: int | None = None
-    runner: str = "v2"
-    nodes: tuple[str, ...] | None = None  # every node must have a log (None: not checked)
-    node_ranks: Mapping[str, tuple[str, ...]] | None = None  # mp: node → ranks it hosts (by node rank × GPUs)
-
-    @classmethod
-    def from_config(
-        cls,
-        cfg: Config,
-        *,
-        banked_pool: int | None = None,
-        mask_file: bool | None = None,
-        check_nodes: bool = True,
-    ) -> Expectations:
-        world = cfg.serve.tensor_parallel_size
-        return cls(
-            ranks=tuple(str(r) for r in range(world)),
-            cudagraph_mode=cfg.serve.compilation.cudagraph_mode.value,
-            enforce_eager=cfg.serve.enforce_eager,
-            pool_tokens=cfg.gates.pool_tokens,
-            banked_pool=banked_pool,
-            mask_file=mask_file,
-            mask_token_id=cfg.gates.mask_token_id,
-            smoke_prompts=cfg.gates.smoke.prompts,
-            nodes=tuple(n.name for n in cfg.nodes) if check_nodes else None,
-            node_ranks=_node_ranks(cfg),
-        )
-
-
-def _node_ranks(cfg: Config) -> dict[str, tuple[str, ...]] | None:
-    """With the mp executor node i (head = 0) hosts global ranks i·g … i·g+g−1; Ray gathers every rank's
-    output on the head, so no node→rank mapping holds there."""
-    if cfg.serve.executor != "mp":
-        return None
-    out: dict[str, tuple[str, ...]] = {}
-    first = 0
-    for n in cfg.nodes:
-        out[n.name] = tuple(str(r) for r in range(first, first + n.gpus))
-        first += n.gpus
-    return out
-
-
-@dataclass(frozen=True)
-class SmokeError:
-    node: str | None  # the node a hang or stream error is blamed on, when known
-    text: str
-
-
-@dataclass(frozen=True)
-class SmokeResult:
-    """The smoke cell's outcome (every request has a deadline: a hang is a stream error)."""
-
-    requests: int
-    requests_ok: int
-    stream_errors: int
-    incomplete: int
-    errors: tuple[SmokeError, ...] = ()
-    node: str | None = None  # where the API server answered (the head)
-
-
-@dataclass(frozen=True)
-class NodeIdentity:
-    image_id: str | None
-    drafter_digest: str | None
-
-
-# ----------------------------------------------------------------------------------------------------
 def _ev(log: ParsedLog, e: Event) -> Evidence:
     return Evidence(log.node, e.line, e.text)
 

@@ -1,9 +1,14 @@
 """The one table of vLLM log patterns: message regexes keyed by event kind, with their version notes.
 
 Every pattern matches the *message* part of a line (after the ``(name pid=N) LEVEL MM-DD HH:MM:SS
-[file:line]`` prefix has been taken off by :mod:`sparkserve.observe.logs`), never a ``[file:line]`` — those
+[file:line]`` prefix has been taken off by :mod:`sparkserve.observe.logline`), never a ``[file:line]`` — those
 move every release. Each pattern also names literal *needles*: a line that contains none of them is
 never tried against the regex, which is what keeps ``logs analyze`` fast on big logs.
+
+Two readers besides the log reader take their lines from here, so a new vLLM wording is added once:
+:data:`FATAL` (the rows marked ``fatal``: lines that end a boot for sure, the fast path of
+:mod:`sparkserve.deploy.wait`) and :func:`milestone_of` (the rows marked with a :class:`Milestone`: how far a
+boot got, which the unified-memory watchdog's phases follow).
 
 Sources: vllm-facts.md (format strings read from the vLLM 0.10.1.1 … 0.33.0 wheels), the real vLLM
 0.25.1 logs in the test fixtures, and for V0 the executor's ``# GPU blocks`` line. Third-party lines
@@ -48,6 +53,8 @@ class Kind(StrEnum):
 
 
 class FaultKind(StrEnum):
+    """What a fault line says went wrong (the ``kind`` of a ``logs analyze --json`` fault)."""
+
     ENGINE_DEAD = "engine_dead"
     WORKER_DIED = "worker_died"
     NCCL = "nccl"
@@ -57,17 +64,40 @@ class FaultKind(StrEnum):
     OTHER = "other"
 
 
+class Milestone(StrEnum):
+    """How far a boot got, in boot order: the line that proves each step (the watchdog's phases follow them)."""
+
+    LOADING = "loading"  # a worker started loading weights
+    LOADED = "loaded"  # a worker finished loading (`Model loading took …`)
+    CAPTURE = "capture"  # CUDA graph capture ran (or was skipped for eager mode)
+    KV_SIZED = "kv_sized"  # the KV pool is sized
+    READY = "ready"  # the API server serves
+
+
 @dataclass(frozen=True)
 class LogPattern:
+    """One row of the table: the lines of one event kind, how to find them fast, and where they come from."""
+
     kind: Kind
     needles: tuple[str, ...]
     regex: re.Pattern[str]
     notes: str
     fault: FaultKind | None = None
+    fatal: bool = False  # the boot watcher stops at once on this line; other faults are left to the full reader
+    milestone: Milestone | None = None
 
 
-def _p(kind: Kind, needles: tuple[str, ...], regex: str, notes: str, fault: FaultKind | None = None) -> LogPattern:
-    return LogPattern(kind, needles, re.compile(regex), notes, fault)
+def _p(
+    kind: Kind,
+    needles: tuple[str, ...],
+    regex: str,
+    notes: str,
+    fault: FaultKind | None = None,
+    *,
+    fatal: bool = False,
+    milestone: Milestone | None = None,
+) -> LogPattern:
+    return LogPattern(kind, needles, re.compile(regex), notes, fault, fatal, milestone)
 
 
 # Order matters only within a kind family: the first matching pattern of a line wins for faults
@@ -101,18 +131,19 @@ PATTERNS: tuple[LogPattern, ...] = (
        "every worker: `world_size=%d rank=%d local_rank=%d …` and `rank %s in world size %s is assigned as "
        "DP rank %s, PP rank %s, [PCP rank %s, ]TP rank %s, …` — in 0.18+ printed under the rank-less "
        "`(Worker pid=N)` name, so the pid is mapped to the rank here"),
-    _p(Kind.RANK_PRESENCE, ("Model loading took", "Loading weights took", "Loading model from scratch",
-                            "Starting to load model"),
-       r"Model loading took (?P<gib>[\d.]+) GiB (?:memory )?and (?P<secs>[\d.]+) seconds"
-       r"|Loading weights took|Loading model from scratch|Starting to load model",
-       "per-worker loading lines: prove a rank exists and finished loading (`Model loading took %.4f GiB and` "
-       "0.10–0.11, `%s GiB and` V2 0.14–0.26, `%s GiB memory and` 0.30+)"),
+    _p(Kind.RANK_PRESENCE, ("Model loading took",),
+       r"Model loading took (?P<gib>[\d.]+) GiB (?:memory )?and (?P<secs>[\d.]+) seconds",
+       "per-worker: proves a rank exists and finished loading (`Model loading took %.4f GiB and` 0.10–0.11, "
+       "`%s GiB and` V2 0.14–0.26, `%s GiB memory and` 0.30+)", milestone=Milestone.LOADED),
+    _p(Kind.RANK_PRESENCE, ("Loading weights took", "Loading model from scratch", "Starting to load model"),
+       r"Loading weights took|Loading model from scratch|Starting to load model",
+       "per-worker loading lines: prove a rank exists and started loading", milestone=Milestone.LOADING),
     # --- KV cache -----------------------------------------------------------------------------------
     _p(Kind.KV_TOKENS, ("KV cache size:",),
        r"(?P<device>\w+(?: \+ host)?) KV cache size: (?P<tokens>[\d,]+) tokens",
        "EngineCore, once per engine: `%s KV cache size: %s tokens, Maximum concurrency for …` (one line since "
        "0.30); 0.10–0.26 printed `GPU KV cache size: %s tokens` and `Maximum concurrency …` as two lines. "
-       "Thousands separators."),
+       "Thousands separators.", milestone=Milestone.KV_SIZED),
     _p(Kind.GPU_BLOCKS, (" blocks: ",),
        r"^# (?P<device>\w+) blocks: (?P<gpu>\d+), # CPU blocks: (?P<cpu>\d+)",
        "V0 executor: `# GPU blocks: %d, # CPU blocks: %d` (later `# %s blocks:` with the device name). "
@@ -121,12 +152,14 @@ PATTERNS: tuple[LogPattern, ...] = (
        r"Available KV cache memory: (?P<gib>-?[\d.]+) GiB"
        r"|reserved (?P<reserved>[\d.]+) GiB memory for KV Cache as specified",
        "worker: `Available KV cache memory: %s GiB` (not printed with --kv-cache-memory-bytes, which prints "
-       "`Initial free memory …, reserved %s GiB memory for KV Cache as specified by kv_cache_memory_bytes …`)"),
+       "`Initial free memory …, reserved %s GiB memory for KV Cache as specified by kv_cache_memory_bytes …`)",
+       milestone=Milestone.KV_SIZED),
     # --- CUDA graphs --------------------------------------------------------------------------------
     _p(Kind.GRAPH_CAPTURED, ("Graph capturing finished in",),
        r"Graph capturing finished in (?P<secs>\d+) secs(?:, took (?P<gib>-?[\d.]+) GiB)?",
        "every worker in V2 and 0.10–0.11 (`info`), first local rank in V1 0.12+ (`info_once`); V2 prints it "
-       "twice with memory profiling, once with --kv-cache-memory-bytes, never when eager. Old V0: no `took`."),
+       "twice with memory profiling, once with --kv-cache-memory-bytes, never when eager. Old V0: no `took`.",
+       milestone=Milestone.CAPTURE),
     _p(Kind.CAPTURE_BAR, ("Capturing ",),
        r"Capturing (?:(?P<which>[\w-]+) )?CUDA graphs? (?:shapes|\((?P<mode>[^)]*)\))",
        "tqdm (stderr, global rank 0 only, unprefixed in 0.31+): V2 `Capturing CUDA graphs (PIECEWISE)`/`(FULL)`, "
@@ -135,12 +168,16 @@ PATTERNS: tuple[LogPattern, ...] = (
        "`Graph capturing finished`."),
     _p(Kind.SPECULATOR_CAPTURE, ("Capturing model for",),
        r"Capturing model for (?:(?P<which>\w+) )?speculator",
-       "V2: `Capturing model for speculator...` (EAGLE/MTP), `Capturing model for %s speculator...` (DFlash, DFlash2)"),
-    _p(Kind.EAGER, ("Cudagraph is disabled under eager mode", "Enforce eager set", "Skipping CUDA graph capture",
+       "V2: `Capturing model for speculator...` (EAGLE/MTP), `Capturing model for %s speculator...` (DFlash, DFlash2)",
+       milestone=Milestone.CAPTURE),
+    _p(Kind.EAGER, ("Cudagraph is disabled under eager mode",),
+       r"Cudagraph is disabled under eager mode",
+       "--enforce-eager, info_once in the config-building process", milestone=Milestone.CAPTURE),
+    # phase-neutral: the watchdog's CAPTURE phase follows only the eager line above
+    _p(Kind.EAGER, ("Enforce eager set", "Skipping CUDA graph capture",
                     "Skipping encoder and decoder CUDA graph capture", "fallback to the eager mode"),
-       r"Cudagraph is disabled under eager mode|Enforce eager set, disabling|Skipping CUDA graph capture"
+       r"Enforce eager set, disabling|Skipping CUDA graph capture"
        r"|Skipping encoder and decoder CUDA graph capture|fallback to the eager mode",
-       "`Cudagraph is disabled under eager mode` (--enforce-eager, info_once in the config-building process), "
        "`Enforce eager set, disabling torch.compile and CUDAGraphs` (seen in 0.25.1), V1 `Skipping CUDA graph "
        "capture …`, V2 `Skipping encoder and decoder CUDA graph capture …`, V0 CPU `… fallback to the eager mode.`"),
     _p(Kind.DRAFT_EAGER, ("running the draft eagerly", "draft pass eagerly"),
@@ -184,7 +221,7 @@ PATTERNS: tuple[LogPattern, ...] = (
     _p(Kind.READY, ("Application startup complete.",),
        r"Application startup complete\.",
        "uvicorn (`INFO:     Application startup complete.`), prefixed `(APIServer pid=N)` ≤0.30, bare 0.31+. "
-       "vLLM never prints `Uvicorn running on`."),
+       "vLLM never prints `Uvicorn running on`.", milestone=Milestone.READY),
     # --- deliberate stop (what follows is a shutdown artefact, not a boot fault) ----------------------
     _p(Kind.STOP, ("[shutdown] ", "Shutting down", "terminating worker queues"),
        r"^(?!.*exited unexpectedly)(?:\[shutdown\] |Shutting down\b|.*received signal=SIG(?:INT|TERM)"
@@ -195,43 +232,55 @@ PATTERNS: tuple[LogPattern, ...] = (
     # --- faults (first match wins) ------------------------------------------------------------------
     _p(Kind.FAULT, ("Engine core proc",),
        r"Engine core proc \S+ died unexpectedly",
-       "0.10–0.11 `Engine core proc %s died unexpectedly, shutting down client.`", FaultKind.ENGINE_DEAD),
-    _p(Kind.FAULT, ("EngineCore failed to start", "EngineCore encountered a fatal error", "EngineDeadError",
-                    "Engine core initialization failed", "engine core exited unexpectedly"),
-       r"EngineCore failed to start|EngineCore encountered a fatal error|EngineDeadError"
-       r"|Engine core initialization failed|engine core exited unexpectedly",
+       "0.10–0.11 `Engine core proc %s died unexpectedly, shutting down client.`", FaultKind.ENGINE_DEAD, fatal=True),
+    _p(Kind.FAULT, ("EngineCore failed to start", "EngineCore encountered a fatal error",
+                    "Engine core initialization failed"),
+       r"EngineCore failed to start|EngineCore encountered a fatal error|Engine core initialization failed",
        "EngineCore `EngineCore failed to start.` / `EngineCore encountered a fatal error.` (logger.exception → "
-       "traceback follows); API server `RuntimeError: Engine core initialization failed. See root cause above. "
-       "…`, `[shutdown] MPClient: engine core exited unexpectedly; starting cleanup`, `EngineDeadError`",
-       FaultKind.ENGINE_DEAD),
-    _p(Kind.FAULT, ("CUDA out of memory", "OutOfMemoryError", "NV_ERR_NO_MEMORY", "not enough GPU memory",
-                    "No available memory for the cache blocks", "larger than the available KV cache memory"),
-       r"CUDA out of memory|OutOfMemoryError|NV_ERR_NO_MEMORY|Failed to load model - not enough GPU memory"
+       "traceback follows); API server `RuntimeError: Engine core initialization failed. See root cause above. …`",
+       FaultKind.ENGINE_DEAD, fatal=True),
+    _p(Kind.FAULT, ("EngineDeadError", "engine core exited unexpectedly"),
+       r"EngineDeadError|engine core exited unexpectedly",
+       "`[shutdown] MPClient: engine core exited unexpectedly; starting cleanup`, `EngineDeadError` (relayed: the "
+       "cause is logged elsewhere, which ends the boot itself)", FaultKind.ENGINE_DEAD),
+    _p(Kind.FAULT, ("CUDA out of memory", "NV_ERR_NO_MEMORY"),
+       r"CUDA out of memory|NV_ERR_NO_MEMORY",
+       "PyTorch `torch.OutOfMemoryError: CUDA out of memory. …`; kernel `NVRM: … NV_ERR_NO_MEMORY` (Spark UMA)",
+       FaultKind.OOM, fatal=True),
+    _p(Kind.FAULT, ("OutOfMemoryError", "not enough GPU memory", "No available memory for the cache blocks",
+                    "larger than the available KV cache memory"),
+       r"OutOfMemoryError|Failed to load model - not enough GPU memory"
        r"|No available memory for the cache blocks|larger than the available KV cache memory",
-       "PyTorch `torch.OutOfMemoryError: CUDA out of memory. …`; kernel `NVRM: … NV_ERR_NO_MEMORY` (Spark UMA); "
-       "V1 `Failed to load model - not enough GPU memory …`; KV planning ValueErrors", FaultKind.OOM),
+       "a bare `OutOfMemoryError`; V1 `Failed to load model - not enough GPU memory …`; KV planning ValueErrors",
+       FaultKind.OOM),
     _p(Kind.FAULT, ("operation timeout: WorkNCCL",),
        r"Watchdog caught collective operation timeout",
        "PyTorch ProcessGroupNCCL watchdog (`[rank0]:[E… ProcessGroupNCCL.cpp:…] [Rank 0] Watchdog caught …`)",
-       FaultKind.TIMEOUT),
-    _p(Kind.FAULT, ("NCCL WARN", "NCCL error", "ibv_"),
-       r"\bNCCL WARN\b|NCCL error|\bibv_\w+ failed",
+       FaultKind.TIMEOUT, fatal=True),
+    _p(Kind.FAULT, ("NCCL WARN", "NCCL error"),
+       r"\bNCCL WARN\b|NCCL error",
        "NCCL library `host:pid:tid [dev] file.cc:line NCCL WARN …` (no vLLM prefix); vLLM `RuntimeError: NCCL "
-       "error: …`; RDMA `ibv_modify_qp failed with 110 (Connection timed out)`", FaultKind.NCCL),
-    _p(Kind.FAULT, ("RPC call to", "Timed out waiting for engine core", "No available shared memory broadcast block"),
-       r"RPC call to \S+ timed out|Timed out waiting for engine core processes to start"
-       r"|No available shared memory broadcast block found",
-       "mp executor `TimeoutError: RPC call to %s timed out.`; API server `TimeoutError: Timed out waiting for "
-       "engine core processes to start …`; shm ring buffer stall `No available shared memory broadcast block "
-       "found in %d seconds …` — logged at INFO, yet the only sign of a dead follower", FaultKind.TIMEOUT),
-    _p(Kind.FAULT, ("Worker proc", "RayWorkerProc rank=", "WorkerProc failed", "WorkerProc hit an exception",
-                    "WorkerProc was terminated", "RayWorkerProc failed", "Worker failed with error"),
-       r"Worker proc \S+ died unexpectedly|RayWorkerProc rank=\d+ died unexpectedly|WorkerProc failed"
-       r"|WorkerProc hit an exception|WorkerProc was terminated|RayWorkerProc failed|Worker failed with error",
+       "error: …`", FaultKind.NCCL, fatal=True),
+    _p(Kind.FAULT, ("ibv_",),
+       r"\bibv_\w+ failed",
+       "RDMA `ibv_modify_qp failed with 110 (Connection timed out)`", FaultKind.NCCL),
+    _p(Kind.FAULT, ("RPC call to",),
+       r"RPC call to \S+ timed out",
+       "mp executor `TimeoutError: RPC call to %s timed out.`", FaultKind.TIMEOUT, fatal=True),
+    _p(Kind.FAULT, ("Timed out waiting for engine core", "No available shared memory broadcast block"),
+       r"Timed out waiting for engine core processes to start|No available shared memory broadcast block found",
+       "API server `TimeoutError: Timed out waiting for engine core processes to start …`; shm ring buffer stall "
+       "`No available shared memory broadcast block found in %d seconds …` — logged at INFO, yet the only sign of a "
+       "dead follower", FaultKind.TIMEOUT),
+    _p(Kind.FAULT, ("Worker proc", "RayWorkerProc rank=", "WorkerProc failed"),
+       r"Worker proc \S+ died unexpectedly|RayWorkerProc rank=\d+ died unexpectedly|WorkerProc failed",
        "mp executor `Worker proc %s died unexpectedly[ (exit code: %s)], shutting down executor.` (exit -9 = "
-       "OOM killer), worker `WorkerProc failed to start.`/`failed.`/`hit an exception.`/`was terminated`, Ray "
-       "`RayWorkerProc rank=%s died unexpectedly …`, `RuntimeError: Worker failed with error '%s', please check the "
-       "stack trace above for the root cause`", FaultKind.WORKER_DIED),
+       "OOM killer), worker `WorkerProc failed to start.`/`failed.`, Ray `RayWorkerProc rank=%s died unexpectedly "
+       "…`, `RayWorkerProc failed: %s`", FaultKind.WORKER_DIED, fatal=True),
+    _p(Kind.FAULT, ("WorkerProc hit an exception", "WorkerProc was terminated", "Worker failed with error"),
+       r"WorkerProc hit an exception|WorkerProc was terminated|Worker failed with error",
+       "worker `WorkerProc hit an exception.`/`was terminated`, `RuntimeError: Worker failed with error '%s', please "
+       "check the stack trace above for the root cause`", FaultKind.WORKER_DIED),
     _p(Kind.FAULT, ("TCPStore", "[c10d]"),
        r"TCPStore.*[Ff]ailed|[Ff]ailed.*TCPStore|^\[c10d\] .*failed",
        "PyTorch c10d `[rankN]:[W… TCPStore.cpp:…] [c10d] recvValue failed …` (+ `Exception raised from …` C++ "
@@ -284,5 +333,28 @@ CUDAGRAPH_MODE_VALUES: dict[str, str] = {
 }
 
 
-def patterns_of(kind: Kind) -> tuple[LogPattern, ...]:
-    return tuple(p for p in PATTERNS if p.kind is kind)
+_NAMED_GROUP = re.compile(r"\(\?P<\w+>")
+
+
+def _union(rows: tuple[LogPattern, ...]) -> re.Pattern[str]:
+    """One regex matching wherever any row's does. Group names are dropped: rows may share them."""
+    return re.compile("|".join(f"(?:{_NAMED_GROUP.sub('(?:', p.regex.pattern)})" for p in rows))
+
+
+#: Lines that end a boot for sure (the rows marked ``fatal``), searched on whole raw lines: the boot
+#: watcher's fast path. The full classification (tracebacks, stops, artefacts) is the log reader's.
+FATAL: re.Pattern[str] = _union(tuple(p for p in PATTERNS if p.fatal))
+
+#: Milestone → the lines that prove it, in boot order.
+MILESTONE_LINES: tuple[tuple[Milestone, re.Pattern[str]], ...] = tuple(
+    (m, _union(tuple(p for p in PATTERNS if p.milestone is m))) for m in Milestone
+)
+
+
+def milestone_of(line: str) -> Milestone | None:
+    """The furthest boot milestone ``line`` proves (a prefixed raw line or a bare message), or None."""
+    for m, regex in reversed(MILESTONE_LINES):
+        if regex.search(line):
+            return m
+    return None
+

@@ -1,5 +1,7 @@
 """Config → Plan: the one place where vLLM argv, env and the per-node container spec are built.
 
+The spec itself and its two docker renderings are :mod:`sparkserve.plan.container`.
+
 Pure: no I/O. Fabric values that are ``auto`` in the config are resolved on the nodes at ``up`` and
 passed in as ``fabric_env``; without them the plan leaves those variables out (never empty).
 """
@@ -9,9 +11,18 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from sparkserve.config import API_KEY_ENV, Config, NodeConfig
+from sparkserve.plan.container import (
+    LABEL_FINGERPRINT,
+    LABEL_MANAGED,
+    LABEL_NODE,
+    LABEL_RANK,
+    LABEL_ROLE,
+    ContainerSpec,
+    Mount,
+)
 from sparkserve.units import vllm_size
 
 TARGET_MOUNT = "/models/target"
@@ -22,13 +33,6 @@ CACHE_MOUNTS = {  # host subdir of container.cache_root → container path (JIT 
     "triton": "/root/.triton",
 }
 RAY_PORT = 6379
-REDACTED = "<redacted>"
-LABEL_PREFIX = "io.sparkserve"
-LABEL_MANAGED = f"{LABEL_PREFIX}.managed"
-LABEL_FINGERPRINT = f"{LABEL_PREFIX}.fingerprint"
-LABEL_NODE = f"{LABEL_PREFIX}.node"
-LABEL_RANK = f"{LABEL_PREFIX}.rank"
-LABEL_ROLE = f"{LABEL_PREFIX}.role"
 
 # Flags that legitimately differ between ranks (rank parity ignores them, with their values).
 RANK_SPECIFIC_FLAGS = ("--node-rank", "--headless", "--host", "--port", "--api-server-count")
@@ -51,108 +55,6 @@ BASE_ENV = {
     "NCCL_NVLS_ENABLE": "0",
     "NCCL_IGNORE_CPU_AFFINITY": "1",
 }
-
-
-class Mount(BaseModel):
-    model_config = ConfigDict(frozen=True)
-    source: str
-    target: str
-    read_only: bool = True
-
-    def mount_arg(self) -> str:
-        """``docker run --mount`` value (CSV: a field with a comma or quote is quoted)."""
-        fields = ["type=bind", f"source={self.source}", f"target={self.target}"]
-        if self.read_only:
-            fields.append("readonly")
-        return ",".join(_csv_field(f) for f in fields)
-
-
-def _csv_field(f: str) -> str:
-    if any(c in f for c in ',"'):
-        return '"' + f.replace('"', '""') + '"'
-    return f
-
-
-def docker_size(n: int) -> str:
-    """Bytes → docker's size syntax (``64g`` = 64 GiB: docker's units are binary)."""
-    for letter, factor in (("g", 2**30), ("m", 2**20), ("k", 2**10)):
-        if n % factor == 0:
-            return f"{n // factor}{letter}"
-    return str(n)
-
-
-class ContainerSpec(BaseModel):
-    """Everything needed to start one rank's container on one node."""
-
-    node: str
-    host: str
-    rank: int
-    role: Literal["head", "follower"]
-    name: str
-    image: str
-    command: list[str]
-    env: dict[str, str]
-    mounts: list[Mount]
-    labels: dict[str, str]
-    network_mode: str = "host"
-    ipc_mode: str = "host"
-    shm_size: int
-    ulimits: dict[str, tuple[int, int]] = Field(default_factory=lambda: {"memlock": (-1, -1)})
-    cap_add: list[str] = Field(default_factory=lambda: ["IPC_LOCK"])
-    devices: list[str] = Field(default_factory=list)
-    gpus: bool = True
-    # ray only: the `vllm serve` argv exec'd in the head container once every worker has joined
-    exec_after_join: list[str] | None = None
-    restart: str = "no"
-    stop_timeout: int = 30
-    # Secrets (VLLM_API_KEY on the head, only when deploying): never dumped, never in an argv, shown
-    # redacted. Docker receives them as environment: `-e NAME` in an argv reads the caller's env.
-    secret_env: dict[str, str] = Field(default_factory=dict, exclude=True, repr=False)
-
-    def serve_argv(self) -> list[str]:
-        """The `vllm serve …` argv this rank runs (directly or via exec_after_join)."""
-        return self.exec_after_join or self.command
-
-    @property
-    def entrypoint(self) -> str:
-        """The container's entrypoint: command[0] (the image's own ENTRYPOINT is always replaced)."""
-        return self.command[0]
-
-    def run_env(self) -> dict[str, str]:
-        """The environment the container gets: env plus secrets (give this to docker, never print it)."""
-        return {**self.env, **self.secret_env}
-
-    def public(self) -> dict[str, object]:
-        """JSON-ready view for people and tools: secrets appear as ``<redacted>``."""
-        d = self.model_dump()
-        d["env"] = {**self.env, **{k: REDACTED for k in self.secret_env}}
-        d["docker_run"] = self.docker_run_argv()
-        return d
-
-    def docker_run_argv(self, *, docker: str = "docker") -> list[str]:
-        """``docker run`` argv for this rank. Secrets appear as ``-e NAME`` (value from the environment)."""
-        argv = [docker, "run", "-d", "--name", self.name, "--restart", self.restart,
-                "--stop-timeout", str(self.stop_timeout)]
-        for k, v in self.labels.items():
-            argv += ["--label", f"{k}={v}"]
-        argv += [f"--network={self.network_mode}", f"--ipc={self.ipc_mode}",
-                 "--shm-size", docker_size(self.shm_size)]
-        for name, (soft, hard) in self.ulimits.items():
-            argv += ["--ulimit", f"{name}={soft}:{hard}"]
-        for cap in self.cap_add:
-            argv += ["--cap-add", cap]
-        for dev in self.devices:
-            argv += ["--device", dev]
-        if self.gpus:
-            argv += ["--gpus", "all"]
-        for k, v in self.env.items():
-            argv += ["-e", f"{k}={v}"]
-        for k in self.secret_env:
-            argv += ["-e", k]
-        for m in self.mounts:
-            argv += ["--mount", m.mount_arg()]
-        argv += ["--entrypoint", self.entrypoint, self.image, *self.command[1:]]
-        return argv
 
 
 class Plan(BaseModel):

@@ -1,9 +1,9 @@
-"""ConnectX-7 facts on a node (from sysfs) → the NCCL / GLOO / TP / UCX environment for that node.
+"""ConnectX-7 facts on a node (sysfs file contents) → the NCCL / GLOO / TP / UCX environment for that node.
 
-    facts = detect(node, cfg.fabric, node_cfg.fabric_ip)       # one remote command, then pure parsing
+    facts = resolve(parse_sysfs(files), cfg.fabric, node_cfg.fabric_ip, node=name)
     facts.env()  # {"NCCL_SOCKET_IFNAME": "enp1s0f1np1", ..., "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1",
                  #  "NCCL_IB_GID_INDEX": "3"}
-    envs = detect_all(nodes, cfg)                             # {node name: FabricFacts}, in parallel
+    build_plan(cfg, fabric_env=fabric_envs({name: facts, ...}))
 
 How (spark-field-notes.md section 2): the interface is the netdev whose RDMA device has a **RoCE v2** GID
 entry encoding this node's ``fabric_ip`` (``::ffff:a.b.c.d``); ``NCCL_IB_GID_INDEX`` is that entry's
@@ -12,91 +12,23 @@ is that RDMA device plus its PCIe "twin" (``rocep1s0f1`` + ``roceP2p1s0f1``) whe
 ACTIVE. Explicit ``fabric.interface`` / ``hca`` / ``gid_index`` values are used as given (and checked).
 No value is ever empty: NCCL reads a defined-empty GID index as 0, the link-local entry.
 
-Pure part: :func:`parse_sysfs` (file contents → :class:`SysfsFacts`) and :func:`resolve`
-(→ :class:`FabricFacts`), tested on fixture trees. The node part reads every needed file with ONE
-``python3 -`` command whose program is :func:`_probe`'s source.
+Pure: :func:`parse_sysfs` (file contents → :class:`SysfsFacts`) and :func:`resolve` (→
+:class:`FabricFacts`), tested on fixture trees. The files are read on the node by the pre-flight probe
+(:mod:`sparkserve.deploy.probe`), in the same round trip as every other node check.
 """
 
 from __future__ import annotations
 
-import inspect
 import ipaddress
-import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import TYPE_CHECKING
 
-from sparkserve.errors import BadInput
-from sparkserve.nodes.base import Node, NodeError
-from sparkserve.nodes.parallel import on_all
-
 if TYPE_CHECKING:
-    from sparkserve.config import Config, FabricConfig
+    from sparkserve.config import FabricConfig
 
 ROCE_V2 = "RoCE v2"
 RECOMMENDED_MTU = 9000
-
-
-# -- the probe (runs on the node: stdlib only, self-contained) ------------------------------------------
-
-
-def _probe(root: str) -> dict[str, str]:
-    """Read the sysfs files fabric detection needs under ``root`` → {relative path: content}.
-
-    Directory listings are recorded as ``<dir>/`` → newline-separated names. Unreadable files (sysfs
-    answers EINVAL for the attributes of unused GID entries) are left out.
-    """
-    import os
-
-    out: dict[str, str] = {}
-
-    def read(rel: str) -> str | None:
-        try:
-            with open(os.path.join(root, rel), "rb") as f:
-                text = f.read(4096).decode("ascii", "replace").strip()
-        except OSError:
-            return None
-        out[rel] = text
-        return text
-
-    def ls(rel: str) -> list[str]:
-        try:
-            names = sorted(os.listdir(os.path.join(root, rel)))
-        except OSError:
-            return []
-        out[rel + "/"] = "\n".join(names)
-        return names
-
-    for ifname in ls("class/net"):
-        for attr in ("operstate", "mtu", "carrier", "address"):
-            read(f"class/net/{ifname}/{attr}")
-    for dev in ls("class/infiniband"):
-        base = f"class/infiniband/{dev}"
-        ls(f"{base}/device/net")
-        for port in ls(f"{base}/ports"):
-            p = f"{base}/ports/{port}"
-            for attr in ("state", "phys_state", "link_layer"):
-                read(f"{p}/{attr}")
-            for idx in ls(f"{p}/gids"):
-                gid = read(f"{p}/gids/{idx}")
-                if gid is None or gid.replace(":", "").strip("0") == "":
-                    out.pop(f"{p}/gids/{idx}", None)
-                    continue
-                read(f"{p}/gid_attrs/types/{idx}")
-                read(f"{p}/gid_attrs/ndevs/{idx}")
-    return out
-
-
-PROBE_PROGRAM = (
-    inspect.getsource(_probe)
-    + "\nimport json, sys\nsys.stdout.write(json.dumps(_probe(sys.argv[1])))\n"
-)
-
-
-def read_tree(root: Path) -> dict[str, str]:
-    """The probe run locally (fixtures, LocalNode)."""
-    return _probe(str(root))
 
 
 # -- parsing ----------------------------------------------------------------------------------------------
@@ -244,7 +176,7 @@ class FabricFacts:
 
 
 class FabricError(ValueError):
-    """Nothing usable found (the node side wraps it into a NodeError naming the node)."""
+    """Nothing usable found (the node checks report it as the node's failed ``fabric`` check)."""
 
 
 def twin_key(name: str) -> str:
@@ -347,47 +279,6 @@ def resolve(facts: SysfsFacts, fabric: FabricConfig, fabric_ip: str, *, node: st
         warnings.append(f"{iface} MTU is {nd.mtu}; {RECOMMENDED_MTU} is recommended for the CX-7 link")
     return FabricFacts(node=node, interface=iface, hcas=tuple(hcas), gid_index=gid_index, fabric_ip=fabric_ip,
                        mtu=nd.mtu, link_up=True, port_states=port_states, warnings=tuple(warnings))
-
-
-# -- on nodes ---------------------------------------------------------------------------------------------
-
-
-def probe_node(node: Node, sysfs_root: Path | str, *, timeout: float = 30.0) -> dict[str, str]:
-    """Run the probe on ``node`` (one ``python3 -`` command) → {relative path: content}."""
-    res = node.run(["python3", "-", str(sysfs_root)], stdin=PROBE_PROGRAM.encode(), timeout=timeout,
-                   step="fabric", check=False)
-    if res.exit_code == 127:
-        raise NodeError(node.name, "fabric", "python3 not found on the node (fabric detection needs it)",
-                        argv=res.argv, last_lines=res.tail())
-    if not res.ok:
-        raise NodeError(node.name, "fabric", f"reading {sysfs_root} failed (exit {res.exit_code})",
-                        argv=res.argv, last_lines=res.tail())
-    try:
-        data = json.loads(res.stdout)
-    except ValueError:
-        raise NodeError(node.name, "fabric", "the sysfs probe printed something that is not JSON",
-                        last_lines=res.tail()) from None
-    return {str(k): str(v) for k, v in data.items()}
-
-
-def detect(node: Node, fabric: FabricConfig, fabric_ip: str) -> FabricFacts:
-    """Fabric facts for one node; NodeError (naming the node) if nothing usable is found."""
-    files = probe_node(node, fabric.sysfs_root)
-    try:
-        root = str(fabric.sysfs_root)
-        return resolve(parse_sysfs(files), fabric, fabric_ip, node=node.name, sysfs_root=root)
-    except FabricError as e:
-        raise NodeError(node.name, "fabric", str(e)) from None
-
-
-def detect_all(nodes: dict[str, Node], cfg: Config) -> dict[str, FabricFacts]:
-    """Fabric facts for every configured node, in parallel (nodes keyed by config name)."""
-    ips = {n.name: n.fabric_ip for n in cfg.nodes}
-    missing = [n for n in ips if n not in nodes]
-    if missing:
-        raise BadInput("nodes", f"no connection for {', '.join(missing)}")
-    order = [nodes[n.name] for n in cfg.nodes]
-    return on_all(order, lambda n: detect(n, cfg.fabric, ips[n.name]), name=lambda n: n.name)
 
 
 def fabric_envs(facts: dict[str, FabricFacts]) -> dict[str, dict[str, str]]:

@@ -17,7 +17,8 @@ import jinja2
 
 from sparkserve.config import Config
 from sparkserve.errors import BadInput
-from sparkserve.plan.build import CACHE_MOUNTS, DRAFTER_MOUNT, LABEL_MANAGED, ContainerSpec, build_plan
+from sparkserve.plan.build import CACHE_MOUNTS, DRAFTER_MOUNT, build_plan
+from sparkserve.plan.container import LABEL_MANAGED, ContainerSpec
 
 LAUNCHER_NAME = "launch_dflash2_tp2.sh"
 TEMPLATE = LAUNCHER_NAME + ".j2"

@@ -210,22 +210,41 @@ def stream_completion(api_url: str, model: str, prompt: str, *, max_tokens: int 
         r = c.getresponse()
         if r.status != 200:
             raise RunnerError(f"POST {path}: {r.status} {r.read()[:300]!r}")
-        text, usage = [], {}
-        for raw in r:
-            line = raw.decode().strip()
-            if not line.startswith("data: "):
-                continue
-            data = line[6:]
-            if data == "[DONE]":
-                break
-            obj = json.loads(data)
-            if "error" in obj:
-                raise RunnerError(f"stream error: {obj['error']}")
-            if obj.get("usage"):
-                usage = obj["usage"]
-            for ch in obj.get("choices") or []:
-                text.append(ch.get("text") or (ch.get("delta") or {}).get("content") or "")
+        try:
+            text, usage = _read_events(r)
+        finally:
+            _drain(r)
         dt = time.monotonic() - t0
     finally:
         c.close()
-    return "".join(text), usage, (usage.get("completion_tokens", 0) / dt if dt > 0 else 0.0)
+    return text, usage, (usage.get("completion_tokens", 0) / dt if dt > 0 else 0.0)
+
+
+def _read_events(r: http.client.HTTPResponse) -> tuple[str, dict]:
+    """(text, usage) of an SSE completion stream, up to ``data: [DONE]``; RunnerError on an error event."""
+    text, usage = [], {}
+    for raw in r:
+        line = raw.decode().strip()
+        if not line.startswith("data: "):
+            continue
+        data = line[6:]
+        if data == "[DONE]":
+            break
+        obj = json.loads(data)
+        if "error" in obj:
+            raise RunnerError(f"stream error: {obj['error']}")
+        if obj.get("usage"):
+            usage = obj["usage"]
+        for ch in obj.get("choices") or []:
+            text.append(ch.get("text") or (ch.get("delta") or {}).get("content") or "")
+    return "".join(text), usage
+
+
+def _drain(r: http.client.HTTPResponse, limit: int = 2**20) -> None:
+    """Read the rest of the response, up to its chunked terminator (sent after ``data: [DONE]``, or after an
+    error event). Closing with those bytes unread makes the kernel answer them with a reset, which the
+    server then sees as a client fault in its keep-alive loop (issue 15 item 11: 17 of 300 streams)."""
+    with contextlib.suppress(OSError, http.client.HTTPException):
+        got = 0
+        while got < limit and (chunk := r.read(65536)):
+            got += len(chunk)

@@ -15,8 +15,10 @@ import pytest
 from sparkserve.config import Config
 from sparkserve.nodes import Node, NodeError, SSHNode
 from sparkserve.nodes.docker_client import POOL_SIZE, docker_over_ssh
-from sparkserve.nodes.engine import Engine, NotManaged, ensure_same_image, ship_image
-from sparkserve.plan.build import ContainerSpec, Mount, build_plan, parity_view
+from sparkserve.nodes.engine import Engine, NotManaged
+from sparkserve.nodes.images import ensure_same_image, image_id, ship_image
+from sparkserve.plan.build import build_plan, parity_view
+from sparkserve.plan.container import ContainerSpec, Mount
 
 pytestmark = pytest.mark.rig
 globals().update(_nodes_rig.FIXTURES)  # rig_cfg, rig_nodes, node_a, node_b, node_scratch
@@ -113,17 +115,17 @@ def test_docker_over_ssh_ignores_home_ssh_config(rig_cfg: Config, tmp_path, monk
 
 def test_configured_image_has_one_id_on_every_node(rig_cfg: Config, rig_nodes: dict[str, Node]) -> None:
     nodes = [rig_nodes[n.name] for n in rig_cfg.nodes]
-    image_id = ensure_same_image(nodes, rig_cfg.image.ref)
-    assert image_id.startswith("sha256:")
-    assert {Engine(n).image_id(rig_cfg.image.ref) for n in nodes} == {image_id}
+    same = ensure_same_image(nodes, rig_cfg.image.ref)
+    assert same.startswith("sha256:")
+    assert {image_id(n, rig_cfg.image.ref) for n in nodes} == {same}
 
 
 def test_image_missing_on_a_node_names_it_and_suggests_ship(
     rig_cfg: Config, node_a: SSHNode, node_b: SSHNode, cleanup: list
 ) -> None:
     tag = uuid.uuid4().hex[:8]
-    image_id = _commit(node_a, rig_cfg.image.ref, tag, "a")
-    cleanup.append((node_a, "image", image_id))
+    made = _commit(node_a, rig_cfg.image.ref, tag, "a")
+    cleanup.append((node_a, "image", made))
     with pytest.raises(NodeError) as ei:
         ensure_same_image([node_a, node_b], f"{TEST_REPO}:{tag}")
     line = ei.value.line()
@@ -150,14 +152,14 @@ def test_ship_streams_save_into_load_and_keeps_tag_and_id(
 ) -> None:
     tag = uuid.uuid4().hex[:8]
     ref = f"{TEST_REPO}:{tag}"
-    image_id = _commit(node_a, rig_cfg.image.ref, tag, "ship")
-    cleanup.append((node_a, "image", image_id))
-    cleanup.append((node_b, "image", image_id))
-    assert Engine(node_b).image_id(ref) is None
+    made = _commit(node_a, rig_cfg.image.ref, tag, "ship")
+    cleanup.append((node_a, "image", made))
+    cleanup.append((node_b, "image", made))
+    assert image_id(node_b, ref) is None
     report = ship_image(node_a, node_b, ref)
-    assert report.image_id == image_id and report.bytes > 0
-    assert Engine(node_b).image_id(ref) == image_id  # tagged: save(named=True)
-    assert ensure_same_image([node_a, node_b], ref) == image_id
+    assert report.image_id == made and report.bytes > 0
+    assert image_id(node_b, ref) == made  # tagged: save(named=True)
+    assert ensure_same_image([node_a, node_b], ref) == made
 
 
 def test_ship_of_an_image_the_source_lacks_names_the_source(node_a: SSHNode, node_b: SSHNode) -> None:
@@ -180,6 +182,7 @@ def test_run_list_logs_exec_then_graceful_stop_and_remove(rig_cfg: Config, node_
         attrs = node_b.docker().containers.get(cid).attrs
         host = attrs["HostConfig"]
         assert (host["NetworkMode"], host["IpcMode"], host["RestartPolicy"]["Name"]) == ("host", "host", "no")
+        assert attrs["Config"]["StopTimeout"] == spec.stop_timeout  # the same spec `docker run` would get
         assert host["ShmSize"] == spec.shm_size
         assert host["CapAdd"] == ["IPC_LOCK"]
         assert not host.get("DeviceRequests")  # container.gpus: none on the rig

@@ -1,4 +1,5 @@
-"""Fabric detection on the rig nodes' own fake sysfs (node-local /srv/spark/sys, GID index 3, 5, …)."""
+"""Fabric detection on the rig nodes' own fake sysfs (node-local /srv/spark/sys, GID index 3, 5, …), through
+the path `up` and `doctor` use: the node checks' one probe round trip (sparkserve.deploy.doctor/probe)."""
 
 from __future__ import annotations
 
@@ -6,21 +7,34 @@ import _nodes_rig
 import pytest
 
 from sparkserve.config import Config
-from sparkserve.nodes import Node, NodeError, SSHNode
+from sparkserve.deploy.doctor import Check, check_all, check_node
+from sparkserve.nodes import Node, SSHNode
 from sparkserve.plan.build import build_plan
-from sparkserve.plan.fabric import detect, detect_all, fabric_envs
+from sparkserve.plan.fabric import FabricFacts, fabric_envs
 
 pytestmark = pytest.mark.rig
 globals().update(_nodes_rig.FIXTURES)  # rig_info, rig_cfg, rig_nodes, node_b
 
 
+def _fabric_check(checks: list[Check], node: str) -> Check:
+    [c] = [c for c in checks if c.node == node and c.name == "fabric"]
+    return c
+
+
+def _detect_all(cfg: Config, nodes: dict[str, Node]) -> tuple[list[Check], dict[str, FabricFacts]]:
+    facts: dict[str, FabricFacts] = {}
+    checks = check_all(cfg, nodes, None, check_ports=False, fabric_out=facts)  # as `up` calls it
+    return checks, facts
+
+
 def test_each_node_gets_its_own_gid_index_and_both_twins(
     rig_info: dict, rig_cfg: Config, rig_nodes: dict[str, Node]
 ) -> None:
-    facts = detect_all(rig_nodes, rig_cfg)
-    assert list(facts) == [n.name for n in rig_cfg.nodes]
+    checks, facts = _detect_all(rig_cfg, rig_nodes)
+    assert sorted(facts) == sorted(n.name for n in rig_cfg.nodes)
     for n in rig_info["nodes"]:
         f = facts[n["name"]]
+        assert _fabric_check(checks, n["name"]).status == "ok"
         assert f.gid_index == n["gid_index"], n["name"]
         assert f.interface == "enp1s0f1np1"
         assert f.hcas == ("rocep1s0f1", "roceP2p1s0f1")
@@ -30,7 +44,7 @@ def test_each_node_gets_its_own_gid_index_and_both_twins(
 
 
 def test_the_plan_carries_each_nodes_detected_env(rig_cfg: Config, rig_nodes: dict[str, Node]) -> None:
-    facts = detect_all(rig_nodes, rig_cfg)
+    _, facts = _detect_all(rig_cfg, rig_nodes)
     plan = build_plan(rig_cfg, fabric_env=fabric_envs(facts))
     for spec in plan.specs:
         assert spec.env["NCCL_IB_GID_INDEX"] == str(facts[spec.node].gid_index)
@@ -38,7 +52,7 @@ def test_the_plan_carries_each_nodes_detected_env(rig_cfg: Config, rig_nodes: di
         assert spec.env["GLOO_SOCKET_IFNAME"] == "enp1s0f1np1"
 
 
-def test_detection_is_one_remote_command(
+def test_every_node_check_and_the_fabric_are_one_remote_command(
     rig_cfg: Config, node_b: SSHNode, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[list[str]] = []
@@ -49,21 +63,25 @@ def test_detection_is_one_remote_command(
         return real(argv, **kw)  # type: ignore[arg-type]
 
     monkeypatch.setattr(node_b, "run", counting)
-    detect(node_b, rig_cfg.fabric, rig_cfg.nodes[1].fabric_ip)
-    assert calls == [["python3", "-", str(rig_cfg.fabric.sysfs_root)]]
+    facts: dict[str, FabricFacts] = {}
+    check_node(rig_cfg, rig_cfg.nodes[1], node_b, 1, None, check_ports=False, fabric_out=facts)
+    assert [c[:2] for c in calls] == [["python3", "-c"]]  # docker goes over its own pooled channel
+    assert facts[node_b.name].gid_index > 0
 
 
-def test_nothing_usable_is_an_error_naming_the_node(rig_info: dict, rig_cfg: Config, node_b: SSHNode) -> None:
+def test_nothing_usable_is_a_failed_check_naming_the_node(
+    rig_info: dict, rig_cfg: Config, node_b: SSHNode
+) -> None:
     nowhere = f"{rig_info['node_root']}/no-such-sys"
-    fabric = rig_cfg.fabric.model_copy(update={"sysfs_root": nowhere})
-    with pytest.raises(NodeError) as ei:
-        detect(node_b, fabric, rig_cfg.nodes[1].fabric_ip)
-    where = f"{nowhere}/class/infiniband"
-    assert ei.value.line() == (f"error: {node_b.name}: fabric: no RDMA devices under {where} "
-                               "(CX-7 driver loaded? fabric.sysfs_root right?)")
+    cfg = rig_cfg.model_copy(update={"fabric": rig_cfg.fabric.model_copy(update={"sysfs_root": nowhere})})
+    checks = check_node(cfg, cfg.nodes[1], node_b, 1, None, check_ports=False)
+    c = _fabric_check(checks, node_b.name)
+    assert (c.status, c.detail) == ("fail", f"no RDMA devices under {nowhere}/class/infiniband "
+                                            "(CX-7 driver loaded? fabric.sysfs_root right?)")
 
 
 def test_a_fabric_ip_not_on_the_node_lists_what_is(rig_cfg: Config, node_b: SSHNode) -> None:
-    want = rf"^{node_b.name}: fabric: no RoCE v2 GID entry for fabric_ip 10\.9\.9\.9.*found: .*enp1s0f1np1"
-    with pytest.raises(NodeError, match=want):
-        detect(node_b, rig_cfg.fabric, "10.9.9.9")
+    other = rig_cfg.nodes[1].model_copy(update={"fabric_ip": "10.9.9.9"})
+    c = _fabric_check(check_node(rig_cfg, other, node_b, 1, None, check_ports=False), node_b.name)
+    assert c.status == "fail"
+    assert c.detail.startswith("no RoCE v2 GID entry for fabric_ip 10.9.9.9") and "enp1s0f1np1" in c.detail

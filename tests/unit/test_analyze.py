@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from sparkserve.observe.analyze import analyze, analyze_files, analyze_texts
+from sparkserve.observe.analyze import analyze, analyze_texts
 from sparkserve.observe.logpatterns import Kind
 from sparkserve.observe.logs import parse_log
+from sparkserve.observe.saved import LogFile, analyze_files
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 REAL = LOGS / "real-0.25.1"
@@ -16,7 +17,7 @@ SPEC_KEYS = {"method", "num_speculative_tokens", "mask_embedding_loaded", "mask_
 
 
 def real(*names: str):
-    return analyze_files([(str(REAL / n), None) for n in names])
+    return analyze_files([LogFile(REAL / n) for n in names])
 
 
 def test_real_025_head_and_follower_read_like_a_careful_engineer_would() -> None:
@@ -118,7 +119,7 @@ def test_old_two_line_kv_form_and_other_devices() -> None:
 
 
 def test_v0_gpu_blocks_are_not_tokens() -> None:
-    j = analyze_files([(str(LOGS / "v0-gpu-blocks.log"), None)]).to_json()
+    j = analyze_files([LogFile(LOGS / "v0-gpu-blocks.log")]).to_json()
     assert j["kv_cache_tokens"] == []
 
 
@@ -215,7 +216,7 @@ def test_faults_are_ordered_by_time_across_files() -> None:
 
 
 def test_faults_carry_file_line_kind_and_the_whole_line() -> None:
-    j = analyze_files([(str(LOGS / "fault-worker-oom-0.33-head.log"), None)]).to_json()
+    j = analyze_files([LogFile(LOGS / "fault-worker-oom-0.33-head.log")]).to_json()
     f0 = j["faults"][0]
     assert set(f0) == {"file", "line", "kind", "text"}
     assert f0["kind"] == "oom" and f0["file"].endswith("fault-worker-oom-0.33-head.log")
@@ -225,17 +226,17 @@ def test_faults_carry_file_line_kind_and_the_whole_line() -> None:
 
 
 def test_ready_is_false_when_an_api_server_never_got_ready() -> None:
-    j = analyze_files([(str(LOGS / "fault-init-mask-mismatch-0.33-head.log"), None)]).to_json()
+    j = analyze_files([LogFile(LOGS / "fault-init-mask-mismatch-0.33-head.log")]).to_json()
     assert j["ready"] is False
 
 
 def test_v1_runner_capture_line_once_per_node_stands_for_its_ranks() -> None:
-    a = analyze_files([(str(LOGS / "v0.18-docker-timestamps.log"), None)])
+    a = analyze_files([LogFile(LOGS / "v0.18-docker-timestamps.log")])
     assert a.model_runner == "v1" and a.graphs == "captured"
 
 
 def test_single_rank_engine_is_rank_0() -> None:
-    j = analyze_files([(str(LOGS / "v0-gpu-blocks.log"), None)]).to_json()
+    j = analyze_files([LogFile(LOGS / "v0-gpu-blocks.log")]).to_json()
     assert j["ranks"] == {"0": {"graphs": "captured", "kv_cache_tokens": None}}
 
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkserve.observe.analyze import analyze_files
-from sparkserve.observe.logs import strip_ansi
+from sparkserve.observe.logline import strip_ansi
+from sparkserve.observe.saved import LogFile, analyze_files
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 
@@ -327,7 +327,7 @@ EXPECTED = [
     ids=[e[0] for e in EXPECTED],
 )
 def test_fixture_reads_as_expected(name, kv, graphs, mode, ranks, spec, runner, ready, faults) -> None:
-    j = analyze_files([(str(LOGS / name), None)]).to_json()
+    j = analyze_files([LogFile(LOGS / name)]).to_json()
     assert j["kv_cache_tokens"] == kv
     assert (j["graphs"], j["cudagraph_mode"]) == (graphs, mode)
     assert {r: s["graphs"] for r, s in j["ranks"].items()} == ranks
@@ -346,7 +346,7 @@ def test_every_fixture_is_in_the_table_and_the_corpus_index() -> None:
 
 @pytest.mark.parametrize("name", [e[0] for e in EXPECTED])
 def test_every_fixture_answers_the_exact_contract(name: str) -> None:
-    j = json.loads(json.dumps(analyze_files([(str(LOGS / name), None)]).to_json()))
+    j = json.loads(json.dumps(analyze_files([LogFile(LOGS / name)]).to_json()))
     assert list(j) == [
         "kv_cache_tokens",
         "graphs",
@@ -376,13 +376,13 @@ def test_every_fixture_answers_the_exact_contract(name: str) -> None:
 @pytest.mark.parametrize("name", [e[0] for e in EXPECTED if e[8]])
 def test_fault_lines_point_at_the_line_in_the_file(name: str) -> None:
     lines = (LOGS / name).read_bytes().decode().split("\n")
-    for f in analyze_files([(str(LOGS / name), None)]).to_json()["faults"]:
+    for f in analyze_files([LogFile(LOGS / name)]).to_json()["faults"]:
         assert strip_ansi(lines[f["line"] - 1]).rstrip("\r") == f["text"]
 
 
 def test_hard_wrapped_copy_reads_like_the_original_and_keeps_file_line_numbers() -> None:
-    wrapped = analyze_files([(str(LOGS / "wrapped-config-0.33-head.log"), None)])
-    plain = analyze_files([(str(LOGS / "v0.33-head.log"), None)]).to_json()
+    wrapped = analyze_files([LogFile(LOGS / "wrapped-config-0.33-head.log")])
+    plain = analyze_files([LogFile(LOGS / "v0.33-head.log")]).to_json()
     assert wrapped.to_json() == plain
     kv = [e for log in wrapped.logs for e in log.events if e.kind.value == "kv_tokens"][0]
     lines = (LOGS / "wrapped-config-0.33-head.log").read_text().split("\n")
@@ -390,7 +390,7 @@ def test_hard_wrapped_copy_reads_like_the_original_and_keeps_file_line_numbers()
 
 
 def test_glued_bars_do_not_hide_the_log_lines_behind_them() -> None:
-    a = analyze_files([(str(LOGS / "glued-tqdm-0.33-head.log"), None)])
+    a = analyze_files([LogFile(LOGS / "glued-tqdm-0.33-head.log")])
     log = a.logs[0]
     assert [e.line for e in log.events if e.kind.value == "graph_captured"] == [
         e.line

@@ -21,8 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from sparkserve.measure.bench import NOT_SENT, STALLED, Cell, run_cell
 from sparkserve.measure.prompts import builtin_prompts
+from sparkserve.measure.records import NOT_SENT, STALLED, Cell
+from sparkserve.measure.run import run_cell
 
 REPO = Path(__file__).parents[2]
 EMULATOR = REPO / "tests" / "rig" / "emulator" / "vllm_emulator.py"

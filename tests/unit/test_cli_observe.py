@@ -2,18 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
-import types
 from pathlib import Path
 
 import pytest
 
 from sparkserve import cli
+from sparkserve.commands import observe as observe_cmd
 from sparkserve.config import default_yaml_text
-from sparkserve.observe.gates import Evidence, GateReport, Verdict
+from sparkserve.observe.gate_report import Evidence, GateReport, Verdict
 
 REPO = Path(__file__).resolve().parents[2]
 LOGS = REPO / "tests" / "fixtures" / "logs"
@@ -195,46 +196,40 @@ def fake_report(ok: bool) -> GateReport:
     )
 
 
+@pytest.fixture
+def no_nodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """`open_nodes` replaced: no node is reached; records the node names of every open."""
+    opened: list[str] = []
+
+    @contextlib.contextmanager
+    def fake_open(cfg, **_: object):
+        opened.extend(n.name for n in cfg.nodes)
+        yield {}
+
+    monkeypatch.setattr(observe_cmd, "open_nodes", fake_open)
+    return opened
+
+
 @pytest.mark.parametrize(("ok", "code"), [(True, 0), (False, 1)])
-def test_live_gates_call_gates_live_and_exit_by_verdict(monkeypatch, capsys, ok: bool, code: int) -> None:
+def test_live_gates_call_gates_live_and_exit_by_verdict(monkeypatch, capsys, no_nodes, ok: bool, code: int) -> None:
     calls = []
-    mod = types.ModuleType("sparkserve.deploy.gates_live")
-    mod.run_gates = lambda cfg, bank=False: calls.append(bank) or fake_report(ok)  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "sparkserve.deploy.gates_live", mod)
+    monkeypatch.setattr(observe_cmd, "run_gates", lambda cfg, nodes, bank=False: calls.append(bank) or fake_report(ok))
     rc, out, _ = main(monkeypatch, capsys, "gates", "--json", "--bank")
-    assert rc == code and calls == [True]
+    assert rc == code and calls == [True] and no_nodes == ["spark-a", "spark-b"]
     assert json.loads(out)["ok"] is ok
 
 
-def test_live_gates_accept_the_json_form_too(monkeypatch, capsys) -> None:
-    mod = types.ModuleType("sparkserve.deploy.gates_live")
-    mod.run_gates = lambda cfg, bank=False: fake_report(False).to_json()  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "sparkserve.deploy.gates_live", mod)
+def test_live_gates_skip_marks_the_live_verdict(monkeypatch, capsys, no_nodes) -> None:
+    monkeypatch.setattr(observe_cmd, "run_gates", lambda cfg, nodes, bank=False: fake_report(False))
     rc, out, _ = main(monkeypatch, capsys, "gates", "--skip", "faults")
     assert rc == 0 and "skip" in out and "all gates passed" in out
 
 
-def test_live_gates_missing_module_is_bad_input(monkeypatch, capsys) -> None:
-    monkeypatch.setitem(sys.modules, "sparkserve.deploy.gates_live", None)
-    rc, _, err = main(monkeypatch, capsys, "gates")
-    assert rc == 2 and err.startswith("error: gates: not available yet")
-
-
-def test_live_logs_delegate_to_lifecycle(monkeypatch, capsys) -> None:
-    import sparkserve.deploy.lifecycle as lifecycle
-
+def test_live_logs_stream_every_node(monkeypatch, capsys, no_nodes) -> None:
     calls = []
-    monkeypatch.setattr(lifecycle, "show_logs", lambda cfg, node, follow, since: calls.append((node, follow, since)))
+    monkeypatch.setattr(observe_cmd, "stream_logs", lambda cfg, nodes, **kw: calls.append(kw))
     rc, _, _ = main(monkeypatch, capsys, "logs", "--node", "spark-b", "--follow", "--since", "10m")
-    assert rc == 0 and calls == [("spark-b", True, "10m")]
-
-
-def test_live_logs_without_lifecycle_support_is_bad_input(monkeypatch, capsys) -> None:
-    import sparkserve.deploy.lifecycle as lifecycle
-
-    monkeypatch.delattr(lifecycle, "show_logs")
-    rc, _, err = main(monkeypatch, capsys, "logs")
-    assert rc == 2 and "not available yet" in err
+    assert rc == 0 and calls == [{"node": "spark-b", "follow": True, "since": "10m"}]
 
 
 def test_logs_analyze_reads_stdin(env: dict[str, str]) -> None:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import socket
 import struct
 import time
 from pathlib import Path
@@ -14,6 +16,7 @@ from safetensors.numpy import save_file
 
 from sparkserve.errors import BadInput
 from sparkserve.models.drafter import CONV_RE, SELECTOR_RE, inspect_drafter
+from sparkserve.models.files import BadFile
 from sparkserve.models.safetensors_header import HeaderError, read_header
 
 
@@ -109,7 +112,7 @@ _H = json.dumps({"w": {"dtype": "F16", "shape": [4], "data_offsets": [0, 8]}}).e
 @pytest.mark.parametrize(("content", "needle"), [
     (b"abc", "too short"),
     (struct.pack("<Q", 10**12) + b"{}", "does not fit"),
-    (struct.pack("<Q", 4) + b"nope", "not JSON"),
+    (struct.pack("<Q", 4) + b"nope", "not valid JSON"),
     (struct.pack("<Q", 2) + b"[]", "not a JSON object"),
     (struct.pack("<Q", len(_H)) + _H + b"\0" * 4, "truncated: tensors need"),
 ])
@@ -153,3 +156,154 @@ def test_to_json_is_serialisable(tmp_path: Path) -> None:
     d = inspect_drafter(write_drafter(tmp_path / "d"))
     data = json.loads(json.dumps(d.to_json()))
     assert data["fc_input_width"] == 768 and data["expected_k"] == 7 and data["known"] is True
+
+
+# --- hostile inputs: exit 2 with one line, never a traceback or a hang (issue 15 item 9) -------------------
+
+def _special(kind: str, at: Path, tmp_path: Path) -> None:
+    """Put a non-regular file of ``kind`` at ``at`` (replacing what is there)."""
+    if at.exists() or at.is_symlink():
+        at.unlink()
+    if kind == "fifo":
+        os.mkfifo(at)
+    elif kind == "symlink to a fifo":
+        os.mkfifo(tmp_path / "elsewhere.fifo")
+        at.symlink_to(tmp_path / "elsewhere.fifo")
+    elif kind == "char device":
+        at.symlink_to("/dev/zero")  # endless: a reader without a type check never returns
+    elif kind == "directory":
+        at.mkdir()
+    elif kind == "socket":
+        s = socket.socket(socket.AF_UNIX)
+        s.bind(str(at))  # bound, never accepting: opening it fails, it must not be waited on
+        _sockets.append(s)
+
+
+_sockets: list[socket.socket] = []
+SPECIALS = ["fifo", "symlink to a fifo", "char device", "directory", "socket"]
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("kind", SPECIALS)
+def test_a_special_config_json_is_bad_input_not_a_hang(tmp_path: Path, kind: str) -> None:
+    path = write_drafter(tmp_path / "d")
+    _special(kind, path / "config.json", tmp_path)
+    t = time.monotonic()
+    with pytest.raises(BadInput) as e:
+        inspect_drafter(path)
+    assert time.monotonic() - t < 2
+    assert e.value.where == str(path / "config.json") and "not a regular file" in e.value.what
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("kind", SPECIALS)
+def test_a_special_mask_file_is_a_problem_not_a_hang(tmp_path: Path, kind: str) -> None:
+    path = write_drafter(tmp_path / "d")
+    _special(kind, path / "mask_embedding.pt", tmp_path)
+    d = inspect_drafter(path)
+    assert d.mask.present and d.mask.error and "not a regular file" in d.mask.error
+
+
+@pytest.mark.timeout(10)
+def test_a_fifo_index_or_weights_file_is_a_problem_not_a_hang(tmp_path: Path) -> None:
+    path = write_drafter(tmp_path / "d")
+    os.mkfifo(path / "model.safetensors.index.json")
+    d = inspect_drafter(path)
+    assert [(p.where, p.what) for p in d.problems] == \
+        [(str(path / "model.safetensors.index.json"), "is a FIFO, not a regular file")]
+    (path / "model.safetensors.index.json").unlink()
+    os.mkfifo(path / "model-2.safetensors")  # not a weights file: left out, never opened
+    d = inspect_drafter(path)
+    assert d.problems == [] and d.weights and d.weights.files == ["model.safetensors"]
+    with pytest.raises(BadFile, match="is a FIFO"):
+        read_header(path / "model-2.safetensors")
+
+
+def test_config_json_nested_100000_deep_is_bad_input(tmp_path: Path) -> None:
+    path = write_drafter(tmp_path / "d")
+    (path / "config.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(BadInput) as e:
+        inspect_drafter(path)
+    assert e.value.where == str(path / "config.json") and e.value.what.startswith("not valid JSON: nested more than")
+
+
+def test_nesting_the_parser_allows_but_printing_would_not_is_refused(tmp_path: Path) -> None:
+    """900 levels parse (the recursion limit is 1000) but asdict/json.dumps of the facts would overflow."""
+    path = write_drafter(tmp_path / "d")
+    cfg = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps(cfg)[:-1] + ', "x": ' + "[" * 900 + "]" * 900 + "}")
+    with pytest.raises(BadInput, match="nested more than 64 levels deep"):
+        inspect_drafter(path)
+
+
+def test_an_oversized_config_json_is_refused_unread(tmp_path: Path) -> None:
+    path = write_drafter(tmp_path / "d")
+    with (path / "config.json").open("a") as f:
+        f.write(" " * 5 * 2**20)  # valid JSON, 5 MiB: no model config is that big
+    with pytest.raises(BadInput, match=r"is 5,24\d,\d{3} bytes; refusing to read more than 4,194,304"):
+        inspect_drafter(path)
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00garbage", b'{"a": ' + b"1" * 5000 + b"}", b"{\"a\": NaN"])
+def test_undecodable_config_json_is_bad_input(tmp_path: Path, content: bytes) -> None:
+    path = write_drafter(tmp_path / "d")
+    (path / "config.json").write_bytes(content)
+    with pytest.raises(BadInput, match="^.*not valid JSON"):
+        inspect_drafter(path)
+
+
+WRONG_TYPES = [5, "x", [1], {"a": 1}, None, 10**30, 1.5, True, [[[]]], ["a", 1]]
+DRAFTER_KEYS = ["architectures", "dflash_config", "model_type", "hidden_size", "target_hidden_size",
+                "num_hidden_layers", "vocab_size", "block_size", "mask_token_id", "target_layer_ids",
+                "eagle_aux_hidden_state_layer_ids", "use_aux_hidden_state"]
+SPECULATORS_KEYS = ["transformer_layer_config", "speculators_config", "speculators_model_type",
+                    "aux_hidden_state_layer_ids", "mask_token_id", "block_size", "sample_from_anchor"]
+
+
+def _judged(path: Path) -> None:
+    """inspect + every rule + the --json rendering: only BadInput may come out."""
+    from sparkserve.config import load_config
+    from sparkserve.plan.validate import Report, check_drafter
+
+    try:
+        d = inspect_drafter(path)
+    except BadInput:
+        return
+    check_drafter(load_config(None), d, Report(drafter=d))
+    json.dumps(d.to_json())
+
+
+@pytest.mark.parametrize("value", WRONG_TYPES, ids=repr)
+def test_any_json_type_in_any_drafter_field_is_judged_not_a_crash(tmp_path: Path, value: object) -> None:
+    path = write_drafter(tmp_path / "d")
+    good = json.loads((path / "config.json").read_text())
+    for key in DRAFTER_KEYS:
+        cfg = {**good, key: value}
+        cfg["dflash_config"] = value if key == "dflash_config" else {**good["dflash_config"], key: value}
+        (path / "config.json").write_text(json.dumps(cfg))
+        _judged(path)
+    path = write_speculators_drafter(tmp_path / "s", speculative_tokens=7)
+    good = json.loads((path / "config.json").read_text())
+    for key in SPECULATORS_KEYS:
+        cfg = {**good, key: value}
+        if isinstance(cfg.get("speculators_config"), dict):
+            cfg["speculators_config"] = {**cfg["speculators_config"], "proposal_methods": value}
+        (path / "config.json").write_text(json.dumps(cfg))
+        _judged(path)
+
+
+@pytest.mark.parametrize("index", [[1], {"weight_map": [1]}, {"weight_map": {"w": [1]}}, {"weight_map": "x"}],
+                         ids=repr)
+def test_a_malformed_index_is_a_problem_not_a_crash(tmp_path: Path, index: object) -> None:
+    path = write_drafter(tmp_path / "d")
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    d = inspect_drafter(path)
+    assert [p.what for p in d.problems] == ["not a valid safetensors index (weight_map)"]
+
+
+def test_an_infinite_dimension_in_a_header_is_a_header_error(tmp_path: Path) -> None:
+    f = tmp_path / "x.safetensors"
+    h = b'{"w": {"dtype": "F16", "shape": [Infinity], "data_offsets": [0, 8]}}'
+    f.write_bytes(struct.pack("<Q", len(h)) + h + b"\0" * 8)
+    with pytest.raises(HeaderError, match="malformed header entry"):
+        read_header(f)

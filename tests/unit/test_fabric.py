@@ -1,7 +1,12 @@
-"""Fabric detection: fake sysfs trees (tests/fixtures/sysfs, written by build.py) → per-node NCCL env."""
+"""Fabric detection: fake sysfs trees (tests/fixtures/sysfs, written by build.py) → per-node NCCL env.
+
+The trees are read by the production node probe (sparkserve.deploy.probe) run on a LocalNode, exactly as
+`up` and `doctor` read a node's /sys."""
 
 from __future__ import annotations
 
+import functools
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -9,19 +14,24 @@ from pathlib import Path
 import pytest
 
 from sparkserve.config import FabricConfig
+from sparkserve.deploy.probe import PROBE_PROGRAM, probe_node
 from sparkserve.nodes import LocalNode
-from sparkserve.nodes.base import NodeError
-from sparkserve.plan.fabric import (
-    PROBE_PROGRAM,
-    FabricError,
-    parse_sysfs,
-    read_tree,
-    resolve,
-    twin_key,
-)
+from sparkserve.plan.fabric import FabricError, parse_sysfs, resolve, twin_key
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
 IP = {"spark-a": "192.168.200.1", "spark-b": "192.168.200.2", "spark-c": "192.168.200.3"}
+
+
+def read_tree(root: Path) -> dict[str, str]:
+    """What the node probe reads under a sysfs root."""
+    return dict(_read_tree(str(root)))
+
+
+@functools.cache
+def _read_tree(root: str) -> tuple[tuple[str, str], ...]:
+    files = probe_node(LocalNode("fixture"), sysfs=root).sysfs
+    assert files is not None
+    return tuple(files.items())
 
 
 def facts(tree: str, ip: str = "192.168.200.1", **fabric: object):
@@ -133,16 +143,15 @@ def test_twin_key_pairs_pcie_twins() -> None:
 
 
 def test_probe_program_runs_standalone_as_sent_to_a_node() -> None:
-    out = subprocess.run([sys.executable, "-", str(FIX / "spark-b")], input=PROBE_PROGRAM.encode(),
-                         capture_output=True, check=True)
-    import json
+    question = {"paths": [str(FIX)], "disk": [], "ports": [], "sysfs": str(FIX / "spark-b"), "mkdirs": []}
+    out = subprocess.run([sys.executable, "-c", PROBE_PROGRAM], input=json.dumps(question).encode(),
+                         capture_output=True, check=True, env={})
+    reply = json.loads(out.stdout)
+    assert reply["paths"] == {str(FIX): True} and "MemTotal:" in reply["meminfo"]
+    assert reply["sysfs"] == read_tree(FIX / "spark-b")
 
-    assert json.loads(out.stdout) == read_tree(FIX / "spark-b")
 
-
-def test_detect_on_a_local_node_reads_its_tree_with_one_command() -> None:
-    from sparkserve.plan.fabric import detect
-
+def test_every_node_question_and_the_fabric_are_one_remote_command() -> None:
     node = LocalNode("spark-b")
     calls: list[list[str]] = []
     real = node.run
@@ -152,7 +161,12 @@ def test_detect_on_a_local_node_reads_its_tree_with_one_command() -> None:
         return real(argv, **kw)  # type: ignore[arg-type]
 
     node.run = counting  # type: ignore[method-assign]
-    f = detect(node, FabricConfig(sysfs_root=FIX / "spark-b"), IP["spark-b"])
-    assert f.gid_index == 5 and len(calls) == 1
-    with pytest.raises(NodeError, match=r"^spark-b: fabric: no RDMA devices"):
-        detect(node, FabricConfig(sysfs_root=FIX / "no-rdma"), IP["spark-b"])
+    facts = probe_node(node, paths=[str(FIX)], disk=[str(FIX)], sysfs=FIX / "spark-b")
+    assert [c[:2] for c in calls] == [["python3", "-c"]]
+    assert facts.paths[str(FIX)] and facts.disk[str(FIX)] > 0
+    f = resolve(parse_sysfs(facts.sysfs or {}), FabricConfig(sysfs_root=FIX / "spark-b"), IP["spark-b"])
+    assert f.gid_index == 5
+    nothing = probe_node(node, sysfs=FIX / "no-rdma").sysfs or {}
+    with pytest.raises(FabricError, match=r"^no RDMA devices under .*/no-rdma/class/infiniband"):
+        resolve(parse_sysfs(nothing), FabricConfig(sysfs_root=FIX / "no-rdma"), IP["spark-b"],
+                sysfs_root=str(FIX / "no-rdma"))

@@ -8,15 +8,9 @@ from pathlib import Path
 import pytest
 
 from sparkserve.config import load_config
-from sparkserve.observe.gates import (
-    GATE_NAMES,
-    Expectations,
-    GateReport,
-    NodeIdentity,
-    SmokeError,
-    SmokeResult,
-    judge,
-)
+from sparkserve.observe.gate_inputs import Expectations, NodeIdentity, SmokeError, SmokeResult
+from sparkserve.observe.gate_report import GATE_NAMES, GateReport
+from sparkserve.observe.gates import judge
 from sparkserve.observe.logs import ParsedLog, parse_log
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"

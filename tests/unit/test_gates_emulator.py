@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from sparkserve.observe.gates import Expectations, GateReport, judge
+from sparkserve.observe.gate_inputs import Expectations
+from sparkserve.observe.gate_report import GateReport
+from sparkserve.observe.gates import judge
 from sparkserve.observe.logs import parse_log
 
 REPO = Path(__file__).resolve().parents[2]

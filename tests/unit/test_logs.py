@@ -6,8 +6,10 @@ import re
 
 import pytest
 
+from sparkserve.observe.events import classify_fault
+from sparkserve.observe.logline import normalise
 from sparkserve.observe.logpatterns import ANCHORS, NEEDLES, PATTERNS, FaultKind, Kind
-from sparkserve.observe.logs import classify_fault, normalise, parse_log
+from sparkserve.observe.logs import parse_log
 
 ESC = "\x1b"
 

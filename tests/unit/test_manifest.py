@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from sparkserve.errors import BadInput
 from sparkserve.models import manifest as mf
+from sparkserve.models.files import BadFile
 from sparkserve.models.manifest import FileEntry, manifest
 
 
@@ -95,3 +97,33 @@ def test_differing_and_extra(tmp_path: Path) -> None:
 def test_not_a_directory(tmp_path: Path) -> None:
     with pytest.raises(NotADirectoryError):
         manifest(tmp_path / "nope")
+
+
+# --- hostile inputs (issue 15 item 9) ----------------------------------------------------------------------
+
+@pytest.mark.timeout(10)
+def test_a_fifo_is_left_out_and_never_opened(tmp_path: Path) -> None:
+    root = _tree(tmp_path / "d")
+    os.mkfifo(root / "pipe")
+    assert "pipe" not in manifest(root).files
+    with pytest.raises(BadFile, match="is a FIFO, not a regular file"):
+        mf.sha256_file(root / "pipe")
+
+
+@pytest.mark.timeout(10)
+def test_a_file_that_became_a_fifo_after_the_walk_is_bad_input_not_a_hang(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    root = _tree(tmp_path / "d")
+    walked = list(mf.iter_files(root))
+
+    def swapped(r: Path):  # the walk saw a file; by the time it is hashed it is a FIFO
+        for rel, p in walked:
+            if rel == "config.json":
+                p.unlink()
+                os.mkfifo(p)
+            yield rel, p
+
+    monkeypatch.setattr(mf, "iter_files", swapped)
+    with pytest.raises(BadInput) as e:
+        manifest(root, use_cache=False)
+    assert (e.value.where, e.value.what) == (str(root / "config.json"), "is a FIFO, not a regular file")

@@ -14,10 +14,12 @@ from pathlib import Path
 import pytest
 
 from sparkserve.config import NodeConfig, SSHConfig
-from sparkserve.deploy.sync import remote_manifest, remote_program, sync_dir
+from sparkserve.deploy.sync import remote_manifest, sync_dir
+from sparkserve.deploy.sync_remote import remote_program, verify_program
 from sparkserve.models.manifest import manifest
 from sparkserve.nodes import LocalNode, Node, NodeError, SSHNode
-from sparkserve.nodes.engine import normalize_ref
+from sparkserve.nodes.images import normalize_ref
+from sparkserve.nodes.ssh_process import command_line
 
 
 @pytest.fixture()
@@ -67,9 +69,8 @@ def test_local_files_are_written_atomically(local: LocalNode, tmp_path: Path) ->
 
 
 def test_ssh_command_line_quotes_every_argument_under_timeout() -> None:
-    node = SSHNode(NodeConfig(name="b", host="h", fabric_ip="10.0.0.2"), SSHConfig())
     argv = ["ls", "--", "/m/x; touch /tmp/pwned", "$(id)", "a b"]
-    line = node.command_line(argv, 2.5)
+    line = command_line(argv, 2.5)
     assert shlex.split(line) == ["timeout", "-k", "3", "3", *argv]
 
 
@@ -131,7 +132,7 @@ def test_remote_program_refuses_paths_outside_the_root(drafter: Path, local: Loc
 
 def test_sync_between_local_dirs_copies_only_what_differs(drafter: Path, tmp_path: Path, local: LocalNode) -> None:
     dst = tmp_path / "dst"
-    first = local.sync_dir(drafter, str(dst))  # the Node verb delegates to sparkserve.deploy.sync
+    first = sync_dir(local, drafter, str(dst))
     assert first.method == "copy" and first.verified and len(first.files_copied) == 3
     assert manifest(dst).digest == manifest(drafter).digest
     same = sync_dir(local, drafter, str(dst))
@@ -150,8 +151,6 @@ def test_sync_onto_itself_is_a_no_op(drafter: Path, local: LocalNode) -> None:
 
 def test_verifier_hashes_files_as_they_land_and_stops_on_eof(drafter: Path, tmp_path: Path,
                                                              local: LocalNode) -> None:
-    from sparkserve.deploy.sync import verify_program
-
     dst = tmp_path / "landing"
     dst.mkdir()
     (dst / "old.bin").write_bytes(b"old")

@@ -10,7 +10,8 @@ import pytest
 from _fixtures import config_file
 
 from sparkserve.config import Config, load_config
-from sparkserve.plan.build import DRAFTER_MOUNT, LABEL_FINGERPRINT, TARGET_MOUNT, Mount, build_plan, parity_view
+from sparkserve.plan.build import DRAFTER_MOUNT, TARGET_MOUNT, build_plan, parity_view
+from sparkserve.plan.container import Mount
 
 
 def _cfg(tmp_path: Path, over: dict[str, Any] | None = None) -> Config:
@@ -108,27 +109,6 @@ def test_api_key_is_a_head_secret_never_dumped_never_in_argv(tmp_path: Path) -> 
     assert plan.public()["specs"][0]["env"]["VLLM_API_KEY"] == "<redacted>"
     argv = head.docker_run_argv()
     assert argv[argv.index("VLLM_API_KEY") - 1] == "-e"  # docker reads the value from its own environment
-
-
-def test_docker_run_argv_carries_the_whole_spec(tmp_path: Path) -> None:
-    cfg = _cfg(tmp_path)
-    s = build_plan(cfg).specs[1]
-    argv = s.docker_run_argv()
-    assert argv[:3] == ["docker", "run", "-d"] and _value(argv, "--name") == "sparkserve-r1-spark-b"
-    for flag in ("--network=host", "--ipc=host", "--gpus"):
-        assert flag in argv
-    assert _value(argv, "--shm-size") == "64g" and _value(argv, "--ulimit") == "memlock=-1:-1"
-    assert _value(argv, "--cap-add") == "IPC_LOCK" and _value(argv, "--device") == "/dev/infiniband"
-    assert f"{LABEL_FINGERPRINT}={cfg.fingerprint()}" in argv and _value(argv, "--restart") == "no"
-    assert "-e" in argv and "VLLM_HOST_IP=192.168.200.2" in argv
-    i = argv.index("--entrypoint")
-    assert argv[i + 1:i + 3] == ["vllm", cfg.image.ref] and argv[i + 3:] == s.command[1:]
-
-
-def test_mount_arg_quotes_commas_and_quotes_for_dockers_csv() -> None:
-    assert Mount(source="/a b", target="/t").mount_arg() == "type=bind,source=/a b,target=/t,readonly"
-    assert Mount(source='/a,"b', target="/t", read_only=False).mount_arg() == \
-        'type=bind,"source=/a,""b",target=/t'
 
 
 @pytest.mark.parametrize(("over", "flag", "value"), [

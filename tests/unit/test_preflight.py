@@ -7,6 +7,7 @@ import io
 import json
 import os
 import pickle
+import struct
 import subprocess
 import zipfile
 from collections.abc import Callable
@@ -67,6 +68,11 @@ def _truncate_weights(d: Path) -> None:
     f.write_bytes(f.read_bytes()[:200])
 
 
+def _deep_header(f: Path) -> None:
+    h = b"[" * 100000 + b"]" * 100000
+    f.write_bytes(struct.pack("<Q", len(h)) + h)
+
+
 def _mask_hidden(d: Path) -> None:
     import numpy as np
 
@@ -82,6 +88,7 @@ class Bad:
     drafter: dict[str, Any] | None = None  # DrafterSpec fields → a fresh drafter
     mutate: Callable[[Path], None] | None = None  # applied to a fresh default drafter
     target: dict[str, Any] | None = None
+    mutate_target: Callable[[Path], None] | None = None  # applied to a fresh default target
     raw_config: str | None = None
     drafter_path: str | None = None
     target_path: str | None = None
@@ -176,7 +183,26 @@ BAD: list[Bad] = [
         mutate=lambda d: (d / "config.json").write_text("{")),
     Bad("drafter-config-missing", "config.json", "missing", mutate=lambda d: (d / "config.json").unlink()),
     Bad("drafter-dir-missing", "drafter.path", "does not exist", drafter_path="/nonexistent/drafter"),
+    # hostile drafter inputs (issue 15 item 9): parse errors are one line too
+    Bad("drafter-config-nested-100000-deep", "config.json", "not valid JSON: nested more than 64 levels deep",
+        mutate=lambda d: (d / "config.json").write_text("[" * 100000 + "]" * 100000)),
+    Bad("drafter-config-oversized", "config.json", "refusing to read more than 4,194,304",
+        mutate=lambda d: (d / "config.json").write_text("{}" + " " * 5 * 2**20)),
+    Bad("drafter-config-not-utf8", "config.json", "not valid JSON: not UTF-8 text",
+        mutate=lambda d: (d / "config.json").write_bytes(b'{"a": "\xff"}')),
+    Bad("drafter-architectures-not-a-list", "config.json", "architectures must be a list of names",
+        mutate=lambda d: _edit_config(d, lambda c: c.update(architectures="DFlash2DraftModel"))),
+    Bad("speculators-config-not-an-object", "config.json", "speculators_config must be an object",
+        mutate=lambda d: (write_speculators_drafter(d), _edit_config(d, lambda c: c.update(speculators_config=[1])))),
+    Bad("drafter-index-not-an-index", "model.safetensors.index.json", "not a valid safetensors index",
+        mutate=lambda d: (d / "model.safetensors.index.json").write_text('{"weight_map": [1]}')),
+    Bad("weights-header-nested-deep", "model.safetensors", "header is not valid JSON: nested more than",
+        mutate=lambda d: _deep_header(d / "model.safetensors")),
     # target
+    Bad("target-config-nested-100000-deep", "config.json", "not valid JSON: nested more than",
+        mutate_target=lambda t: (t / "config.json").write_text("[" * 100000 + "]" * 100000)),
+    Bad("target-architectures-not-a-list", "config.json", "architectures must be a list of names",
+        mutate_target=lambda t: _edit_config(t, lambda c: c.update(architectures={"a": 1}))),
     Bad("target-dir-missing", "model.target", "does not exist", target_path="/nonexistent/target"),
     Bad("target-layers-missing", "config.json", "num_hidden_layers is missing",
         target={}, mutate=None),
@@ -189,10 +215,12 @@ def _materialize(b: Bad, tmp: Path, good: tuple[Path, Path]) -> list[str]:
         drafter = write_drafter(tmp / "drafter", DrafterSpec(**(b.drafter or {})))
         if b.mutate:
             b.mutate(drafter)
-    if b.target is not None:
-        target = write_target(tmp / "target", TargetSpec(**b.target))
+    if b.target is not None or b.mutate_target is not None:
+        target = write_target(tmp / "target", TargetSpec(**(b.target or {})))
         if b.id == "target-layers-missing":
             _edit_config(target, lambda c: c.pop("num_hidden_layers"))
+        if b.mutate_target:
+            b.mutate_target(target)
     cfg = tmp / "c.yaml"
     if b.raw_config is not None:
         cfg.write_text(b.raw_config)
@@ -328,3 +356,50 @@ def test_three_nodes_need_tp_3(tmp_path: Path) -> None:
 
 def test_report_raise_first_is_silent_when_ok() -> None:
     Report().raise_first()
+
+
+# --- special files through the real CLI: exit 2 with one line within seconds, never a hang -------------------
+
+def _fifo(f: Path) -> None:
+    f.unlink()
+    os.mkfifo(f)
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("which", "file"), [("drafter", "config.json"), ("drafter", "mask_embedding.pt"),
+                                             ("target", "config.json")])
+def test_validate_on_a_fifo_exits_2_with_one_line(tmp_path: Path, which: str, file: str) -> None:
+    dirs = {"drafter": write_drafter(tmp_path / "drafter"), "target": write_target(tmp_path / "target")}
+    _fifo(dirs[which] / file)
+    p = cli("validate", "--drafter", str(dirs["drafter"]), "--target", str(dirs["target"]), "--parser", "list",
+            env=clean_env(tmp_path), timeout=30)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert p.stderr.splitlines() == [f"error: {dirs[which] / file}: is a FIFO, not a regular file"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("bad", ["fifo", "nested"])
+def test_drafter_inspect_on_a_hostile_config_json_exits_2_with_one_line(tmp_path: Path, bad: str) -> None:
+    d = write_drafter(tmp_path / "d")
+    if bad == "fifo":
+        _fifo(d / "config.json")
+    else:
+        (d / "config.json").write_text("[" * 100000 + "]" * 100000)
+    p = cli("drafter", "inspect", str(d), env=clean_env(tmp_path), timeout=30)
+    what = "is a FIFO, not a regular file" if bad == "fifo" else "not valid JSON: nested more than 64 levels deep"
+    assert p.returncode == 2 and p.stdout == "", (p.stdout, p.stderr)
+    assert p.stderr.splitlines() == [f"error: {d / 'config.json'}: {what}"]
+
+
+@pytest.mark.timeout(60)
+def test_drafter_inspect_with_a_fifo_in_the_dir_reports_it_and_hashes_the_rest(tmp_path: Path) -> None:
+    d = write_drafter(tmp_path / "d")
+    _fifo(d / "mask_embedding.pt")
+    os.mkfifo(d / "stray.pipe")
+    p = cli("drafter", "inspect", str(d), "--json", env=clean_env(tmp_path), timeout=30)
+    assert p.returncode == 0, p.stderr
+    data = json.loads(p.stdout)
+    assert data["drafter"]["mask"]["error"] == "is a FIFO, not a regular file"
+    assert set(data["manifest"]["files"]) == {"config.json", "model.safetensors"}
+    assert {"where": str(d / "mask_embedding.pt"), "what": "is a FIFO, not a regular file"} in \
+        data["checks"]["errors"]

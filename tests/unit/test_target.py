@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -70,3 +71,36 @@ def test_missing_target_dir_names_the_field(tmp_path: Path) -> None:
     with pytest.raises(BadInput) as e:
         inspect_target(tmp_path / "nope")
     assert e.value.where == "model.target"
+
+
+# --- hostile inputs (issue 15 item 9) ----------------------------------------------------------------------
+
+@pytest.mark.timeout(10)
+def test_a_fifo_config_json_is_bad_input_not_a_hang(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    os.mkfifo(tmp_path / "t" / "config.json")
+    with pytest.raises(BadInput) as e:
+        inspect_target(tmp_path / "t")
+    assert (e.value.where, e.value.what) == (str(tmp_path / "t" / "config.json"), "is a FIFO, not a regular file")
+
+
+def test_config_json_nested_100000_deep_is_bad_input(tmp_path: Path) -> None:
+    (tmp_path / "t").mkdir()
+    (tmp_path / "t" / "config.json").write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(BadInput, match="not valid JSON: nested more than"):
+        inspect_target(tmp_path / "t")
+
+
+@pytest.mark.parametrize("value", [5, "x", [1], {"a": 1}, None, 10**30, 1.5, True, ["a", 1], -3], ids=repr)
+def test_any_json_type_in_any_target_field_is_judged_not_a_crash(tmp_path: Path, value: object) -> None:
+    good = json.loads((write_target(tmp_path / "t", TargetSpec()) / "config.json").read_text())
+    for key in ["architectures", "model_type", "num_hidden_layers", "hidden_size", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "vocab_size", "max_position_embeddings", "torch_dtype",
+                "kv_lora_rank", "qk_rope_head_dim", "num_nextn_predict_layers", "text_config"]:
+        path = _target(tmp_path / key, {**good, key: value})
+        try:
+            t = inspect_target(path)
+        except BadInput:
+            continue
+        for dtype in ("auto", "fp8", "fp8_ds_mla", "nope"):
+            json.dumps(t.to_json(dtype, tp=2))

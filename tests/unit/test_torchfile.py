@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from sparkserve.models.files import MASK_LIMIT, BadFile
 from sparkserve.models.torchfile import TensorStub, TorchFileError, load, read_mask_embedding
 
 
@@ -128,3 +129,30 @@ def test_load_returns_stubs(tmp_path: Path) -> None:
     obj = load(f)
     assert isinstance(obj["a"], TensorStub) and obj["a"].shape == (2, 3) and obj["a"].dtype == "float32"
     assert obj["n"] == 3
+
+
+# --- hostile inputs (issue 15 item 9) ----------------------------------------------------------------------
+
+@pytest.mark.timeout(10)
+def test_a_fifo_is_refused_not_waited_on(tmp_path: Path) -> None:
+    os.mkfifo(tmp_path / "m.pt")
+    with pytest.raises(BadFile, match="is a FIFO, not a regular file"):
+        read_mask_embedding(tmp_path / "m.pt")
+
+
+def test_a_file_over_the_cap_is_refused_unread(tmp_path: Path) -> None:
+    f = tmp_path / "m.pt"
+    with f.open("wb") as fh:
+        fh.truncate(MASK_LIMIT + 1)  # sparse: no disk, and it must not be read
+    with pytest.raises(BadFile, match="refusing to read more than"):
+        read_mask_embedding(f)
+
+
+def test_a_pickle_nested_100000_deep_is_a_torch_file_error(tmp_path: Path) -> None:
+    """Unpickling is iterative, so such a pickle loads; what reads it afterwards must not recurse."""
+    n = 100_000
+    f = tmp_path / "m.pt"
+    with zipfile.ZipFile(f, "w") as z:  # protocol 2: EMPTY_LIST n times, APPEND n-1 times, STOP
+        z.writestr("a/data.pkl", b"\x80\x02" + b"]" * n + b"a" * (n - 1) + b".")
+    with pytest.raises(TorchFileError, match="holds a list"):
+        read_mask_embedding(f)

@@ -1,0 +1,62 @@
+"""The drafter on every node: where `up` copies it from, and making the bytes identical everywhere.
+
+With a local source (``drafter.source``, or ``drafter.path`` when it is a directory on this machine), only
+differing files are copied and then verified. Without one, the head's copy is the reference and a node that
+differs is an error: there is nothing to copy from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkserve.config import Config
+from sparkserve.deploy.sync import remote_manifest, sync_all
+from sparkserve.deploy.teardown import Reporter
+from sparkserve.errors import BadInput, RemoteFailure
+from sparkserve.models.manifest import manifest
+from sparkserve.nodes.base import Node
+from sparkserve.nodes.parallel import on_all
+
+
+@dataclass(frozen=True)
+class DrafterSync:
+    """The drafter every node now holds: its manifest digest, and one summary line per node."""
+
+    digest: str
+    summary: dict[str, str]
+
+
+def local_drafter(cfg: Config) -> Path | None:
+    """The controller's copy of the drafter (the sync source), if there is one."""
+    if cfg.drafter.source is not None:
+        src = cfg.drafter.source.expanduser()
+        if not src.is_dir():
+            raise BadInput("drafter.source", f"{src} is not a directory")
+        return src
+    p = Path(cfg.drafter.path)
+    return p if p.is_dir() else None
+
+
+def sync_drafter(cfg: Config, nodes: dict[str, Node], say: Reporter) -> DrafterSync:
+    """Make the drafter identical on every node (see the module docstring)."""
+    ordered = [nodes[n.name] for n in cfg.nodes]
+    src = local_drafter(cfg)
+    path = str(cfg.drafter.path)
+    if src is not None:
+        local = manifest(src)
+        reports = sync_all(ordered, src, path, local_manifest=local)
+        for r in reports.values():
+            say(f"drafter: {r.summary()}")
+        return DrafterSync(local.digest, {k: r.summary() for k, r in reports.items()})
+    states = on_all(ordered, lambda n: remote_manifest(n, path), name=lambda n: n.name)
+    digests = {k: s.manifest.digest for k, s in states.items()}
+    ref = digests[cfg.head.name]
+    for name, d in digests.items():
+        if d != ref:
+            raise RemoteFailure(
+                f"{name}: drafter", f"drafter bytes at {path} differ from {cfg.head.name}'s "
+                f"({d[:12]} vs {ref[:12]}); set drafter.source to a local copy to sync it", node=name,
+                step="drafter")
+    say(f"drafter: identical on every node ({ref[:12]})")
+    return DrafterSync(ref, {k: f"{k}: identical ({d[:12]})" for k, d in digests.items()})

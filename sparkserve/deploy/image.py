@@ -1,0 +1,80 @@
+"""`image verify` / `image ship`: the configured engine image, with one ID on every node.
+
+    check = verify_image(cfg)                       # ImageCheck: every node's ID, ok when all present and equal
+    result = ship_image_everywhere(cfg, "spark-a")  # ShipResult: copies to every node that lacks it or differs
+
+The judging is :mod:`sparkserve.nodes.images` (the same judge `up` uses before it starts anything).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sparkserve.config import Config
+from sparkserve.errors import RemoteFailure
+from sparkserve.nodes.base import NodeError
+from sparkserve.nodes.factory import open_nodes
+from sparkserve.nodes.images import ShipReport, image_ids, same_image_problem, ship_image
+
+Reporter = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class ImageCheck:
+    """Every node's ID for ``ref`` (None: missing), and why they are not one image (None: they are)."""
+
+    ref: str
+    image_ids: dict[str, str | None]
+    problem: NodeError | None
+
+    @property
+    def ok(self) -> bool:
+        return self.problem is None
+
+    def as_json(self) -> dict[str, object]:
+        return {"ok": self.ok, "ref": self.ref, "image_ids": dict(self.image_ids)}
+
+
+@dataclass(frozen=True)
+class ShipResult:
+    """The source's image ID and one report per node it was shipped to (none: already everywhere)."""
+
+    ref: str
+    source: str
+    image_id: str
+    shipped: dict[str, ShipReport] = field(default_factory=dict)
+
+    def as_json(self) -> dict[str, object]:
+        return {"ref": self.ref, "image_id": self.image_id,
+                "shipped": {name: {"bytes": r.bytes, "seconds": round(r.seconds, 2),
+                                   "mb_per_s": round(r.mb_per_s, 1)} for name, r in self.shipped.items()}}
+
+
+def verify_image(cfg: Config) -> ImageCheck:
+    """image.ref's ID on every configured node (in config order)."""
+    with open_nodes(cfg) as nodes:
+        ids = image_ids([nodes[n.name] for n in cfg.nodes], cfg.image.ref)
+    return ImageCheck(cfg.image.ref, ids, same_image_problem(ids, cfg.image.ref))
+
+
+def ship_image_everywhere(cfg: Config, source: str | None = None, *,
+                          say: Reporter | None = None) -> ShipResult:
+    """Copy image.ref from ``source`` (default: the head) to every node that lacks it or has another ID.
+
+    RemoteFailure when ``source`` is no configured node or lacks the image; ``say`` hears each ship."""
+    src = source or cfg.head.name
+    if src not in {n.name for n in cfg.nodes}:
+        raise RemoteFailure("--from", f"no node named {src!r}")
+    ref = cfg.image.ref
+    with open_nodes(cfg) as nodes:
+        ids = image_ids([nodes[n.name] for n in cfg.nodes], ref)
+        want = ids[src]
+        if want is None:
+            raise RemoteFailure(f"{src}: image", f"{ref} is not on {src}; nothing to ship")
+        shipped: dict[str, ShipReport] = {}
+        for name in (n.name for n in cfg.nodes if ids[n.name] != want):
+            if say is not None:
+                say(f"shipping {ref} {src} → {name}")
+            shipped[name] = ship_image(nodes[src], nodes[name], ref)
+    return ShipResult(ref, src, want, shipped)

@@ -1,0 +1,156 @@
+"""The node-side pre-flight probe: every question `doctor` and `up` ask a node, in ONE round trip.
+
+    facts = probe_node(node, paths=[target], disk=[drafter], ports=[("0.0.0.0", 8000)],
+                       sysfs="/sys", mkdirs=rw_mount_dirs)
+    facts.paths[target]; facts.disk[drafter]; facts.ports["0.0.0.0:8000"]; facts.meminfo
+    resolve(parse_sysfs(facts.sysfs), cfg.fabric, fabric_ip)      # the pure part: sparkserve.plan.fabric
+
+One ``python3 -c`` program (:data:`PROBE_PROGRAM`, stdlib only) answers: which paths exist, free disk
+under each path, which ports are free to bind, the writable mount dirs it creates, /proc/meminfo, and
+the sysfs files fabric detection needs (:func:`_node_read_sysfs`). The question travels on stdin as
+JSON — paths are data, never shell words.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from sparkserve.nodes.base import Node, NodeError
+
+# -- run on the node (stdlib only, self-contained; shipped by source) -----------------------------------
+
+
+def _node_read_sysfs(root: str) -> dict[str, str]:
+    """On the node: the sysfs files fabric detection needs under ``root`` → {relative path: content}.
+
+    Directory listings are recorded as ``<dir>/`` → newline-separated names. Unreadable files (sysfs
+    answers EINVAL for the attributes of unused GID entries) are left out.
+    """
+    import os
+
+    out: dict[str, str] = {}
+
+    def read(rel: str) -> str | None:
+        try:
+            with open(os.path.join(root, rel), "rb") as f:
+                text = f.read(4096).decode("ascii", "replace").strip()
+        except OSError:
+            return None
+        out[rel] = text
+        return text
+
+    def ls(rel: str) -> list[str]:
+        try:
+            names = sorted(os.listdir(os.path.join(root, rel)))
+        except OSError:
+            return []
+        out[rel + "/"] = "\n".join(names)
+        return names
+
+    for ifname in ls("class/net"):
+        for attr in ("operstate", "mtu", "carrier", "address"):
+            read(f"class/net/{ifname}/{attr}")
+    for dev in ls("class/infiniband"):
+        base = f"class/infiniband/{dev}"
+        ls(f"{base}/device/net")
+        for port in ls(f"{base}/ports"):
+            p = f"{base}/ports/{port}"
+            for attr in ("state", "phys_state", "link_layer"):
+                read(f"{p}/{attr}")
+            for idx in ls(f"{p}/gids"):
+                gid = read(f"{p}/gids/{idx}")
+                if gid is None or gid.replace(":", "").strip("0") == "":
+                    out.pop(f"{p}/gids/{idx}", None)
+                    continue
+                read(f"{p}/gid_attrs/types/{idx}")
+                read(f"{p}/gid_attrs/ndevs/{idx}")
+    return out
+
+
+def _node_answer(a: dict) -> dict:  # type: ignore[type-arg]
+    """On the node: answer the question ``a`` (paths, disk, ports, mkdirs, sysfs) → the JSON reply."""
+    import os
+    import shutil
+    import socket
+
+    out: dict = {"paths": {}, "disk": {}, "ports": {}, "mkdirs": {}}  # type: ignore[type-arg]
+    for p in a["paths"]:
+        out["paths"][p] = os.path.isdir(p)
+    for p in a["disk"]:
+        q = p
+        while q and not os.path.exists(q):
+            q = os.path.dirname(q)
+        out["disk"][p] = shutil.disk_usage(q or "/").free
+    for host, port in a["ports"]:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn/TCPStore bind: TIME_WAIT is free
+        try:
+            s.bind((host, port))
+            free = True
+        except OSError:
+            free = False
+        finally:
+            s.close()
+        out["ports"][f"{host}:{port}"] = free
+    for p in a.get("mkdirs", []):
+        try:
+            os.makedirs(p, exist_ok=True)
+            out["mkdirs"][p] = ""
+        except OSError as e:
+            out["mkdirs"][p] = e.strerror or str(e)
+    with open("/proc/meminfo") as f:
+        out["meminfo"] = f.read()
+    out["sysfs"] = _node_read_sysfs(a["sysfs"]) if a.get("sysfs") else None
+    return out
+
+
+PROBE_PROGRAM = (
+    inspect.getsource(_node_read_sysfs) + "\n" + inspect.getsource(_node_answer)
+    + "\nimport json, sys\nprint(json.dumps(_node_answer(json.loads(sys.stdin.read()))))\n"
+)
+
+
+# -- on the controller --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeFacts:
+    """One node's answers. Keys of ``ports`` are ``host:port``; ``mkdirs`` maps a dir to why it could not
+    be made ("" when it was); ``sysfs`` is None when it was not asked for."""
+
+    paths: dict[str, bool]
+    disk: dict[str, int]
+    ports: dict[str, bool]
+    mkdirs: dict[str, str]
+    meminfo: str
+    sysfs: dict[str, str] | None
+
+
+def probe_node(node: Node, *, paths: Sequence[str] = (), disk: Sequence[str] = (),
+               ports: Sequence[tuple[str, int]] = (), sysfs: str | Path | None = None,
+               mkdirs: Sequence[str] = (), timeout: float = 30) -> NodeFacts:
+    """Ask ``node`` every question at once (one ``python3`` command). NodeError if it cannot answer."""
+    question = json.dumps({"paths": list(paths), "disk": list(disk), "ports": [list(p) for p in ports],
+                           "sysfs": str(sysfs) if sysfs else None, "mkdirs": list(mkdirs)}).encode()
+    res = node.run(["python3", "-c", PROBE_PROGRAM], stdin=question, step="preflight", timeout=timeout,
+                   check=False)
+    if res.exit_code == 127:
+        raise NodeError(node.name, "preflight", "python3 not found on the node (the node checks need it)",
+                        argv=res.argv[:2], last_lines=res.tail())
+    if not res.ok:
+        why = (res.stderr.strip().splitlines() or [f"exit {res.exit_code}"])[-1]
+        raise NodeError(node.name, "preflight", f"the node probe failed: {why}", argv=res.argv[:2],
+                        last_lines=res.tail())
+    try:
+        data = json.loads(res.stdout)
+    except ValueError:
+        raise NodeError(node.name, "preflight", "the node probe printed something that is not JSON",
+                        last_lines=res.tail()) from None
+    sysfs_files = data["sysfs"]
+    return NodeFacts(paths=data["paths"], disk=data["disk"], ports=data["ports"], mkdirs=data["mkdirs"],
+                     meminfo=data["meminfo"],
+                     sysfs=None if sysfs_files is None else {str(k): str(v) for k, v in sysfs_files.items()})

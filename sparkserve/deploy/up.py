@@ -1,0 +1,346 @@
+"""`up`: from a config to a running, gated stack on every node.
+
+    with open_nodes(cfg) as nodes:
+        result = up(cfg, nodes)   # validate + preflight → image → drafter → start → wait → parity → gates
+
+:func:`planned_steps` says what those steps will do for a config (`sparkserve plan` prints it); :func:`up`
+takes them. A stack that already runs this exact deployment (same fingerprint, healthy, ranks in parity)
+is left alone; one that runs anything else is replaced. On any failure or Ctrl-C, every container this
+run started is stopped (gracefully) and removed on every node, each node's log is saved first, and the
+error names the node, the step and the lines that explain it (deploy.teardown).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from sparkserve.config import Config, resolve_api_key
+from sparkserve.deploy import lock
+from sparkserve.deploy.doctor import Check, check_all, check_ports
+from sparkserve.deploy.drafter import DrafterSync, local_drafter, sync_drafter
+from sparkserve.deploy.gates_live import collect_and_judge
+from sparkserve.deploy.inputs import validate_inputs
+from sparkserve.deploy.parity import check_parity
+from sparkserve.deploy.stack import managed_on_all
+from sparkserve.deploy.teardown import Reporter, explain_failure, interrupted, quiet, teardown, watch_ctrl_c
+from sparkserve.deploy.wait import NodeView, served_models, wait_ready, wait_running
+from sparkserve.deploy.watchdog import Floors
+from sparkserve.errors import GateFailed, RemoteFailure
+from sparkserve.journal import Journal
+from sparkserve.nodes.base import Node
+from sparkserve.nodes.engine import Engine, ManagedContainer
+from sparkserve.nodes.images import ensure_same_image
+from sparkserve.nodes.parallel import on_all
+from sparkserve.observe.gate_report import GateReport, Verdict
+from sparkserve.plan.build import Plan, build_plan
+from sparkserve.plan.fabric import FabricFacts, fabric_envs
+
+BootWatcher = Callable[[list[NodeView], float], None]
+
+# What a follower logs once it waits for the head (mp executor): the head may start then.
+FOLLOWER_READY = "headless multiproc executor"
+
+
+@dataclass
+class UpResult:
+    """What `up` left running: the API, exactly what booted (fingerprint, image, drafter), how long it
+    took, each node's container, the drafter sync, and the gate report (None: gates not run)."""
+
+    status: str  # "started" | "unchanged" | "replaced"
+    api_url: str
+    served_name: str
+    fingerprint: str
+    image_id: str
+    drafter_digest: str
+    seconds: float
+    boot_seconds: float | None = None
+    containers: dict[str, str] = field(default_factory=dict)
+    sync: dict[str, str] = field(default_factory=dict)
+    gates: GateReport | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        out = {f.name: getattr(self, f.name) for f in fields(self)}
+        out["gates"] = self.gates.to_json() if self.gates is not None else None
+        return out
+
+
+def planned_steps(cfg: Config, plan: Plan) -> list[dict[str, Any]]:
+    """The steps :func:`up` takes for this config and plan, in order, each with what it does (the list
+    `sparkserve plan` prints). A start step names its node, rank and container."""
+    steps: list[dict[str, Any]] = [
+        {"step": "validate", "detail": f"config, drafter {cfg.drafter.path}, target {cfg.model.target}, "
+                                        "every argv through vLLM 0.33's parser"},
+        {"step": "preflight", "detail": "on every node in parallel: ssh, docker, disk, memory headroom, ports "
+                                         f"{cfg.serve.port}/{cfg.fabric.master_port}, stale containers, paths, fabric"},
+        {"step": "image", "detail": f"{cfg.image.ref}: the same image ID on every node"},
+        {"step": "drafter", "detail": f"sync {cfg.drafter.path} to every node (sha256 manifest, only differing files)"},
+    ]
+    for s in plan.start_order():
+        if plan.executor == "ray":
+            what = "ray start --head" if s.role == "head" else "ray worker"
+        else:
+            what = "vllm serve (API server)" if s.role == "head" else "vllm serve --headless"
+        steps.append({"step": "start", "node": s.node, "rank": s.rank, "container": s.name,
+                      "detail": f"{what} in {s.name} on {s.host}"})
+    if plan.executor == "ray":
+        steps.append({"step": "serve", "node": plan.head.node, "detail": "vllm serve --distributed-executor-backend "
+                                                                          "ray, exec'd in the head container"})
+    g = cfg.gates
+    mode = "no graphs (eager)" if cfg.serve.enforce_eager else cfg.serve.compilation.cudagraph_mode.value
+    steps += [
+        {"step": "wait", "detail": f"`Application startup complete.` on the head ({plan.api_url}); every rank's "
+                                   "container alive; free memory above the floor"},
+        {"step": "gates", "detail": f"pool {g.pool_tokens} tokens, graphs {mode} on every rank, mask "
+                                    f"{g.mask_token_id} on every rank, smoke {g.smoke.prompts}x{g.smoke.concurrency}"
+                                    f"x{g.smoke.max_tokens}, no faults"},
+    ]
+    return steps
+
+
+def deploy_fingerprint(cfg: Config, image_id: str, drafter_digest: str) -> str:
+    """sha256 of the normalized config + image ID + drafter manifest: what booted, exactly."""
+    blob = json.dumps({"config": cfg.normalized(), "image_id": image_id, "drafter": drafter_digest},
+                      sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+def up(
+    cfg: Config,
+    nodes: dict[str, Node],
+    *,
+    run_gates: bool = True,
+    validate: bool = True,
+    break_lock: bool = False,
+    say: Reporter = quiet,
+    on_update: BootWatcher | None = None,
+) -> UpResult:
+    """Bring the configured stack up on every node (see the module docstring) and run the gates.
+
+    ``validate``: run :func:`validate_inputs` (drafter and target metadata, vLLM's option list) alongside
+    the read-only preflight questions; a BadInput from it is reported first, before anything starts. Pass
+    False only when the caller validated these inputs already. ``run_gates=False`` skips the gates.
+    Raises GateFailed (the stack was stopped) when a gate fails, RemoteFailure/BootFailure otherwise."""
+    with watch_ctrl_c():
+        try:
+            return _up(cfg, nodes, run_gates=run_gates, validate=validate, break_lock=break_lock, say=say,
+                       on_update=on_update)
+        except BaseException as e:  # before any container started (after, _boot cleans up and says so itself)
+            if isinstance(e, RemoteFailure) and e.step == "interrupted":
+                raise
+            if interrupted(e):
+                raise RemoteFailure("up", "interrupted before any container was started; nothing to clean up",
+                                    step="interrupted") from None
+            raise
+
+
+@dataclass
+class _Found:
+    """What the preflight learned: every node's checks and fabric facts, the one image ID, the managed
+    containers already there, and the drafter every node holds."""
+
+    checks: list[Check]
+    fabric: dict[str, FabricFacts]
+    image_id: str
+    existing: dict[str, list[ManagedContainer]]
+    drafter: DrafterSync
+
+
+def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool, break_lock: bool,
+        say: Reporter, on_update: BootWatcher | None) -> UpResult:
+    t0 = time.monotonic()
+    copy_drafter = local_drafter(cfg) is not None
+    with lock.held(nodes[cfg.head.name], what="up", break_lock=break_lock):
+        found = _preflight(cfg, nodes, validate=validate, copy_drafter=copy_drafter, say=say)
+        fp = deploy_fingerprint(cfg, found.image_id, found.drafter.digest)
+        plan = build_plan(cfg, fabric_env=fabric_envs(found.fabric), fingerprint=fp, api_key=resolve_api_key(cfg))
+        running = _healthy_existing(cfg, plan, found.existing)
+        if running is not None:
+            _keep(cfg, nodes, plan, running, say)
+            return UpResult("unchanged", plan.api_url, plan.served_name, fp, found.image_id, found.drafter.digest,
+                            time.monotonic() - t0, containers=running, sync=found.drafter.summary)
+        status = _clear_the_way(cfg, nodes, found, say)
+        return _boot(cfg, nodes, plan, found, status=status, t0=t0, run_gates=run_gates, say=say,
+                     on_update=on_update)
+
+
+def _preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_drafter: bool,
+               say: Reporter) -> _Found:
+    """Every read-only question at once, each node in parallel: input validation, node checks (one round
+    trip: paths, disk, ports, memory, fabric facts, and the containers' writable mount dirs made), image
+    identity, the running containers, the drafter's digest (when there is nothing to copy). Failures are
+    then reported in that order; a drafter to copy is copied only once every check passed."""
+    say("preflight: checking every node")
+    fabric: dict[str, FabricFacts] = {}
+    drafter_msgs: list[str] = []
+    rw = {s.node: [m.source for m in s.mounts if not m.read_only] for s in build_plan(cfg).specs}
+    drafter: DrafterSync | None = None
+    with ThreadPoolExecutor(max_workers=5) as pool:
+        f_valid = pool.submit(validate_inputs, cfg, nodes) if validate else None
+        f_checks = pool.submit(check_all, cfg, nodes, None, check_ports=True, mkdirs=rw, fabric_out=fabric)
+        f_image = pool.submit(ensure_same_image, [nodes[n.name] for n in cfg.nodes], cfg.image.ref)
+        f_existing = pool.submit(managed_on_all, nodes)
+        f_drafter = None if copy_drafter else pool.submit(sync_drafter, cfg, nodes, drafter_msgs.append)
+        if f_valid is not None:
+            f_valid.result()  # BadInput (exit 2): nothing was started
+        checks = f_checks.result()
+        _raise_failed_checks(checks)
+        image_id = f_image.result()
+        say(f"image: {cfg.image.ref} is {image_id[:19]} on every node")
+        existing = f_existing.result()
+        if f_drafter is not None:
+            drafter = f_drafter.result()
+            for m in drafter_msgs:
+                say(m)
+    if drafter is None:
+        drafter = sync_drafter(cfg, nodes, say)
+    return _Found(checks, fabric, image_id, existing, drafter)
+
+
+def _raise_failed_checks(checks: list[Check]) -> None:
+    """The first failed node check as the error, the others as its details. Busy ports are judged later:
+    the stack being replaced may be what holds them."""
+    bad = [c for c in checks if c.status == "fail" and not c.name.startswith("port ")]
+    if bad:
+        c = bad[0]
+        raise RemoteFailure(f"{c.node}: preflight {c.name}", c.detail, node=c.node, step=f"preflight {c.name}",
+                            details=[f"{x.node}: {x.name}: {x.detail}" for x in bad[1:]])
+
+
+def _healthy_existing(cfg: Config, plan: Plan,
+                      existing: dict[str, list[ManagedContainer]]) -> dict[str, str] | None:
+    """The running containers when the stack already runs this exact deployment, else None."""
+    found: dict[str, str] = {}
+    for n in cfg.nodes:
+        mine = [c for c in existing.get(n.name, []) if c.fingerprint == plan.fingerprint and c.running]
+        if len(mine) != 1 or len(existing.get(n.name, [])) != 1:
+            return None
+        found[n.name] = mine[0].id
+    models = served_models(plan.api_url)
+    if not models or plan.served_name not in models:
+        return None
+    return found
+
+
+def _keep(cfg: Config, nodes: dict[str, Node], plan: Plan, running: dict[str, str], say: Reporter) -> None:
+    """Leave the running stack up, once its ranks are in parity: a drifted rank serves wrong results, so
+    then the stack must not stay up."""
+    try:
+        check_parity(cfg, nodes, running)
+    except RemoteFailure as e:
+        saved = teardown(cfg, nodes, {k: [v] for k, v in running.items()}, tag="parity", say=say,
+                         why="rank parity failed on the running stack: stopping and removing it")
+        raise explain_failure(e, saved) from None
+    say(f"already up: {plan.api_url} serves {plan.served_name} (deployment {plan.fingerprint[:12]}); nothing to do")
+
+
+def _clear_the_way(cfg: Config, nodes: dict[str, Node], found: _Found, say: Reporter) -> str:
+    """Remove whatever other stack runs, then make sure the ports are free; return "started" or "replaced"."""
+    busy = [c for c in found.checks if c.name.startswith("port ") and c.status == "fail"]
+    old = {k: [c.id for c in v] for k, v in found.existing.items() if v}
+    status = "started"
+    if old:
+        status = "replaced"
+        teardown(cfg, nodes, old, tag="replaced", say=say,
+                 why="replacing the running stack (its config, image or drafter changed, or it was unhealthy)")
+        if busy:  # the old stack may have held them: ask again
+            busy = [c for c in check_ports(cfg, nodes[cfg.head.name]) if c.status == "fail"]
+    if busy:
+        c = busy[0]
+        raise RemoteFailure(f"{c.node}: preflight ports", c.detail, node=c.node, step="preflight ports")
+    return status
+
+
+def _boot(cfg: Config, nodes: dict[str, Node], plan: Plan, found: _Found, *, status: str, t0: float,
+          run_gates: bool, say: Reporter, on_update: BootWatcher | None) -> UpResult:
+    """Start every rank, wait until the head serves, check parity, run the gates, journal the outcome;
+    on any failure (Ctrl-C included) tear down everything this run started and explain why."""
+    fp, image_id, digest = plan.fingerprint, found.image_id, found.drafter.digest
+    started: dict[str, list[str]] = {}
+    try:
+        containers = _start(plan, nodes, started, say)
+        floors = Floors(cfg.watchdog.memory_floor_bytes) if cfg.watchdog.enabled else None
+        say("waiting for the head to serve")
+        boot_s = wait_ready(plan, nodes, containers, timeout_s=cfg.serve.ready_timeout_s, floors=floors,
+                            on_update=on_update)
+        check_parity(cfg, nodes, containers)
+        say(f"serving {plan.served_name} at {plan.api_url} after {boot_s:.1f}s")
+        result = UpResult(status, plan.api_url, plan.served_name, fp, image_id, digest, time.monotonic() - t0,
+                          boot_s, containers, found.drafter.summary)
+        if run_gates:
+            result.gates = _gate(cfg, nodes, plan, containers)
+        _record(cfg, fp, image_id, digest, "up" if result.gates is None else "up+gates")
+        return result
+    except BaseException as e:
+        _record(cfg, fp, image_id, digest, f"failed: {type(e).__name__}")
+        saved = teardown(cfg, nodes, started, tag="failed-up", say=say,
+                         why="failure: stopping and removing every container this run started")
+        raise explain_failure(e, saved) from None
+
+
+def _start(plan: Plan, nodes: dict[str, Node], started: dict[str, list[str]], say: Reporter) -> dict[str, str]:
+    """Followers first (confirmed running), then the head; for ray, then `vllm serve` on the head.
+    Every id lands in ``started`` the moment its container exists, so a failure tears it down."""
+    containers: dict[str, str] = {}
+
+    def run(node: str) -> str:
+        cid = Engine(nodes[node]).run(plan.spec_for(node), create_rw_mount_dirs=False)  # the preflight made them
+        started.setdefault(node, []).append(cid)
+        containers[node] = cid
+        return cid
+
+    followers = [s.node for s in plan.followers]
+    if plan.executor == "ray":
+        head = plan.head.node
+        run(head)
+        wait_running(plan, nodes, {head: containers[head]}, marker=None)
+        on_all(followers, run)
+        wait_running(plan, nodes, {n: containers[n] for n in followers}, marker=None)
+        say("ray: workers joined; starting vllm serve on the head")
+        assert plan.head.exec_after_join is not None
+        Engine(nodes[head]).exec(containers[head], plan.head.exec_after_join, detach=True, to_container_log=True)
+        return containers
+    say(f"starting {len(followers)} follower(s): {', '.join(followers)}")
+    on_all(followers, run)
+    wait_running(plan, nodes, {n: containers[n] for n in followers}, marker=FOLLOWER_READY)
+    say(f"starting the head on {plan.head.node}")
+    run(plan.head.node)
+    return containers
+
+
+def _gate(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str, str]) -> GateReport:
+    """Every gate, with the smoke cell; GateFailed naming the failed gates and their evidence."""
+    report = collect_and_judge(cfg, nodes, plan, containers)
+    if not report.ok:
+        failed = [_gate_where(g) for g in report.failed()]
+        raise GateFailed("gates", f"{', '.join(failed)} failed after boot; the stack was stopped",
+                         details=_gate_lines(report))
+    return report
+
+
+def _gate_where(g: Verdict) -> str:
+    """``faults (node-b)``: a failed gate and the nodes its evidence points at."""
+    where = list(dict.fromkeys(e.node for e in g.evidence if e.node))
+    return f"{g.name} ({', '.join(where)})" if where else g.name
+
+
+def _gate_lines(report: GateReport) -> list[str]:
+    """Each failed gate's reason and its first three evidence lines."""
+    out = []
+    for g in report.failed():
+        out.append(f"{g.name}: {g.reason}")
+        for e in g.evidence[:3]:
+            out.append(f"  {e.node}:{e.line}: {e.text[:160]}")
+    return out
+
+
+def _record(cfg: Config, fp: str, image_id: str, digest: str, outcome: str) -> None:
+    """What ran, with sha256 pins, in the journal; a journal problem never breaks a deploy."""
+    with contextlib.suppress(Exception), Journal.open() as j:
+        j.record_deployment(fp, cfg.normalized(), {n.name: image_id for n in cfg.nodes}, digest, outcome)

@@ -1,0 +1,126 @@
+"""The bench's records: what a cell is, how it samples, what one request and one cell came back with.
+
+Example::
+
+    cell = CELLS["smoke"]                      # Cell("smoke", prompts=20, concurrency=1, max_tokens=512)
+    outcome = RequestOutcome(index=3, completion_tokens=512)
+    result = BenchResult.model_validate_json(path.read_bytes())   # a ``bench --json`` file, read back
+
+:class:`BenchResult` is the ``bench --json`` record; its first fourteen fields are the contract in
+DESIGN.md (Output contracts) and their order is the printed order.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+@dataclass(frozen=True)
+class Cell:
+    """One bench cell: how many requests, how many in flight, how many tokens each must produce."""
+
+    name: str
+    prompts: int
+    concurrency: int
+    max_tokens: int
+
+
+CELLS: dict[str, Cell] = {
+    "smoke": Cell("smoke", prompts=20, concurrency=1, max_tokens=512),
+    "c1": Cell("c1", prompts=100, concurrency=1, max_tokens=1024),
+    "c16": Cell("c16", prompts=500, concurrency=16, max_tokens=1024),
+}
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """The sampling every request of a cell asks for (the model card's: thinking on, T 1.0, top_p 0.95)."""
+
+    temperature: float = 1.0
+    top_p: float = 0.95
+    enable_thinking: bool = True
+    forced_length: bool = True  # min_tokens = max_tokens and ignore_eos
+
+    def as_dict(self) -> dict[str, Any]:
+        """The ``sampling`` object of a bench record."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "enable_thinking": self.enable_thinking,
+            "forced_length": self.forced_length,
+        }
+
+
+# Stream-error kinds. "incomplete" (forced length came back short) is counted apart from these.
+HTTP, ERROR_EVENT, NO_DONE, NO_TOKENS, NO_USAGE, HUNG, STALLED, TRANSPORT, BAD_CHUNK, NOT_SENT = (
+    "http", "error_event", "no_done", "no_tokens", "no_usage", "hung", "stalled", "transport",
+    "bad_chunk", "not_sent",
+)
+INCOMPLETE = "incomplete"
+HANG_KINDS = frozenset({HUNG, STALLED})
+
+
+@dataclass
+class RequestOutcome:
+    """What one streamed request returned. ``error`` is a kind above, or INCOMPLETE, or None."""
+
+    index: int
+    completion_tokens: int = 0
+    error: str | None = None
+    detail: str = ""
+    ttft_s: float | None = None
+    latency_s: float | None = None
+    finish_reason: str | None = None
+
+
+class RequestError(BaseModel):
+    """One failed request as a bench record keeps it."""
+
+    request: int
+    kind: str
+    detail: str
+
+
+class BenchResult(BaseModel):
+    """One cell's record. The first fourteen keys are the firm ``bench --json`` contract (DESIGN.md)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    cell: str
+    prompts: int
+    concurrency: int
+    max_tokens: int
+    requests_ok: int
+    stream_errors: int
+    output_tokens: int
+    duration_s: float
+    output_tok_s: float
+    acceptance_length: float | None
+    per_position_acceptance: list[float]
+    drafts: int | None
+    draft_tokens: int | None
+    accepted_tokens: int | None
+    # --- additions after the contract keys ---
+    ok: bool = True
+    refused: list[str] = Field(default_factory=list)
+    warnings: list[str] = Field(default_factory=list)
+    acceptance_rate: float | None = None
+    incomplete: int = 0
+    error_kinds: dict[str, int] = Field(default_factory=dict)
+    errors: list[RequestError] = Field(default_factory=list)
+    boot_id: float | None = None
+    url: str | None = None
+    node: str | None = None
+    model: str | None = None
+    prompts_source: str | None = None
+    prompts_sha256: str | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    started_at: str | None = None
+
+    def to_json(self) -> str:
+        """The record as ``bench --json`` prints it and the journal stores it."""
+        return json.dumps(self.model_dump(mode="json"), indent=2) + "\n"

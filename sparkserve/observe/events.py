@@ -1,0 +1,85 @@
+"""A logical log record → its events: which rows of the pattern table its message matches.
+
+A fault line yields at most one fault event, of the first fault row that matches (table order); an
+``ERROR`` / ``CRITICAL`` line that no row names is a fault of kind ``other``. Quoted text in a message (an
+error relayed from elsewhere) never decides a fault's kind.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkserve.observe.logline import Record
+from sparkserve.observe.logpatterns import NEEDLE_INDEX, PATTERNS, FaultKind, Kind
+
+
+@dataclass(slots=True)
+class Event:
+    """One matched line: its kind, the record it came from and the regex's named groups."""
+
+    kind: Kind
+    rec: Record
+    data: dict[str, Any] = field(default_factory=dict)
+    fault: FaultKind | None = None
+    sort_line: int = 0  # position used to order faults (a traceback's start, not its root line)
+    rank: str | None = None  # set by sparkserve.observe.ranks.attribute_ranks
+    ts: tuple[int, ...] | None = None  # own stamp, or the nearest earlier stamp (faults and stops)
+
+    @property
+    def line(self) -> int:
+        return self.rec.lineno
+
+    @property
+    def text(self) -> str:
+        return self.rec.text
+
+
+_QUOTED = re.compile(r"'[^']*'")
+
+
+def _unquoted(msg: str) -> str:
+    return _QUOTED.sub("''", msg) if "'" in msg else msg
+
+
+def match_events(rec: Record, anchors: list[int] | None = None) -> list[Event]:
+    """Events of one record; ``anchors`` (indices into ANCHORS found on its line) narrow the needles tried."""
+    msg = rec.msg
+    index = NEEDLE_INDEX if anchors is None else [NEEDLE_INDEX[a] for a in anchors]
+    hit = sorted({i for a, pairs in index if a in msg for n, i in pairs if n in msg})
+    events: list[Event] = []
+    got_fault = False
+    fmsg = None
+    for i in hit:
+        p = PATTERNS[i]
+        if p.kind is Kind.FAULT:
+            if got_fault:
+                continue
+            if fmsg is None:
+                fmsg = _unquoted(msg)
+            m = p.regex.search(fmsg)
+            if m:
+                events.append(Event(p.kind, rec, m.groupdict(), p.fault))
+                got_fault = True
+            continue
+        m = p.regex.search(msg)
+        if not m:
+            continue
+        events.append(Event(p.kind, rec, m.groupdict(), p.fault))
+    if (
+        not got_fault
+        and rec.level in ("ERROR", "CRITICAL")
+        and not any(e.kind is Kind.TRACEBACK_START for e in events)
+    ):
+        events.append(Event(Kind.FAULT, rec, {"level": rec.level}, FaultKind.OTHER))
+    return events
+
+
+def classify_fault(msg: str) -> FaultKind | None:
+    """The fault kind a message names, or None."""
+    msg = _unquoted(msg)
+    for p in PATTERNS:
+        if p.kind is Kind.FAULT and any(n in msg for n in p.needles) and p.regex.search(msg):
+            return p.fault
+    return None

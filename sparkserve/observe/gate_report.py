@@ -1,0 +1,80 @@
+"""The gates' verdict records: what ``sparkserve gates --json`` prints (DESIGN.md contract) and ``up`` returns.
+
+Each verdict carries its evidence lines ``{node, line, text}`` or says what it looked for and did not find.
+A skipped gate stays in the report with ``ok: true`` and a reason that starts with ``skipped``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+GATE_NAMES: tuple[str, ...] = ("pool", "graphs", "mask", "smoke", "faults", "runner", "identity")
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """A line that backs a verdict (``line`` None: a fact not read from a log, e.g. a container state)."""
+
+    node: str
+    line: int | None
+    text: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"node": self.node, "line": self.line, "text": self.text}
+
+
+@dataclass
+class Verdict:
+    """One gate's outcome: what was expected, what was observed, why it passed or failed."""
+
+    name: str
+    ok: bool
+    expected: Any
+    observed: Any
+    reason: str
+    evidence: list[Evidence] = field(default_factory=list)
+    skipped: bool = False
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "ok": self.ok,
+            "expected": self.expected,
+            "observed": self.observed,
+            "reason": self.reason,
+            "evidence": [e.to_json() for e in self.evidence],
+        }
+
+
+@dataclass
+class GateReport:
+    """The verdicts of every gate, in GATE_NAMES order; ``ok`` when all passed (or were skipped)."""
+
+    gates: list[Verdict]
+
+    @property
+    def ok(self) -> bool:
+        return all(g.ok for g in self.gates)
+
+    def failed(self) -> list[Verdict]:
+        return [g for g in self.gates if not g.ok]
+
+    def get(self, name: str) -> Verdict:
+        return next(g for g in self.gates if g.name == name)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"ok": self.ok, "gates": [g.to_json() for g in self.gates]}
+
+    def with_skipped(self, names: Iterable[str]) -> GateReport:
+        """The same report with the gates named marked skipped (passing, with no evidence)."""
+        names = set(names)
+        return GateReport([_skipped(g) if g.name in names else g for g in self.gates])
+
+
+def _skipped(g: Verdict) -> Verdict:
+    return replace(
+        g, ok=True, observed=None, evidence=[], skipped=True, reason=f"skipped (--skip {g.name}): not judged"
+    )
+
