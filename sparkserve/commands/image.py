@@ -8,6 +8,7 @@ import typer
 
 from sparkserve.commands._common import ConfigOpt, JsonOpt, config_from, emit_json, err_console
 from sparkserve.deploy.image import ship_image_everywhere, verify_image
+from sparkserve.nodes.factory import open_nodes
 
 image_app = typer.Typer(help="The engine image on every node: ship it, verify the same ID everywhere.",
                         no_args_is_help=True)
@@ -16,7 +17,9 @@ image_app = typer.Typer(help="The engine image on every node: ship it, verify th
 @image_app.command("verify")
 def verify_cmd(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
     """Print the image ID of image.ref on every node; exit 1 unless they are all present and equal."""
-    check = verify_image(config_from(config))
+    cfg = config_from(config)
+    with open_nodes(cfg) as nodes:
+        check = verify_image(cfg, nodes)
     if json_out:
         emit_json(check.as_json())
     else:
@@ -37,7 +40,9 @@ def ship_cmd(
     def say(line: str) -> None:
         err_console.print(f"· {line}", highlight=False)
 
-    result = ship_image_everywhere(config_from(config), source, say=None if json_out else say)
+    cfg = config_from(config)
+    with open_nodes(cfg) as nodes:
+        result = ship_image_everywhere(cfg, nodes, source, say=None if json_out else say)
     if json_out:
         emit_json(result.as_json())
     elif not result.shipped:

@@ -1,7 +1,8 @@
 """`image verify` / `image ship`: the configured engine image, with one ID on every node.
 
-    check = verify_image(cfg)                       # ImageCheck: every node's ID, ok when all present and equal
-    result = ship_image_everywhere(cfg, "spark-a")  # ShipResult: copies to every node that lacks it or differs
+    with open_nodes(cfg) as nodes:
+        check = verify_image(cfg, nodes)                       # ImageCheck: every node's ID, ok when all equal
+        result = ship_image_everywhere(cfg, nodes, "spark-a")  # ShipResult: copies where it lacks or differs
 
 The judging is :mod:`sparkserve.nodes.images` (the same judge `up` uses before it starts anything).
 """
@@ -13,8 +14,7 @@ from dataclasses import dataclass, field
 
 from sparkserve.config import Config
 from sparkserve.errors import RemoteFailure
-from sparkserve.nodes.base import NodeError
-from sparkserve.nodes.factory import open_nodes
+from sparkserve.nodes.base import Node, NodeError
 from sparkserve.nodes.images import ShipReport, image_ids, same_image_problem, ship_image
 
 Reporter = Callable[[str], None]
@@ -51,14 +51,13 @@ class ShipResult:
                                    "mb_per_s": round(r.mb_per_s, 1)} for name, r in self.shipped.items()}}
 
 
-def verify_image(cfg: Config) -> ImageCheck:
+def verify_image(cfg: Config, nodes: dict[str, Node]) -> ImageCheck:
     """image.ref's ID on every configured node (in config order)."""
-    with open_nodes(cfg) as nodes:
-        ids = image_ids([nodes[n.name] for n in cfg.nodes], cfg.image.ref)
+    ids = image_ids([nodes[n.name] for n in cfg.nodes], cfg.image.ref)
     return ImageCheck(cfg.image.ref, ids, same_image_problem(ids, cfg.image.ref))
 
 
-def ship_image_everywhere(cfg: Config, source: str | None = None, *,
+def ship_image_everywhere(cfg: Config, nodes: dict[str, Node], source: str | None = None, *,
                           say: Reporter | None = None) -> ShipResult:
     """Copy image.ref from ``source`` (default: the head) to every node that lacks it or has another ID.
 
@@ -67,14 +66,13 @@ def ship_image_everywhere(cfg: Config, source: str | None = None, *,
     if src not in {n.name for n in cfg.nodes}:
         raise RemoteFailure("--from", f"no node named {src!r}")
     ref = cfg.image.ref
-    with open_nodes(cfg) as nodes:
-        ids = image_ids([nodes[n.name] for n in cfg.nodes], ref)
-        want = ids[src]
-        if want is None:
-            raise RemoteFailure(f"{src}: image", f"{ref} is not on {src}; nothing to ship")
-        shipped: dict[str, ShipReport] = {}
-        for name in (n.name for n in cfg.nodes if ids[n.name] != want):
-            if say is not None:
-                say(f"shipping {ref} {src} → {name}")
-            shipped[name] = ship_image(nodes[src], nodes[name], ref)
+    ids = image_ids([nodes[n.name] for n in cfg.nodes], ref)
+    want = ids[src]
+    if want is None:
+        raise RemoteFailure(f"{src}: image", f"{ref} is not on {src}; nothing to ship")
+    shipped: dict[str, ShipReport] = {}
+    for name in (n.name for n in cfg.nodes if ids[n.name] != want):
+        if say is not None:
+            say(f"shipping {ref} {src} → {name}")
+        shipped[name] = ship_image(nodes[src], nodes[name], ref)
     return ShipResult(ref, src, want, shipped)

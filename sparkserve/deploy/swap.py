@@ -72,9 +72,10 @@ def swap_drafter(cfg: Config, nodes: dict[str, Node], path: Path, *, break_lock:
     new_dir = path.expanduser().resolve()
     if not new_dir.is_dir():
         raise BadInput(str(path), "not a directory")
+    # The cheap checks first (headers, config, mask file): a wrong drafter is refused before its weights are hashed.
+    validate_inputs(cfg.model_copy(update={"drafter": cfg.drafter.model_copy(update={"source": new_dir})}), nodes)
     digest = manifest(new_dir).digest
     new_cfg = swapped_config(cfg, new_dir, digest)
-    validate_inputs(new_cfg, nodes)  # BadInput (exit 2) before anything changes
     say(f"swap: new drafter {new_dir} ({digest[:12]}) → {new_cfg.drafter.path} on every node")
     try:
         res = up(new_cfg, nodes, run_gates=run_gates, validate=False, break_lock=break_lock, say=say)

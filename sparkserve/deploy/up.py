@@ -39,13 +39,11 @@ from sparkserve.nodes.engine import Engine, ManagedContainer
 from sparkserve.nodes.images import ensure_same_image
 from sparkserve.nodes.parallel import on_all
 from sparkserve.observe.gate_report import GateReport, Verdict
+from sparkserve.observe.logpatterns import FOLLOWER_WAITING
 from sparkserve.plan.build import Plan, build_plan
 from sparkserve.plan.fabric import FabricFacts, fabric_envs
 
 BootWatcher = Callable[[list[NodeView], float], None]
-
-# What a follower logs once it waits for the head (mp executor): the head may start then.
-FOLLOWER_READY = "headless multiproc executor"
 
 
 @dataclass
@@ -186,9 +184,11 @@ def _preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_draf
         f_checks = pool.submit(check_all, cfg, nodes, None, check_ports=True, mkdirs=rw, fabric_out=fabric)
         f_image = pool.submit(ensure_same_image, [nodes[n.name] for n in cfg.nodes], cfg.image.ref)
         f_existing = pool.submit(managed_on_all, nodes)
-        f_drafter = None if copy_drafter else pool.submit(sync_drafter, cfg, nodes, drafter_msgs.append)
         if f_valid is not None:
             f_valid.result()  # BadInput (exit 2): nothing was started
+        # Hashing the drafter on every node waits for validation: a wrong drafter must not cost a full read
+        # of its weights (leaving the pool would wait for that read) before its exit 2.
+        f_drafter = None if copy_drafter else pool.submit(sync_drafter, cfg, nodes, drafter_msgs.append)
         checks = f_checks.result()
         _raise_failed_checks(checks)
         image_id = f_image.result()
@@ -308,7 +308,7 @@ def _start(plan: Plan, nodes: dict[str, Node], started: dict[str, list[str]], sa
         return containers
     say(f"starting {len(followers)} follower(s): {', '.join(followers)}")
     on_all(followers, run)
-    wait_running(plan, nodes, {n: containers[n] for n in followers}, marker=FOLLOWER_READY)
+    wait_running(plan, nodes, {n: containers[n] for n in followers}, marker=FOLLOWER_WAITING)
     say(f"starting the head on {plan.head.node}")
     run(plan.head.node)
     return containers

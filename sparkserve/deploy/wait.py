@@ -11,6 +11,7 @@ every request.
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -198,7 +199,7 @@ def wait_ready(
         time.sleep(poll_s)
 
 
-def wait_running(plan: Plan, nodes: dict[str, Node], containers: dict[str, str], *, marker: str | None,
+def wait_running(plan: Plan, nodes: dict[str, Node], containers: dict[str, str], *, marker: re.Pattern[str] | None,
                  timeout_s: float = 60.0, poll_s: float = POLL_S) -> None:
     """Block until every given rank's container runs and (when given) has logged ``marker``: no fixed
     sleeps between starting followers and starting the head.
@@ -210,7 +211,7 @@ def wait_running(plan: Plan, nodes: dict[str, Node], containers: dict[str, str],
     engines = {name: Engine(nodes[name]) for name in containers}
     while True:
         _poll_all(views, engines, nodes, None)
-        if marker is None or all(any(marker in line for line in v.log) for v in views):
+        if marker is None or all(any(marker.search(line) for line in v.log) for v in views):
             return
         if time.monotonic() - t0 > timeout_s:
             return

@@ -1,4 +1,4 @@
-"""measure: the model card's bench protocol against a live server, and the A/B table of its records.
+"""Stage 4 — measure: the model card's bench protocol against a live server, and the A/B table of its records.
 
 A cell's path, top-down::
 

@@ -4,6 +4,7 @@ records behind `up/down/status/swap-drafter --json` (their shapes are the CLI's 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -17,6 +18,7 @@ from sparkserve.deploy.wait import BootFailure, wait_running
 from sparkserve.errors import GateFailed, RemoteFailure
 from sparkserve.nodes.engine import ContainerState
 from sparkserve.observe.gate_report import Evidence, GateReport, Verdict
+from sparkserve.observe.logpatterns import FOLLOWER_WAITING
 from sparkserve.plan.build import build_plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,12 +89,16 @@ class LogEngine:
         return [f"2026-01-01T00:00:0{i}.0Z {line}" for i, line in enumerate(self.lines.get(self.node, []))]
 
 
+@pytest.mark.timeout(30)
 def test_wait_running_returns_once_every_follower_logged_its_marker(monkeypatch, cfg: Config) -> None:
     plan = build_plan(cfg)
     f = plan.followers[0].node
-    LogEngine.lines, LogEngine.running = {f: ["starting", "headless multiproc executor ready"]}, {}
+    line = ("(EngineCore pid=77) INFO 11-29 17:51:01 [core.py:93] Launching vLLM (v0.33.0) headless multiproc "
+            "executor, with head node address 10.0.0.1:29501 for torch.distributed process group.")
+    LogEngine.lines, LogEngine.running = {f: ["starting", line]}, {}
     monkeypatch.setattr(wait, "Engine", LogEngine)
-    wait_running(plan, {f: f}, {f: "c1"}, marker="headless multiproc executor", timeout_s=5)  # type: ignore[dict-item]
+    # no timeout to fall back on: only the marker line can end this wait
+    wait_running(plan, {f: f}, {f: "c1"}, marker=FOLLOWER_WAITING, timeout_s=3600)  # type: ignore[dict-item]
 
 
 def test_wait_running_names_the_follower_whose_container_stopped(monkeypatch, cfg: Config) -> None:
@@ -101,7 +107,7 @@ def test_wait_running_names_the_follower_whose_container_stopped(monkeypatch, cf
     LogEngine.lines, LogEngine.running = {f: ["ValueError: bad flag"]}, {f: False}
     monkeypatch.setattr(wait, "Engine", LogEngine)
     with pytest.raises(BootFailure) as e:
-        wait_running(plan, {f: f}, {f: "c1"}, marker="headless multiproc executor", timeout_s=5)  # type: ignore[dict-item]
+        wait_running(plan, {f: f}, {f: "c1"}, marker=FOLLOWER_WAITING, timeout_s=5)  # type: ignore[dict-item]
     assert e.value.node == f and "stopped (exit code 1)" in e.value.what
     assert "ValueError: bad flag" in e.value.details
 
@@ -111,7 +117,7 @@ def test_wait_running_lets_a_quiet_running_rank_through_after_the_timeout(monkey
     f = plan.followers[0].node
     LogEngine.lines, LogEngine.running = {f: ["loading"]}, {}
     monkeypatch.setattr(wait, "Engine", LogEngine)
-    wait_running(plan, {f: f}, {f: "c1"}, marker="never logged", timeout_s=0.05, poll_s=0.01)  # type: ignore[dict-item]
+    wait_running(plan, {f: f}, {f: "c1"}, marker=re.compile("never logged"), timeout_s=0.05, poll_s=0.01)  # type: ignore[dict-item]
 
 
 # -- the gates `up` runs ----------------------------------------------------------------------------------
@@ -184,3 +190,24 @@ def test_swap_json_has_the_keys_of_its_outcome() -> None:
     lost = SwapResult(False, False, "nothing runs", error="e", rollback_error="e2")
     assert lost.to_json() == {"ok": False, "rolled_back": False, "error": "e", "rollback_error": "e2",
                               "message": "nothing runs"}
+
+
+def test_swap_refuses_a_wrong_drafter_before_hashing_its_weights(monkeypatch, cfg: Config, tmp_path: Path) -> None:
+    """A 6 GB weights file took 26 s to hash before a bad header was reported: the cheap checks go first."""
+    from sparkserve.deploy import swap
+    from sparkserve.errors import BadInput
+
+    seen: list[Path | None] = []
+
+    def validate(c: Config, nodes: object) -> None:
+        seen.append(c.drafter.source)
+        raise BadInput("drafter.source", "no mask_embedding.pt")
+
+    def never(_: Path) -> None:
+        raise AssertionError("the drafter was hashed before it was validated")
+
+    monkeypatch.setattr(swap, "validate_inputs", validate)
+    monkeypatch.setattr(swap, "manifest", never)
+    with pytest.raises(BadInput):
+        swap.swap_drafter(cfg, {}, tmp_path)
+    assert seen == [tmp_path.resolve()]  # the new drafter was the one validated
