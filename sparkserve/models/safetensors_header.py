@@ -7,6 +7,7 @@ regular file (see :mod:`sparkserve.models.files`), after the length field was ch
 
 from __future__ import annotations
 
+import math
 import os
 import struct
 from dataclasses import dataclass
@@ -36,10 +37,7 @@ class TensorHeader:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 def read_header(path: Path) -> tuple[list[TensorHeader], dict[str, str]]:

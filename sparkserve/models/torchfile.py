@@ -13,6 +13,7 @@ regular file of at most ``MASK_LIMIT`` bytes (:mod:`sparkserve.models.files`); n
 from __future__ import annotations
 
 import io
+import math
 import pickle
 import struct
 import zipfile
@@ -69,10 +70,7 @@ class TensorStub:
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     def item(self) -> int | float | bool:
         """The value of a one-element tensor (read from the archive's storage bytes)."""
