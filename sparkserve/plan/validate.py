@@ -10,6 +10,7 @@ whose inputs are missing (no weights, no target) stays silent and the missing in
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -141,7 +142,15 @@ def _check_extra_args(cfg: Config, r: Report) -> None:
 # --- drafter -----------------------------------------------------------------------------------------------
 
 def check_drafter(cfg: Config, d: DrafterFacts, r: Report) -> None:
+    """Every rule on the drafter alone and against the config: kind, mask token and file, K, DFlash2
+    structure, taps."""
     cfg_file = str(Path(d.path) / "config.json")
+    for check in (_check_kind, _check_mask, _check_k_rule, _check_sampling, _check_dflash2, _check_taps):
+        check(cfg, d, r, cfg_file)
+
+
+def _check_kind(cfg: Config, d: DrafterFacts, r: Report, cfg_file: str) -> None:
+    """A DFlash drafter vLLM 0.33 knows, and the inspection's own problems."""
     if not d.known:
         known = ", ".join(KNOWN_ARCHITECTURES)
         if d.format == "speculators":
@@ -152,7 +161,9 @@ def check_drafter(cfg: Config, d: DrafterFacts, r: Report) -> None:
     for p in d.problems:
         r.error(p.where, p.what)
 
-    # mask token: drafter config, mask file, gates
+
+def _check_mask(cfg: Config, d: DrafterFacts, r: Report, cfg_file: str) -> None:
+    """The mask token: drafter config, ``mask_embedding.pt`` and the gates agree, and the file is there."""
     if d.mask_token_id is None:
         r.error(cfg_file, "dflash_config.mask_token_id is missing (vLLM refuses a DFlash drafter without it)")
     elif d.vocab_size is not None and not 0 <= d.mask_token_id < d.vocab_size:
@@ -169,17 +180,16 @@ def check_drafter(cfg: Config, d: DrafterFacts, r: Report) -> None:
             r.error(mask_file, f"mask_token_id {d.mask.mask_token_id} but config.json {d.mask_token_id_source} is "
                     f"{d.mask_token_id} (vLLM refuses the pair)")
         shape = d.mask.embedding_shape or []
-        numel = 1
-        for s in shape:
-            numel *= s
-        if d.hidden_size and numel != d.hidden_size:
+        if d.hidden_size and math.prod(shape) != d.hidden_size:
             r.error(mask_file, f"embedding of shape {shape} cannot be reshaped to the drafter's hidden_size "
                     f"{d.hidden_size}")
     gate_id = cfg.gates.mask_token_id
     if gate_id is not None and d.mask_token_id is not None and gate_id != d.mask_token_id:
         r.error("gates.mask_token_id", f"{gate_id} but the drafter's {d.mask_token_id_source} is {d.mask_token_id}")
 
-    # K rule (sparkserve's: vLLM 0.33 does not read block_size for DFlash)
+
+def _check_k_rule(cfg: Config, d: DrafterFacts, r: Report, cfg_file: str) -> None:
+    """K = block_size − 1 (sparkserve's rule: vLLM 0.33 does not read block_size for DFlash)."""
     k = cfg.speculative.num_speculative_tokens
     if d.block_size is None:
         if d.kind == "dflash2":
@@ -196,10 +206,16 @@ def check_drafter(cfg: Config, d: DrafterFacts, r: Report) -> None:
         r.warn("speculative.num_speculative_tokens", f"{k} but the speculators config proposes "
                f"{d.speculative_tokens}")
 
+
+
+def _check_sampling(cfg: Config, d: DrafterFacts, r: Report, cfg_file: str) -> None:
+    """Draft sampling options vLLM 0.33 refuses for DFlash."""
     if d.sample_from_anchor:
         r.error(cfg_file, "dflash_config.sample_from_anchor is true; vLLM 0.33 does not support it for DFlash")
 
-    # DFlash2 structure
+
+def _check_dflash2(cfg: Config, d: DrafterFacts, r: Report, cfg_file: str) -> None:
+    """DFlash2's structure: its config keys, selector and convolution tensors, the V2 runner."""
     if d.kind == "dflash2":
         missing = [k_ for k_ in DFLASH2_REQUIRED_KEYS if d.dflash_config.get(k_) is None]
         if missing:
@@ -224,7 +240,9 @@ def check_drafter(cfg: Config, d: DrafterFacts, r: Report) -> None:
         r.error("drafter.path", f"the weights ship {d.weights.mask_hidden_tensors[0]}; vLLM asserts DFlash drafters "
                 "carry no mask_hidden weight")
 
-    # taps: target_layer_ids vs the fc projection's input width
+
+def _check_taps(cfg: Config, d: DrafterFacts, r: Report, cfg_file: str) -> None:
+    """Taps: target_layer_ids against the fc projection's input width."""
     if d.target_layer_ids is None:
         r.error(cfg_file, "dflash_config.target_layer_ids is missing (which target layers feed the drafter?)")
     elif d.weights and d.use_aux_hidden_state:
