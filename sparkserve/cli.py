@@ -8,6 +8,7 @@ import typer
 
 from sparkserve.commands import core, deploy, image, measure, observe
 from sparkserve.errors import SparkserveError
+from sparkserve.nodes import interrupts
 
 app = typer.Typer(
     name="sparkserve",
@@ -23,7 +24,13 @@ measure.register(app)
 image.register(app)
 
 
+#: The exit code of a run ended by Ctrl-C, SIGTERM or SIGHUP (after it cleaned up what it started).
+INTERRUPTED_EXIT = 3
+
+
 def main() -> None:
+    # SIGTERM (CI timeouts, systemd) and SIGHUP (a dropped SSH session) must clean up exactly as Ctrl-C does
+    interrupts.install()
     try:
         app()
     except SparkserveError as e:  # expected failures: one line, no traceback
@@ -31,6 +38,14 @@ def main() -> None:
         for d in e.details:
             print(f"  {d}", file=sys.stderr)
         sys.exit(e.exit_code)
-    except KeyboardInterrupt:
-        print("error: interrupted", file=sys.stderr)
-        sys.exit(130)
+    except KeyboardInterrupt:  # an interrupt outside Typer's own call (its KeyboardInterrupt: below)
+        _interrupted()
+    except SystemExit as e:
+        if e.code == 130 and interrupts.signal_name():  # Typer turns a KeyboardInterrupt into a silent exit 130
+            _interrupted()
+        raise
+
+
+def _interrupted() -> None:
+    print(f"error: interrupted ({interrupts.signal_name() or 'SIGINT'})", file=sys.stderr)
+    sys.exit(INTERRUPTED_EXIT)

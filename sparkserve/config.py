@@ -235,6 +235,9 @@ class GatesConfig(Strict):
     pool_tokens: int | None = Field(default=366749, ge=1)
     mask_token_id: int | None = 154856
     smoke: SmokeCell = Field(default_factory=SmokeCell)
+    # how long `up` watches, not what runs: excluded from the dump, so not part of the deployment fingerprint
+    settle_s: float = Field(default=3.0, ge=0, exclude=True, description="after the gates pass, `up` keeps "
+                            "watching every rank this long before it says serving (a rank dying then fails `up`)")
 
 
 class ContainerConfig(Strict):

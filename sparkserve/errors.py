@@ -1,7 +1,8 @@
 """Typed failures. Each carries the exit code DESIGN.md assigns and prints as one line.
 
-0 ok · 1 a gate or check failed · 2 bad input (config, drafter, usage) · 3 a node unreachable or a
-remote step failed.
+0 ok · 1 a gate or check failed · 2 bad input (config, drafter, usage) · 3 a node unreachable, a remote
+step failed, or the run was interrupted (Ctrl-C, SIGTERM, SIGHUP — after cleaning up what it started) ·
+4 a swap failed and so did its rollback: nothing runs.
 """
 
 from __future__ import annotations
@@ -51,3 +52,10 @@ class RemoteFailure(SparkserveError):
         self.node = node
         self.step = step
         super().__init__(where, what, details=details)
+
+
+class RollbackFailed(SparkserveError):
+    """The swap failed and so did the rollback: nothing runs on any node. Louder than a clean rollback
+    (exit 1): the operator must act now."""
+
+    exit_code = 4

@@ -11,6 +11,14 @@ Example::
 
 SQLite in WAL mode; the schema is versioned with ``PRAGMA user_version`` and migrated forward on open.
 Each write is one transaction, so a crash mid-run leaves the journal as it was before that write.
+
+The journal is a record, not a gate: deploys write through :func:`record` and read through :func:`lookup`,
+which never fail their caller. When the journal cannot be used (corrupt, full, read-only), they print one
+``warning: journal: …`` line (once per process) and append each record as a JSON line to a fallback file
+(:func:`fallback_candidates`: next to the journal, else in the temp dir)::
+
+    record("gate_run", fingerprint=fp, ok=True, verdicts=report, boot_id=boot)
+    banked = lookup(lambda j: j.get_banked_pool(fp), None)
 """
 
 from __future__ import annotations
@@ -19,11 +27,14 @@ import hashlib
 import json
 import os
 import sqlite3
+import sys
+import tempfile
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 
 from platformdirs import user_state_dir
 
@@ -69,6 +80,10 @@ MIGRATIONS: list[str] = [
         sha256 TEXT NOT NULL                  -- of result_json exactly as printed
     );
     CREATE INDEX bench_results_fingerprint ON bench_results(fingerprint);
+    """,
+    """
+    ALTER TABLE gate_runs ADD COLUMN boot_id TEXT;  -- which boot of the deployment was judged (see gate_verdict)
+    CREATE INDEX gate_runs_boot ON gate_runs(fingerprint, boot_id);
     """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -122,7 +137,7 @@ class Journal:
             j = cls(conn, path)
             j._migrate()
         except sqlite3.DatabaseError as e:
-            raise BadInput(str(path), f"not a usable sparkserve journal ({e})") from e
+            raise BadInput(str(path), f"damaged: not a usable sparkserve journal ({e})") from e
         except OSError as e:
             raise BadInput(str(path), f"cannot open the journal ({e.strerror or e})") from e
         return j
@@ -207,14 +222,26 @@ class Journal:
     # -- gates and pools --------------------------------------------------------------------------
 
     def record_gate_run(
-        self, fingerprint: str, ok: bool, verdicts: Any, *, deployment_id: int | None = None
+        self, fingerprint: str, ok: bool, verdicts: Any, *, deployment_id: int | None = None,
+        boot_id: str | None = None,
     ) -> int:
-        """``verdicts`` is the ``gates --json`` object (or its ``gates`` list)."""
+        """``verdicts`` is the ``gates --json`` object (or its ``gates`` list); ``boot_id`` names the boot
+        that was judged (None: not a full judgement, e.g. some gates skipped)."""
         return self._write(
-            "INSERT INTO gate_runs (deployment_id, fingerprint, time, ok, verdicts_json)"
-            " VALUES (?, ?, ?, ?, ?)",
-            (deployment_id, fingerprint, _now(), int(ok), json.dumps(verdicts, sort_keys=True, default=str)),
+            "INSERT INTO gate_runs (deployment_id, fingerprint, time, ok, verdicts_json, boot_id)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (deployment_id, fingerprint, _now(), int(ok), json.dumps(verdicts, sort_keys=True, default=str),
+             boot_id),
         )
+
+    def gate_verdict(self, fingerprint: str, boot_id: str) -> bool | None:
+        """The newest gate verdict for this boot of this deployment (None: never judged). A boot id
+        changes whenever a container is replaced or restarted, so an old pass never vouches for a new boot."""
+        row = self._conn.execute(
+            "SELECT ok FROM gate_runs WHERE fingerprint = ? AND boot_id = ? ORDER BY id DESC LIMIT 1",
+            (fingerprint, boot_id),
+        ).fetchone()
+        return bool(row[0]) if row else None
 
     def put_banked_pool(self, fingerprint: str, pool_tokens: int) -> None:
         self._write(
@@ -249,7 +276,14 @@ class Journal:
     # -- history ----------------------------------------------------------------------------------
 
     def history(self, limit: int = 50) -> list[HistoryEntry]:
-        """Newest first, every kind of record interleaved by time."""
+        """Newest first, every kind of record interleaved by time. BadInput when the journal is damaged
+        (a page or a stored JSON value unreadable)."""
+        try:
+            return self._history(limit)
+        except (sqlite3.DatabaseError, ValueError, TypeError, AttributeError) as e:
+            raise BadInput(str(self.path), f"the journal is damaged ({e})") from None
+
+    def _history(self, limit: int) -> list[HistoryEntry]:
         c = self._conn
         out: list[HistoryEntry] = []
         for id_, t, fp, outcome, images, manifest in c.execute(
@@ -315,3 +349,89 @@ def _bench_summary(cell: str, raw: str) -> str:
     if v.get("refused"):
         s += f" — refused: {v['refused'][0]}"
     return s
+
+
+# -- best effort: the journal never fails a deploy ----------------------------------------------------------
+
+FALLBACK_SUFFIX = ".fallback.jsonl"
+T = TypeVar("T")
+_WRITERS: dict[str, Callable[..., Any]] = {
+    "deployment": Journal.record_deployment,
+    "gate_run": Journal.record_gate_run,
+    "banked_pool": Journal.put_banked_pool,
+    "bench": Journal.record_bench,
+}
+_warned: set[Path] = set()  # journals already warned about in this process: one line each
+
+
+def fallback_candidates(path: Path) -> list[Path]:
+    """Where records go when the journal at ``path`` cannot take them, in order of preference: next to it,
+    else in the temp dir (the journal's own dir may be the read-only or full one)."""
+    tmp = Path(tempfile.gettempdir()) / f"sparkserve-{os.getuid()}-journal{FALLBACK_SUFFIX}"
+    return [path.with_name(path.name + FALLBACK_SUFFIX), tmp]
+
+
+def fallback_note(path: Path) -> str:
+    """``; records it could not take are in …`` when a fallback file holds records, else nothing."""
+    held = [p for p in fallback_candidates(path) if p.is_file()]
+    return f"; records it could not take are in {', '.join(map(str, held))}" if held else ""
+
+
+def _warn_once(path: Path, err: BaseException, where: Path | None) -> None:
+    if path in _warned:
+        return
+    _warned.add(path)
+    what = err.what if isinstance(err, BadInput) else (getattr(err, "strerror", None) or str(err))
+    dest = f"records go to {where}" if where else "records are lost (no writable fallback file)"
+    print(f"warning: journal: {path}: {what}; {dest}", file=sys.stderr)
+
+
+def _append_fallback(path: Path, line: dict[str, Any]) -> Path | None:
+    """Append one JSON line to the first fallback file that takes it (created 0600, never through a
+    symlink: the temp dir is shared); None when none does."""
+    text = json.dumps(line, sort_keys=True, default=str) + "\n"
+    for cand in fallback_candidates(path):
+        try:
+            fd = os.open(cand, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            continue
+        try:
+            os.write(fd, text.encode())
+            return cand
+        except OSError:
+            continue
+        finally:
+            os.close(fd)
+    return None
+
+
+def record(kind: str, **fields: Any) -> Any:
+    """Write one record (``kind``: deployment, gate_run, banked_pool, bench; ``fields``: that
+    ``Journal`` method's arguments) to the journal and return what that method returns (a bench's id), or,
+    when it cannot take it, write it to the fallback file with one warning and return None. Never raises:
+    a deploy or a bench that works must not fail, or be torn down, over its record."""
+    path = default_path()
+    try:
+        with Journal.open(path) as j:
+            return _WRITERS[kind](j, **fields)
+    except (BadInput, sqlite3.Error, OSError) as e:
+        err: BaseException = e
+    where = _append_fallback(path, {"kind": kind, "time": _now(), "journal": str(path), "error": str(err),
+                                    **fields})
+    _warn_once(path, err, where)
+
+
+def lookup(read: Callable[[Journal], T], default: T) -> T:
+    """``read(journal)``, or ``default`` (with the one warning) when the journal cannot be read."""
+    path = default_path()
+    try:
+        with Journal.open(path) as j:
+            return read(j)
+    except (BadInput, sqlite3.Error, OSError) as e:
+        _warn_once(path, e, next((p for p in fallback_candidates(path) if _writable(p)), None))
+        return default
+
+
+def _writable(p: Path) -> bool:
+    """Whether a fallback file could be appended at ``p`` (for the warning of a failed read)."""
+    return os.access(p, os.W_OK) if p.exists() else os.access(p.parent, os.W_OK)

@@ -10,8 +10,8 @@ import typer
 from rich.table import Table
 
 from sparkserve.commands._common import ConfigOpt, JsonOpt, config_from, console, emit_json, err_console
-from sparkserve.errors import GateFailed
-from sparkserve.journal import Journal
+from sparkserve.errors import BadInput, GateFailed
+from sparkserve.journal import Journal, default_path, fallback_note
 from sparkserve.measure.ab import compare_files
 from sparkserve.measure.records import CELLS, BenchResult
 from sparkserve.measure.run import bench_and_record
@@ -56,7 +56,7 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
     return "n/a" if x is None else format(x, spec)
 
 
-def _print_result(r: BenchResult, bench_id: int) -> None:
+def _print_result(r: BenchResult, bench_id: int | None) -> None:
     title = f"bench {r.cell} — {r.prompts} prompts × c{r.concurrency} × {r.max_tokens} tokens"
     t = Table(title=title, show_header=False)
     t.add_column(style="bold")
@@ -70,7 +70,7 @@ def _print_result(r: BenchResult, bench_id: int) -> None:
     t.add_row("acceptance rate", _fmt(r.acceptance_rate))
     t.add_row("per position", "  ".join(f"{x:.3f}" for x in r.per_position_acceptance) or "n/a")
     t.add_row("drafts / draft tok / accepted", f"{r.drafts} / {r.draft_tokens} / {r.accepted_tokens}")
-    t.add_row("journal", f"bench #{bench_id}")
+    t.add_row("journal", f"bench #{bench_id}" if bench_id is not None else "not recorded (see the warning above)")
     console.print(t)
     for e in r.errors[:5]:
         err_console.print(f"[red]request {e.request}[/red] {e.kind}: {e.detail}")
@@ -82,10 +82,16 @@ def history(
     json_out: JsonOpt = False,
     limit: Annotated[int, typer.Option("--limit", min=1, help="newest N records")] = 30,
 ) -> None:
-    """What ran: deployments, gate runs, banked pools and bench results from the journal, newest first."""
-    with Journal.open() as journal:
-        entries = journal.history(limit)
-        path = journal.path
+    """What ran: deployments, gate runs, banked pools and bench results from the journal, newest first.
+
+    A damaged journal is one `error:` line (exit 2, as for any unusable input file) naming the fallback file
+    that holds the records it could not take."""
+    path = default_path()
+    try:
+        with Journal.open(path) as journal:
+            entries = journal.history(limit)
+    except BadInput as e:
+        raise BadInput(e.where, e.what + fallback_note(path)) from None
     if json_out:
         emit_json({"journal": str(path), "entries": [e.as_dict() for e in entries]})
         return

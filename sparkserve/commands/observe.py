@@ -152,7 +152,7 @@ def gates_cmd(
         report = judge_files(cfg, logs, skip=skips)
     else:
         with open_nodes(cfg) as nodes:
-            report = run_gates(cfg, nodes, bank=bank).with_skipped(skips)
+            report = run_gates(cfg, nodes, bank=bank, skip=tuple(skips))
     if json_out:
         emit_json(report.to_json())
     else:

@@ -7,6 +7,7 @@ failing node check; `doctor` shows them all. What the node is asked, in one roun
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Literal
 
@@ -113,17 +114,39 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
 
 def check_all(cfg: Config, nodes: dict[str, Node], plan: Plan | None = None, *,
               check_ports: bool = True, drafter_bytes: int = 0, mkdirs: dict[str, list[str]] | None = None,
-              fabric_out: dict[str, FabricFacts] | None = None) -> list[Check]:
+              fabric_out: dict[str, FabricFacts] | None = None,
+              unreachable: Mapping[str, SparkserveError] | None = None) -> list[Check]:
+    """Every node's checks, in config order. A node in ``unreachable`` (it did not connect), or one whose
+    checks could not run (its link dropped), gets one failed check naming the step that failed; every
+    other node is still checked in full."""
     ranks = {n.name: i for i, n in enumerate(cfg.nodes)}
     by_name = {n.name: n for n in cfg.nodes}
-    results = on_all(
-        [nodes[n.name] for n in cfg.nodes],
-        lambda node: check_node(cfg, by_name[node.name], node, ranks[node.name], plan,
-                                check_ports=check_ports, drafter_bytes=drafter_bytes,
-                                mkdirs=(mkdirs or {}).get(node.name), fabric_out=fabric_out),
-        name=lambda node: node.name,
-    )
-    return [c for n in cfg.nodes for c in results[n.name]]
+
+    def one(node: Node) -> list[Check]:
+        try:
+            return check_node(cfg, by_name[node.name], node, ranks[node.name], plan, check_ports=check_ports,
+                              drafter_bytes=drafter_bytes, mkdirs=(mkdirs or {}).get(node.name),
+                              fabric_out=fabric_out)
+        except SparkserveError as e:
+            return [_cut_off(node.name, e)]
+
+    reached = [nodes[n.name] for n in cfg.nodes if n.name in nodes]
+    results = on_all(reached, one, name=lambda node: node.name)
+    results |= {k: [_cut_off(k, e)] for k, e in (unreachable or {}).items()}
+    return [c for n in cfg.nodes for c in results.get(n.name, [])]
+
+
+def _cut_off(node: str, e: SparkserveError) -> Check:
+    """The one check of a node that could not be checked: the step that failed (``ssh``) and why."""
+    return Check(node, getattr(e, "step", None) or "ssh", "fail", e.what)
+
+
+REACH_CHECKS = ("ssh", "docker")  # a failure of these means the node could not be asked at all
+
+
+def unreachable_checks(checks: list[Check]) -> list[Check]:
+    """The failed checks that mean a node could not be reached (its ssh, or its docker daemon)."""
+    return [c for c in checks if c.status == "fail" and c.name in REACH_CHECKS]
 
 
 def check_ports(cfg: Config, node: Node) -> list[Check]:

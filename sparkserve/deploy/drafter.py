@@ -45,6 +45,7 @@ def sync_drafter(cfg: Config, nodes: dict[str, Node], say: Reporter) -> DrafterS
     path = str(cfg.drafter.path)
     if src is not None:
         local = manifest(src)
+        say(f"drafter: syncing {src} to {path} on every node")
         reports = sync_all(ordered, src, path, local_manifest=local)
         for r in reports.values():
             say(f"drafter: {r.summary()}")

@@ -3,29 +3,32 @@
 For every node: the engine container's log since it started, whether it is alive, its image ID, and the
 drafter digest at the configured path. On the head: the smoke cell (every request has a deadline — a hang
 is a stream error, not a stuck command). The banked pool for this deployment comes from the journal;
-``bank=True`` records the observed one.
+``bank=True`` records the observed one. Every full judgement is journalled against the boot it judged
+(:func:`boot_id`), which is how `up` knows whether a running stack's gates passed for this boot.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
 from sparkserve.config import Config, resolve_api_key
 from sparkserve.deploy.stack import managed_on_all
 from sparkserve.deploy.sync import remote_manifest
+from sparkserve.deploy.wait import _stamp
 from sparkserve.errors import RemoteFailure
-from sparkserve.journal import Journal
+from sparkserve.journal import lookup, record
 from sparkserve.measure.prompts import builtin_prompts
 from sparkserve.measure.records import CELLS, Cell
 from sparkserve.measure.run import run_cell
 from sparkserve.nodes.base import Node
-from sparkserve.nodes.engine import Engine
+from sparkserve.nodes.engine import ContainerState, Engine
 from sparkserve.nodes.parallel import on_all
 from sparkserve.observe.gate_inputs import Expectations, NodeIdentity, SmokeError, SmokeResult
 from sparkserve.observe.gate_report import GateReport
 from sparkserve.observe.gates import judge
-from sparkserve.observe.logs import parse_log
+from sparkserve.observe.logs import ParsedLog, parse_log
 from sparkserve.plan.build import Plan, build_plan
 
 
@@ -48,22 +51,50 @@ def run_smoke(cfg: Config, plan: Plan) -> tuple[SmokeResult, dict[str, Any]]:
                        incomplete=incomplete, errors=errors, node=plan.head.node), res.model_dump(mode="json")
 
 
+def boot_id(nodes: dict[str, Node], containers: dict[str, str]) -> str:
+    """Which boot of a stack this is: sha256 over every rank's container id and start time, so it changes
+    whenever a container is replaced or restarts (a gate verdict holds for one boot only)."""
+    started = on_all(sorted(containers), lambda name: Engine(nodes[name]).state(containers[name]).started_at)
+    blob = json.dumps(sorted((name, containers[name], started[name]) for name in containers))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
+#: How long before the container's recorded start a line of this boot may be stamped: docker records StartedAt
+#: only after it started the process, whose launcher may already have written a line.
+BOOT_SLACK_S = 1.0
+
+
+def boot_since(state: ContainerState) -> float | None:
+    """Where the log of the container's current boot starts (docker's ``logs --since``, unix seconds): its last
+    start less :data:`BOOT_SLACK_S`, never before the previous run ended. None: the whole log."""
+    started = _stamp(state.started_at)
+    if started is None:
+        return None
+    since = started - BOOT_SLACK_S
+    ended = _stamp(state.finished_at)
+    if ended is not None and ended < started:  # a restarted container: its previous run ended here
+        since = max(since, ended)
+    return since
+
+
 def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str, str], *,
                       smoke: bool = True, bank: bool = False, skip: tuple[str, ...] = ()) -> GateReport:
     """Every gate on the stack in ``containers`` (node → container id): collect on every node, judge,
     and record the run (and, with ``bank``, the observed pool) in the journal. `up`'s last step."""
-    def per_node(name: str) -> tuple[str, bool, str | None, str | None]:
+    def per_node(name: str) -> tuple[ParsedLog, bool, str | None, str | None]:
         eng = Engine(nodes[name])
         cid = containers.get(name)
         if cid is None:
-            return "", False, None, None
-        text = "\n".join(eng.logs(cid)) + "\n"
+            return parse_log("", file=f"{name}.log", node=name), False, None, None
+        text = "\n".join(eng.logs(cid, since=boot_since(eng.state(cid)))) + "\n"
+        log = parse_log(text, file=f"{name}.log", node=name)  # here: one node's parse overlaps the others' reads
         alive = eng.state(cid).running
         image = eng.managed(cid)
         digest = remote_manifest(nodes[name], str(cfg.drafter.path)).manifest.digest
-        return text, alive, image.image_id if image else None, digest
+        return log, alive, image.image_id if image else None, digest
 
     names = [n.name for n in cfg.nodes]
+    boot = boot_id(nodes, containers) if smoke and not skip else None  # only a full judgement vouches for a boot
     smoke_result = None
     raw_smoke = None
     if smoke:  # first: a fault the smoke provokes (a dead follower, a hung collective) must be judged too
@@ -71,23 +102,26 @@ def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, container
         if all(alive.values()):
             smoke_result, raw_smoke = run_smoke(cfg, plan)
     facts = on_all(names, per_node)
-    logs = {name: parse_log(f[0], file=f"{name}.log", node=name) for name, f in facts.items()}
+    logs = {name: f[0] for name, f in facts.items()}
     liveness = {name: f[1] for name, f in facts.items()}
     identity = {name: NodeIdentity(image_id=f[2], drafter_digest=f[3]) for name, f in facts.items()}
     mask_file = _drafter_has_mask(nodes[cfg.head.name], str(cfg.drafter.path))
-    with Journal.open() as j:
-        banked = j.get_banked_pool(plan.fingerprint)
+    banked = lookup(lambda j: j.get_banked_pool(plan.fingerprint), None)
     expect = Expectations.from_config(cfg, banked_pool=banked, mask_file=mask_file)
     report = judge(logs, expect, smoke=smoke_result, liveness=liveness, identity=identity, skip=skip)
-    with Journal.open() as j:
-        if bank:
-            observed = _observed_pool(report)
-            if observed is not None:
-                j.put_banked_pool(plan.fingerprint, observed)
-        j.record_gate_run(plan.fingerprint, report.ok, report.to_json())
-        if raw_smoke is not None:
-            j.record_bench(plan.fingerprint, "smoke", json.dumps(raw_smoke, indent=2) + "\n")
+    observed = _observed_pool(report) if bank else None
+    if observed is not None:
+        record("banked_pool", fingerprint=plan.fingerprint, pool_tokens=observed)
+    record("gate_run", fingerprint=plan.fingerprint, ok=report.ok, verdicts=report.to_json(), boot_id=boot)
+    if raw_smoke is not None:
+        record("bench", fingerprint=plan.fingerprint, cell="smoke", result_json=json.dumps(raw_smoke, indent=2) + "\n")
     return report
+
+
+def passed_for_this_boot(nodes: dict[str, Node], fingerprint: str, containers: dict[str, str]) -> bool:
+    """Whether the journal holds a passing gate verdict for this very boot of the deployment."""
+    boot = boot_id(nodes, containers)
+    return lookup(lambda j: j.gate_verdict(fingerprint, boot), None) is True
 
 
 def _observed_pool(report: GateReport) -> int | None:
@@ -105,8 +139,9 @@ def _drafter_has_mask(node: Node, path: str) -> bool:
     return res.ok
 
 
-def run_gates(cfg: Config, nodes: dict[str, Node], *, bank: bool = False) -> GateReport:
-    """`sparkserve gates` on the running stack: find its containers by label on every node."""
+def run_gates(cfg: Config, nodes: dict[str, Node], *, bank: bool = False, skip: tuple[str, ...] = ()) -> GateReport:
+    """`sparkserve gates` on the running stack: find its containers by label on every node. A skipped smoke
+    gate is not run at all (it is the slow part: a bench cell against the API)."""
     existing = managed_on_all(nodes)
     containers: dict[str, str] = {}
     fps = set()
@@ -122,4 +157,4 @@ def run_gates(cfg: Config, nodes: dict[str, Node], *, bank: bool = False) -> Gat
     if len(fps) > 1:
         raise RemoteFailure("gates", f"nodes run different deployments ({', '.join(f[:12] for f in fps)})")
     plan = build_plan(cfg, fingerprint=fps.pop())
-    return collect_and_judge(cfg, nodes, plan, containers, bank=bank)
+    return collect_and_judge(cfg, nodes, plan, containers, smoke="smoke" not in skip, bank=bank, skip=skip)

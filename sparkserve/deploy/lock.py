@@ -15,6 +15,7 @@ import time
 from collections.abc import Iterator
 
 from sparkserve.errors import RemoteFailure
+from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node
 
 LOCK_DIR = "/tmp/sparkserve.deploy.lock"
@@ -85,8 +86,26 @@ def held(node: Node, *, what: str, break_lock: bool = False, lock_dir: str = LOC
     """The lock, held for the ``with`` block; ``break_lock`` first removes a lock someone left behind."""
     if break_lock:
         release(node, lock_dir=lock_dir)
-    acquire(node, what=what, lock_dir=lock_dir)
+    try:
+        acquire(node, what=what, lock_dir=lock_dir)
+    except KeyboardInterrupt:
+        # the mkdir may have run on the node before the interrupt reached us: a lock that is ours goes back
+        with interrupts.deferred():
+            _release_if_ours(node, lock_dir)
+        raise
     try:
         yield
     finally:
+        with interrupts.deferred():  # a signal now must not leave the lock held
+            release(node, lock_dir=lock_dir)
+
+
+def _release_if_ours(node: Node, lock_dir: str) -> None:
+    """Give the lock back only when this very process took it (never someone else's)."""
+    holder = node.run(["cat", f"{lock_dir}/owner"], check=False, step="unlock", timeout=20)
+    try:
+        o = json.loads(holder.stdout)
+    except ValueError:
+        return
+    if isinstance(o, dict) and o.get("host") == socket.gethostname() and o.get("pid") == os.getpid():
         release(node, lock_dir=lock_dir)

@@ -1,25 +1,30 @@
 """The running stack: what runs where (`status`), its logs (`logs`), and taking it all down (`down`).
 
 Every function takes the open nodes (the caller opens them with :func:`sparkserve.nodes.open_nodes`) and
-finds the stack by its ``io.sparkserve.*`` labels, never by name or by asking the API.
+finds the stack by its ``io.sparkserve.*`` labels, never by name or by asking the API. `down` and
+`status` take the nodes that could be reached (:func:`sparkserve.nodes.factory.open_reachable`) and the
+errors of those that could not: they act on every node they can reach (a follower that is down must not
+keep the head serving) and name the others; :func:`unreachable_error` is the exit-3 error that follows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkserve.config import Config
+from sparkserve.config import Config, resolve_api_key
 from sparkserve.deploy import lock
 from sparkserve.deploy.teardown import Reporter, quiet, teardown
 from sparkserve.deploy.wait import served_models
-from sparkserve.errors import BadInput
+from sparkserve.errors import BadInput, RemoteFailure, SparkserveError
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.engine import Engine, ManagedContainer
+from sparkserve.nodes.factory import as_failure
 from sparkserve.nodes.parallel import on_all
 from sparkserve.plan.build import build_plan
 
@@ -29,33 +34,89 @@ def managed_on_all(nodes: dict[str, Node]) -> dict[str, list[ManagedContainer]]:
     return on_all(list(nodes.values()), lambda n: Engine(n).list_managed(), name=lambda n: n.name)
 
 
+def managed_where_reachable(
+        nodes: dict[str, Node]) -> tuple[dict[str, list[ManagedContainer]], dict[str, SparkserveError]]:
+    """Every node's sparkserve containers, asked in parallel, and the error of each node that did not
+    answer (its docker daemon is down, its SSH link dropped): one silent node never hides the others."""
+    def ask(node: Node) -> list[ManagedContainer] | SparkserveError:
+        try:
+            return Engine(node).list_managed()
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # noqa: BLE001 - any way a node fails to answer is reported, not raised
+            return as_failure(node.name, e)
+
+    answers = on_all(list(nodes.values()), ask, name=lambda n: n.name)
+    found = {k: v for k, v in answers.items() if not isinstance(v, SparkserveError)}
+    return found, {k: v for k, v in answers.items() if isinstance(v, SparkserveError)}
+
+
+def _reason(e: SparkserveError) -> str:
+    """An unreachable node's error without its node name: ``ssh: cannot connect to …``."""
+    step = getattr(e, "step", None)
+    return f"{step}: {e.what}" if step else e.what
+
+
+def _silent_nodes(cfg: Config, unreachable: Mapping[str, SparkserveError] | None,
+                  silent: Mapping[str, SparkserveError]) -> dict[str, SparkserveError]:
+    """Nodes that did not connect or whose docker did not answer, in config order."""
+    both = {**silent, **(unreachable or {})}
+    return {n.name: both[n.name] for n in cfg.nodes if n.name in both}
+
+
+def unreachable_error(unreachable: Mapping[str, SparkserveError], consequence: str) -> RemoteFailure:
+    """Exit 3 after a command did what it could: the first unreachable node's own error (which names the
+    node and the step), what that means for it, and every other unreachable node."""
+    (first, e), *others = unreachable.items()
+    step = getattr(e, "step", None) or "ssh"
+    return RemoteFailure(e.where, e.what, node=first, step=step,
+                         details=[f"{first}: {consequence}", *(f"also unreachable: {k}: {_reason(o)}"
+                                                               for k, o in others)])
+
+
 # -- down -------------------------------------------------------------------------------------------------
+
+
+DOWN_LEFT = "its sparkserve containers (if any) were not stopped; run `sparkserve down` again once it answers"
 
 
 @dataclass(frozen=True)
 class DownResult:
-    """What `down` removed (node → container names) and where it saved their logs."""
+    """What `down` removed (node → container names), where it saved their logs, and the nodes it could
+    not reach (node → why), whose containers it could not stop."""
 
     removed: dict[str, list[str]] = field(default_factory=dict)
     logs: Path | None = None
+    unreachable: dict[str, SparkserveError] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
-        return {"removed": self.removed, "logs": str(self.logs) if self.logs else None}
+        return {"removed": self.removed, "logs": str(self.logs) if self.logs else None,
+                "unreachable": {k: _reason(e) for k, e in self.unreachable.items()}}
 
 
-def down(cfg: Config, nodes: dict[str, Node], *, break_lock: bool = False, say: Reporter = quiet) -> DownResult:
-    """Stop (gracefully) and remove every sparkserve container on every node, logs saved first."""
-    with lock.held(nodes[cfg.head.name], what="down", break_lock=break_lock):
-        existing = managed_on_all(nodes)
+def down(cfg: Config, nodes: dict[str, Node], *, unreachable: Mapping[str, SparkserveError] | None = None,
+         break_lock: bool = False, say: Reporter = quiet) -> DownResult:
+    """Stop (gracefully) and remove every sparkserve container on every node it can reach, logs saved first.
+
+    ``nodes`` are the nodes that connected, ``unreachable`` the errors of those that did not. With the head
+    unreachable there is no lock to take (it lives there), and no `up` can be running without the head."""
+    head = nodes.get(cfg.head.name)
+    held = (lock.held(head, what="down", break_lock=break_lock) if head is not None
+            else contextlib.nullcontext())
+    with held:
+        existing, silent = managed_where_reachable(nodes)
+        missing = _silent_nodes(cfg, unreachable, silent)
+        for k in missing:
+            say(f"{k}: unreachable — {DOWN_LEFT}")
         ids = {k: [c.id for c in v] for k, v in existing.items() if v}
         if not ids:
-            say("nothing to stop: no sparkserve container on any node")
-            return DownResult()
-        saved = teardown(cfg, nodes, ids, tag="down", say=say)
+            say("nothing to stop: no sparkserve container on any node" + (" it could reach" if missing else ""))
+            return DownResult(unreachable=missing)
+        saved = teardown(cfg, {k: nodes[k] for k in ids}, ids, tag="down", say=say)
         removed = {k: [c.name for c in v] for k, v in existing.items() if v}
         for k, v in removed.items():
             say(f"{k}: removed {', '.join(v)}")
-        return DownResult(removed, saved)
+        return DownResult(removed, saved, missing)
 
 
 # -- status -----------------------------------------------------------------------------------------------
@@ -87,31 +148,40 @@ class ApiStatus:
     models: list[str] | None
 
 
+STATUS_LEFT = "its containers are unknown: the stack is not known to be up"
+
+
 @dataclass(frozen=True)
 class StackStatus:
-    """What runs where; ``ok`` only when every node runs a container, of one deployment, and the API serves."""
+    """What runs where; ``ok`` only when every node answers and runs a container, of one deployment, and
+    the API serves. ``unreachable``: the nodes that did not answer (node → why), absent from ``nodes``."""
 
     nodes: dict[str, list[ContainerStatus]]
     api: ApiStatus
     ok: bool
     deployments: list[str]
+    unreachable: dict[str, SparkserveError] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"nodes": {k: [asdict(c) for c in v] for k, v in self.nodes.items()}, "api": asdict(self.api),
-                "ok": self.ok, "deployments": self.deployments}
+                "ok": self.ok, "deployments": self.deployments,
+                "unreachable": {k: _reason(e) for k, e in self.unreachable.items()}}
 
 
-def status(cfg: Config, nodes: dict[str, Node]) -> StackStatus:
-    """What runs where. Liveness is read per node, never inferred from /health."""
-    existing = managed_on_all(nodes)
-    per_node = {n.name: [ContainerStatus.of(c) for c in existing.get(n.name, [])] for n in cfg.nodes}
-    every_node_runs = all(any(c.running for c in existing.get(n.name, [])) for n in cfg.nodes)
+def status(cfg: Config, nodes: dict[str, Node], *,
+           unreachable: Mapping[str, SparkserveError] | None = None) -> StackStatus:
+    """What runs where, on every node that answers. Liveness is read per node, never inferred from /health."""
+    existing, silent = managed_where_reachable(nodes)
+    missing = _silent_nodes(cfg, unreachable, silent)
+    per_node = {n.name: [ContainerStatus.of(c) for c in existing.get(n.name, [])]
+                for n in cfg.nodes if n.name not in missing}
+    every_node_runs = not missing and all(any(c.running for c in existing.get(n.name, [])) for n in cfg.nodes)
     plan = build_plan(cfg)
-    models = served_models(plan.api_url)
+    models = served_models(plan.api_url, api_key=resolve_api_key(cfg))
     api = ApiStatus(plan.api_url, models is not None and plan.served_name in models, models)
     fps = {c.fingerprint for cs in existing.values() for c in cs}
     ok = every_node_runs and api.serving and len(fps) <= 1
-    return StackStatus(per_node, api, ok, sorted(f[:12] for f in fps))
+    return StackStatus(per_node, api, ok, sorted(f[:12] for f in fps), missing)
 
 
 # -- logs -------------------------------------------------------------------------------------------------

@@ -5,7 +5,9 @@
 2. sync it to every node next to the current drafter, at ``<parent>/<name>-<digest12>`` (the running
    stack keeps its own bind mount untouched);
 3. replace the stack with the new bind mount and run the gates;
-4. if anything fails, bring the previous drafter back up (its bytes never moved) and say so.
+4. if anything fails, bring the drafter that was *serving* back up (read from the running containers'
+   bind mount before the swap: after an earlier swap it is not the config file's; its bytes never moved)
+   and say so. When that fails too, nothing runs: :class:`RollbackFailed`, its own exit code (4).
 """
 
 from __future__ import annotations
@@ -16,12 +18,15 @@ from typing import Any
 
 from sparkserve.config import Config
 from sparkserve.deploy.inputs import validate_inputs
-from sparkserve.deploy.teardown import Reporter
+from sparkserve.deploy.stack import managed_on_all
+from sparkserve.deploy.teardown import Reporter, interrupted
 from sparkserve.deploy.up import up
 from sparkserve.errors import BadInput, SparkserveError
 from sparkserve.models.manifest import manifest
 from sparkserve.nodes.base import Node
+from sparkserve.nodes.engine import Engine
 from sparkserve.observe.gate_report import GateReport
+from sparkserve.plan.build import DRAFTER_MOUNT
 
 
 @dataclass
@@ -63,6 +68,20 @@ def swapped_config(cfg: Config, new_dir: Path, digest: str) -> Config:
     return new
 
 
+def serving_config(cfg: Config, nodes: dict[str, Node]) -> Config:
+    """``cfg`` with the drafter the running stack serves (its head's drafter bind mount), which is what a
+    rollback must return to; ``cfg`` itself when nothing runs or it serves the configured drafter."""
+    head = [c for c in managed_on_all({cfg.head.name: nodes[cfg.head.name]}).get(cfg.head.name, []) if c.running]
+    if not head:
+        return cfg
+    spec, _ = Engine(nodes[cfg.head.name]).inspect_spec(head[0].id)
+    mounted = next((m.source for m in spec.mounts if m.target == DRAFTER_MOUNT), None)
+    if mounted is None or Path(mounted) == Path(str(cfg.drafter.path)):
+        return cfg
+    # the bytes are already on every node (they serve): no source to copy from
+    return cfg.model_copy(update={"drafter": cfg.drafter.model_copy(update={"path": Path(mounted), "source": None})})
+
+
 def swap_drafter(cfg: Config, nodes: dict[str, Node], path: Path, *, break_lock: bool = False,
                  say: Reporter = print, run_gates: bool = True) -> SwapResult:
     """Swap the running stack's drafter for the one at ``path`` (see the module docstring).
@@ -76,18 +95,21 @@ def swap_drafter(cfg: Config, nodes: dict[str, Node], path: Path, *, break_lock:
     validate_inputs(cfg.model_copy(update={"drafter": cfg.drafter.model_copy(update={"source": new_dir})}), nodes)
     digest = manifest(new_dir).digest
     new_cfg = swapped_config(cfg, new_dir, digest)
+    prev = serving_config(cfg, nodes)
     say(f"swap: new drafter {new_dir} ({digest[:12]}) → {new_cfg.drafter.path} on every node")
     try:
         res = up(new_cfg, nodes, run_gates=run_gates, validate=False, break_lock=break_lock, say=say)
     except SparkserveError as e:
-        say(f"swap failed ({e.line()}); rolling back to {cfg.drafter.path}")
+        if interrupted(e):  # the operator asked to stop: no rollback boots anything (up cleaned up after itself)
+            raise
+        say(f"swap failed ({e.line()}); rolling back to {prev.drafter.path}")
         try:
             # the previous config booted before: its inputs were validated then
-            back = up(cfg, nodes, run_gates=run_gates, validate=False, say=say)
+            back = up(prev, nodes, run_gates=run_gates, validate=False, say=say)
         except SparkserveError as e2:
-            return SwapResult(False, False, f"swap failed: {e.line()}; ROLLBACK FAILED too: {e2.line()} — nothing "
-                              "runs", error=e.line(), rollback_error=e2.line())
-        return SwapResult(False, True, f"swap failed: {e.line()}; rolled back to {cfg.drafter.path} "
+            return SwapResult(False, False, f"ROLLBACK FAILED — nothing runs: swap failed: {e.line()}; rollback to "
+                              f"{prev.drafter.path} failed: {e2.line()}", error=e.line(), rollback_error=e2.line())
+        return SwapResult(False, True, f"swap failed: {e.line()}; rolled back to {prev.drafter.path} "
                           f"({back.api_url} serving again)", error=e.line(), details=e.details,
                           deployment=back.fingerprint)
     return SwapResult(True, False, f"swapped: {res.served_name} now drafts with {new_dir.name} ({digest[:12]}) at "

@@ -18,6 +18,10 @@ Steps (two remote commands when something changed, one when nothing did):
    source does not have and re-hashes every copied file as soon as it has been renamed into place, so
    verification overlaps the transfer; after the copy it hashes whatever is left.
 4. The node's resulting manifest must equal the local one, file by file.
+
+An interrupt (Ctrl-C, SIGTERM, SIGHUP: :mod:`sparkserve.nodes.interrupts`) stops a copy within
+``STOP_POLL_S``: rsync and its ssh are ended, and the verifier, told to abort, deletes the temp files the
+copy left on the node; files already renamed into place are whole.
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import re
 import shutil
+import signal
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -35,11 +41,12 @@ from typing import Literal
 
 from sparkserve.deploy.sync_remote import remote_program, verify_program
 from sparkserve.models.manifest import FileEntry, Manifest, manifest
+from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node, NodeError
 from sparkserve.nodes.parallel import on_all
 
 Method = Literal["auto", "rsync", "sftp"]
-PARTIAL_DIR = ".sparkserve-partial"
+STOP_POLL_S = 0.2  # how often a running copy looks at the stop flag (an interrupt stops it within this)
 MIN_RATE = 20e6  # bytes/s assumed when sizing the copy timeout
 REMOTE_CACHE = "~/.cache/sparkserve/manifests"
 
@@ -130,28 +137,57 @@ def _rsync_copy(node: Node, local_dir: Path, remote_dir: str, rels: list[str], t
     assert remote is not None
     argv = [
         # --ignore-times: every listed file is known to differ; rsync's size+mtime quick check would skip
-        # one whose bytes changed under the same size and mtime
+        # one whose bytes changed under the same size and mtime. No --partial(-dir): an interrupted rsync
+        # deletes the file it was writing, so nothing half-copied stays on the node.
         "rsync", "--protect-args", "--ignore-times", "--files-from=-", "--from0", "--copy-links", "--times",
-        "--perms",
-        f"--partial-dir={PARTIAL_DIR}", "--stats", "-e", remote.rsh,
+        "--perms", "--stats", "-e", remote.rsh,
         f"{local_dir}/", f"{remote.target}:{remote_dir.rstrip('/')}/",
     ]
     listing = b"\0".join(r.encode() for r in rels) + b"\0"
-    try:
-        proc = subprocess.run(argv, input=listing, capture_output=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise NodeError(node.name, "sync", f"rsync to {remote_dir} timed out after {timeout:.0f}s",
-                        argv=argv) from None
+    # its own session: a signal meant for sparkserve reaches rsync (and its ssh) only through _stop_rsync
+    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            start_new_session=True)
+    deadline = time.monotonic() + timeout
+    pending: bytes | None = listing
+    while True:
+        try:
+            out, err = proc.communicate(pending, timeout=STOP_POLL_S)
+            break
+        except subprocess.TimeoutExpired:
+            pending = None  # communicate keeps sending what it was given first
+            if interrupts.stopping():
+                _stop_rsync(proc)
+                raise NodeError(node.name, "sync", f"interrupted: the copy to {remote_dir} was stopped",
+                                argv=argv) from None
+            if time.monotonic() > deadline:
+                _stop_rsync(proc)
+                raise NodeError(node.name, "sync", f"rsync to {remote_dir} timed out after {timeout:.0f}s",
+                                argv=argv) from None
     if proc.returncode != 0:
-        lines = proc.stderr.decode(errors="replace").strip().splitlines()
+        lines = err.decode(errors="replace").strip().splitlines()
         raise NodeError(node.name, "sync", f"rsync to {remote_dir} exited {proc.returncode}", argv=argv,
                         last_lines=lines[-10:])
-    m = re.search(rb"Total bytes sent: ([\d,.]+)", proc.stdout)
+    m = re.search(rb"Total bytes sent: ([\d,.]+)", out)
     return int(re.sub(rb"[,.]", b"", m.group(1))) if m else None
+
+
+def _stop_rsync(proc: subprocess.Popen[bytes]) -> None:
+    """End rsync and its ssh (one process group): politely first, so the node's rsync sees the connection
+    close and removes its temp file; then for good."""
+    for sig, wait in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.communicate(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
 
 
 def _sftp_copy(node: Node, local_dir: Path, remote_dir: str, rels: list[str]) -> None:
     for rel in rels:
+        if interrupts.stopping():  # each put writes a temp file and renames it: stopping between files is clean
+            raise NodeError(node.name, "sync", f"interrupted: the copy to {remote_dir} was stopped")
         node.put(local_dir / rel, f"{remote_dir.rstrip('/')}/{rel}", preserve_mtime=True)
 
 
@@ -164,6 +200,8 @@ def _copy_and_verify(
     extra: list[str], method: Method, timeout: float | None, report: SyncReport,
 ) -> Manifest:
     """Copy ``diff`` while the node's verifier hashes each file as it lands; the node's manifest after."""
+    if interrupts.stopping():  # interrupted while the node's manifest was read: copy nothing
+        raise NodeError(node.name, "sync", f"interrupted: nothing was copied to {remote_dir}")
     size = sum(local.files[r].size for r in diff)
     use_rsync = node.rsync_remote() is not None and state.rsync and _has_local_rsync()
     if method == "rsync" and not use_rsync:

@@ -97,8 +97,33 @@ def _node_write_cache(cache_file: str, entries: dict) -> None:  # type: ignore[t
         return
 
 
+def _node_sweep_temps(root: str, rels: list[str]) -> list[str]:
+    """On the node: delete the temp files a stopped copy of ``rels`` left (rsync's ``.NAME.XXXXXX``, the
+    SFTP and local puts' ``.NAME.sparkserve-tmp``), never anything else; the names removed."""
+    import os
+    import re
+
+    removed = []
+    for rel in rels:
+        p = _node_path(root, rel)
+        d, base = os.path.dirname(p), os.path.basename(p)
+        temp = re.compile(r"\." + re.escape(base) + r"\.([A-Za-z0-9]{6}|sparkserve-tmp)")
+        try:
+            names = os.listdir(d)
+        except OSError:
+            continue
+        for name in names:
+            if temp.fullmatch(name):
+                try:
+                    os.unlink(os.path.join(d, name))
+                    removed.append(os.path.relpath(os.path.join(d, name), root))
+                except OSError:
+                    continue  # already gone (the writer cleaned up after itself)
+    return removed
+
+
 def _node_prelude() -> str:
-    helpers = (_node_path, _node_delete, _node_sha256, _node_read_cache, _node_write_cache)
+    helpers = (_node_path, _node_delete, _node_sha256, _node_read_cache, _node_write_cache, _node_sweep_temps)
     return "\n".join(inspect.getsource(f) for f in helpers) + "\n"
 
 
@@ -181,10 +206,11 @@ def _verify_main(args: dict) -> dict:  # type: ignore[type-arg]
     """On the node, WHILE the copy runs: delete ``delete``, then hash each file in ``files`` as soon as it
     has been replaced (its identity differs from ``before``: rsync, SFTP and local puts all write a temp
     file and rename it into place), and once more everything still pending after stdin says ``done``.
-    EOF on stdin without ``done`` aborts. Updates the node's manifest cache with what it verified.
+    EOF on stdin without ``done`` aborts, deleting the temp files of the copies still pending. Updates the
+    node's manifest cache with what it verified.
 
     args: root, cache, files {rel: [size, sha256]}, before {rel: [ino, dev, mtime_ns, size]}, delete.
-    Returns {files: {rel: [sha256, size]}, deleted, hashed_bytes, aborted}.
+    Returns {files: {rel: [sha256, size]}, deleted, hashed_bytes, aborted, swept (on abort)}.
     """
     import os
     import sys
@@ -214,8 +240,11 @@ def _verify_main(args: dict) -> dict:  # type: ignore[type-arg]
     hashed = 0
     while pending:
         state = control["state"]
-        if state == "aborted":
-            return {"files": found, "deleted": deleted, "hashed_bytes": hashed, "aborted": True}
+        if state == "aborted":  # the copy was stopped: no half-written file stays (its writer may be ending)
+            swept = _node_sweep_temps(root, pending)
+            time.sleep(0.5)
+            swept += _node_sweep_temps(root, pending)
+            return {"files": found, "deleted": deleted, "hashed_bytes": hashed, "aborted": True, "swept": swept}
         finished = state == "done"
         progressed = False
         for rel in list(pending):

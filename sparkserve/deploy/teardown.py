@@ -1,6 +1,7 @@
 """Taking down what a run started: save every log first, stop (gracefully) and remove, head first.
 
-Cleanup must finish even when the operator presses Ctrl-C again, and a failure during it must still read
+Cleanup must finish even when the operator presses Ctrl-C again (or SIGTERM/SIGHUP arrives:
+:mod:`sparkserve.nodes.interrupts`), and a failure during it must still read
 as the failure that caused it: :func:`explain_failure` turns whatever ended an `up` into the one error the
 operator sees, with where the saved logs are. Only containers labelled ``io.sparkserve.managed=1`` (the ids
 callers pass in come from that label) are ever stopped or removed.
@@ -9,16 +10,17 @@ callers pass in come from that label) are ever stopped or removed.
 from __future__ import annotations
 
 import contextlib
-import signal
-import threading
+import sys
+import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from platformdirs import user_state_dir
 
 from sparkserve.config import Config
 from sparkserve.errors import RemoteFailure, SparkserveError
+from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.engine import Engine
 from sparkserve.nodes.parallel import on_all
@@ -32,18 +34,35 @@ def quiet(_: str) -> None:
 
 
 def logs_dir() -> Path:
-    """Where saved container logs go (one folder per teardown)."""
-    d = Path(user_state_dir("sparkserve")) / "logs"
-    d.mkdir(parents=True, exist_ok=True)
-    return d
+    """Where saved container logs go (one folder per teardown): under the state dir."""
+    return Path(user_state_dir("sparkserve")) / "logs"
+
+
+def _new_logs_folder(tag: str) -> Path:
+    """A fresh folder for one teardown's logs: under :func:`logs_dir`, or, when the state dir is unusable
+    (not writable, a file where a directory should be, full), a temp dir, with one warning saying where.
+    Saving logs must never stand between a failure and its cleanup."""
+    name = f"{time.strftime('%Y%m%d-%H%M%S')}-{tag}"
+    d = logs_dir() / name
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        return d
+    except OSError as e:
+        tmp = Path(tempfile.mkdtemp(prefix=f"sparkserve-logs-{name}-"))
+        print(f"warning: state dir: cannot save logs under {logs_dir()} ({e.strerror or e}); saving them to "
+              f"{tmp} instead", file=sys.stderr)
+        return tmp
 
 
 def save_logs(nodes: dict[str, Node], containers: dict[str, list[str]], tag: str) -> Path | None:
-    """Save every listed container's full log under the state dir; never raises."""
+    """Save every listed container's full log (see :func:`_new_logs_folder`); never raises."""
     if not any(containers.values()):
         return None
-    d = logs_dir() / f"{time.strftime('%Y%m%d-%H%M%S')}-{tag}"
-    d.mkdir(parents=True, exist_ok=True)
+    try:
+        d = _new_logs_folder(tag)
+    except OSError as e:  # not even a temp dir: the cleanup still runs
+        print(f"warning: logs: cannot save the containers' logs anywhere ({e.strerror or e})", file=sys.stderr)
+        return None
     for name, ids in containers.items():
         for cid in ids:
             with contextlib.suppress(Exception):
@@ -56,8 +75,8 @@ def teardown(cfg: Config, nodes: dict[str, Node], containers: dict[str, list[str
              say: Reporter, why: str | None = None) -> Path | None:
     """Say ``why``, save logs, then stop (gracefully) and remove the given managed containers: head first,
     so the followers are not left hanging in a collective the head will never join; return the logs
-    folder. A second Ctrl-C cannot cut this short."""
-    with sigint_deferred():
+    folder. No signal (Ctrl-C, SIGTERM, SIGHUP) cuts this short."""
+    with interrupts.deferred():
         if why:
             say(why)
         saved = save_logs(nodes, containers, tag)
@@ -78,54 +97,25 @@ def teardown(cfg: Config, nodes: dict[str, Node], containers: dict[str, list[str
         return saved
 
 
-@contextlib.contextmanager
-def sigint_deferred() -> Iterator[None]:
-    """Cleanup must finish: a second Ctrl-C while tearing down is ignored."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-
-
-# Set when Ctrl-C arrived during `up`: a KeyboardInterrupt can surface wrapped in another exception (a
-# library that calls back into Python, e.g. pydantic's serializer, reports it as its own error).
-_ctrl_c = threading.Event()
-
-
-@contextlib.contextmanager
-def watch_ctrl_c() -> Iterator[None]:
-    """Ctrl-C raises KeyboardInterrupt as usual, and is remembered (see :func:`interrupted`)."""
-    _ctrl_c.clear()
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: object) -> None:
-        _ctrl_c.set()
-        raise KeyboardInterrupt
-
-    old = signal.signal(signal.SIGINT, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, old)
-
-
 def interrupted(e: BaseException) -> bool:
-    """Ctrl-C, however it surfaced: whatever failed after it was pressed failed because of it."""
-    return isinstance(e, KeyboardInterrupt) or _ctrl_c.is_set()
+    """Ctrl-C, SIGTERM or SIGHUP, however it surfaced: whatever failed after one arrived failed because of
+    it (a KeyboardInterrupt can surface wrapped in another exception: a library that calls back into
+    Python, e.g. pydantic's serializer, reports it as its own error)."""
+    interrupts.note(e)
+    return interrupts.stopping()
+
+
+def interrupted_what() -> str:
+    """``interrupted (SIGTERM)``: the start of every interrupted run's error line."""
+    return f"interrupted ({interrupts.signal_name() or 'SIGINT'})"
 
 
 def explain_failure(e: BaseException, saved: Path | None) -> SparkserveError:
     """The one error an `up` that cleaned up after itself reports: the cause, then where the logs are."""
     tail = [f"full logs: {saved}"] if saved else []
     if interrupted(e):
-        return RemoteFailure("up", "interrupted; every container this run started was stopped and removed",
-                             step="interrupted", details=tail)
+        return RemoteFailure("up", f"{interrupted_what()}; every container this run started was stopped and "
+                             "removed", step="interrupted", details=tail)
     if isinstance(e, SparkserveError):
         e.details = list(e.details) + tail
         return e

@@ -4,15 +4,16 @@
         result = up(cfg, nodes)   # validate + preflight → image → drafter → start → wait → parity → gates
 
 :func:`planned_steps` says what those steps will do for a config (`sparkserve plan` prints it); :func:`up`
-takes them. A stack that already runs this exact deployment (same fingerprint, healthy, ranks in parity)
-is left alone; one that runs anything else is replaced. On any failure or Ctrl-C, every container this
+takes them. A stack that already runs this exact deployment (same fingerprint, healthy, ranks in parity,
+gates passed for this very boot — judged now when the journal has no verdict for it) is left alone; one
+that runs anything else is replaced. After the gates pass, every rank is watched for ``gates.settle_s``
+before `up` says it serves: a rank that dies then fails `up`. On any failure or Ctrl-C, every container this
 run started is stopped (gracefully) and removed on every node, each node's log is saved first, and the
 error names the node, the step and the lines that explain it (deploy.teardown).
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import time
@@ -25,15 +26,16 @@ from sparkserve.config import Config, resolve_api_key
 from sparkserve.deploy import lock
 from sparkserve.deploy.doctor import Check, check_all, check_ports
 from sparkserve.deploy.drafter import DrafterSync, local_drafter, sync_drafter
-from sparkserve.deploy.gates_live import collect_and_judge
+from sparkserve.deploy.gates_live import collect_and_judge, passed_for_this_boot
 from sparkserve.deploy.inputs import validate_inputs
 from sparkserve.deploy.parity import check_parity
 from sparkserve.deploy.stack import managed_on_all
-from sparkserve.deploy.teardown import Reporter, explain_failure, interrupted, quiet, teardown, watch_ctrl_c
-from sparkserve.deploy.wait import NodeView, served_models, wait_ready, wait_running
+from sparkserve.deploy.teardown import Reporter, explain_failure, interrupted, interrupted_what, quiet, teardown
+from sparkserve.deploy.wait import NodeView, served_models, wait_ready, wait_running, watch_alive
 from sparkserve.deploy.watchdog import Floors
-from sparkserve.errors import GateFailed, RemoteFailure
-from sparkserve.journal import Journal
+from sparkserve.errors import GateFailed, RemoteFailure, SparkserveError
+from sparkserve.journal import record
+from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.engine import Engine, ManagedContainer
 from sparkserve.nodes.images import ensure_same_image
@@ -125,7 +127,7 @@ def up(
     the read-only preflight questions; a BadInput from it is reported first, before anything starts. Pass
     False only when the caller validated these inputs already. ``run_gates=False`` skips the gates.
     Raises GateFailed (the stack was stopped) when a gate fails, RemoteFailure/BootFailure otherwise."""
-    with watch_ctrl_c():
+    with interrupts.watching():
         try:
             return _up(cfg, nodes, run_gates=run_gates, validate=validate, break_lock=break_lock, say=say,
                        on_update=on_update)
@@ -133,8 +135,8 @@ def up(
             if isinstance(e, RemoteFailure) and e.step == "interrupted":
                 raise
             if interrupted(e):
-                raise RemoteFailure("up", "interrupted before any container was started; nothing to clean up",
-                                    step="interrupted") from None
+                raise RemoteFailure("up", f"{interrupted_what()} before any container was started; nothing to "
+                                    "clean up", step="interrupted") from None
             raise
 
 
@@ -160,9 +162,9 @@ def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool,
         plan = build_plan(cfg, fabric_env=fabric_envs(found.fabric), fingerprint=fp, api_key=resolve_api_key(cfg))
         running = _healthy_existing(cfg, plan, found.existing)
         if running is not None:
-            _keep(cfg, nodes, plan, running, say)
+            gates = _keep(cfg, nodes, plan, running, say, run_gates=run_gates)
             return UpResult("unchanged", plan.api_url, plan.served_name, fp, found.image_id, found.drafter.digest,
-                            time.monotonic() - t0, containers=running, sync=found.drafter.summary)
+                            time.monotonic() - t0, containers=running, sync=found.drafter.summary, gates=gates)
         status = _clear_the_way(cfg, nodes, found, say)
         return _boot(cfg, nodes, plan, found, status=status, t0=t0, run_gates=run_gates, say=say,
                      on_update=on_update)
@@ -222,22 +224,40 @@ def _healthy_existing(cfg: Config, plan: Plan,
         if len(mine) != 1 or len(existing.get(n.name, [])) != 1:
             return None
         found[n.name] = mine[0].id
-    models = served_models(plan.api_url)
+    models = served_models(plan.api_url, api_key=resolve_api_key(cfg))
     if not models or plan.served_name not in models:
         return None
     return found
 
 
-def _keep(cfg: Config, nodes: dict[str, Node], plan: Plan, running: dict[str, str], say: Reporter) -> None:
-    """Leave the running stack up, once its ranks are in parity: a drifted rank serves wrong results, so
-    then the stack must not stay up."""
+def _keep(cfg: Config, nodes: dict[str, Node], plan: Plan, running: dict[str, str], say: Reporter, *,
+          run_gates: bool) -> GateReport | None:
+    """Leave the running stack up, once its ranks are in parity and (with ``run_gates``) its gates passed
+    for this boot: the journal's verdict, else the gates run now (their report is returned). A drifted
+    rank or a failed gate means it serves wrong results, so then the stack must not stay up: it is torn
+    down as a failed first boot would be."""
+    report = None
     try:
         check_parity(cfg, nodes, running)
-    except RemoteFailure as e:
-        saved = teardown(cfg, nodes, {k: [v] for k, v in running.items()}, tag="parity", say=say,
-                         why="rank parity failed on the running stack: stopping and removing it")
+        if run_gates and not passed_for_this_boot(nodes, plan.fingerprint, running):
+            say("the running stack has no passing gate verdict for this boot: running the gates")
+            report = _gate(cfg, nodes, plan, running)
+            _settle(cfg, nodes, plan, running, say)
+    except SparkserveError as e:
+        parity = isinstance(e, RemoteFailure) and e.step == "rank parity"
+        saved = teardown(cfg, nodes, {k: [v] for k, v in running.items()}, tag="parity" if parity else "failed-up",
+                         say=say, why=f"the running stack failed {'rank parity' if parity else 'its gates'}: "
+                         "stopping and removing it")
         raise explain_failure(e, saved) from None
     say(f"already up: {plan.api_url} serves {plan.served_name} (deployment {plan.fingerprint[:12]}); nothing to do")
+    return report
+
+
+def _settle(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str, str], say: Reporter) -> None:
+    """The settle window: every rank watched for ``gates.settle_s`` more (BootFailure at step "settle")."""
+    if cfg.gates.settle_s > 0:
+        say(f"watching every rank for {cfg.gates.settle_s:g}s before saying it serves (settle window)")
+        watch_alive(plan, nodes, containers, seconds=cfg.gates.settle_s)
 
 
 def _clear_the_way(cfg: Config, nodes: dict[str, Node], found: _Found, say: Reporter) -> str:
@@ -275,6 +295,7 @@ def _boot(cfg: Config, nodes: dict[str, Node], plan: Plan, found: _Found, *, sta
                           boot_s, containers, found.drafter.summary)
         if run_gates:
             result.gates = _gate(cfg, nodes, plan, containers)
+        _settle(cfg, nodes, plan, containers, say)
         _record(cfg, fp, image_id, digest, "up" if result.gates is None else "up+gates")
         return result
     except BaseException as e:
@@ -325,9 +346,8 @@ def _gate(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str,
 
 
 def _gate_where(g: Verdict) -> str:
-    """``faults (node-b)``: a failed gate and the nodes its evidence points at."""
-    where = list(dict.fromkeys(e.node for e in g.evidence if e.node))
-    return f"{g.name} ({', '.join(where)})" if where else g.name
+    """``faults (node-b)``: a failed gate and the nodes its failure is about."""
+    return g.headline()
 
 
 def _gate_lines(report: GateReport) -> list[str]:
@@ -341,6 +361,6 @@ def _gate_lines(report: GateReport) -> list[str]:
 
 
 def _record(cfg: Config, fp: str, image_id: str, digest: str, outcome: str) -> None:
-    """What ran, with sha256 pins, in the journal; a journal problem never breaks a deploy."""
-    with contextlib.suppress(Exception), Journal.open() as j:
-        j.record_deployment(fp, cfg.normalized(), {n.name: image_id for n in cfg.nodes}, digest, outcome)
+    """What ran, with sha256 pins, in the journal; a journal problem never breaks a deploy (journal.record)."""
+    record("deployment", fingerprint=fp, config=cfg.normalized(), image_ids={n.name: image_id for n in cfg.nodes},
+           drafter_manifest_sha256=digest, outcome=outcome)

@@ -19,10 +19,11 @@ from datetime import datetime
 
 import httpx
 
+from sparkserve.config import API_KEY_ENV
 from sparkserve.deploy.watchdog import Floors, Phase, check, mem_available, phase_of_line
 from sparkserve.errors import RemoteFailure
-from sparkserve.nodes.base import Node
-from sparkserve.nodes.engine import Engine
+from sparkserve.nodes.base import Node, NodeError
+from sparkserve.nodes.engine import Engine, NoSuchContainer
 from sparkserve.nodes.parallel import on_all
 from sparkserve.observe.logpatterns import FATAL
 from sparkserve.plan.build import Plan
@@ -39,6 +40,7 @@ class NodeView:
     available: int | None = None
     fatal: str | None = None
     log: list[str] = field(default_factory=list)
+    stamps: list[str] = field(default_factory=list)  # docker's timestamp of each line of ``log``
     failure: BootFailure | None = None
     failed_at: float | None = None  # unix time of the failure (first fatal line, container exit)
 
@@ -50,10 +52,12 @@ class BootFailure(RemoteFailure):
         super().__init__(f"{node}: {step}", what, node=node, step=step, details=lines)
 
 
-def served_models(url: str, timeout: float = 2.0) -> list[str] | None:
-    """Model ids from ``GET /v1/models``, or None when the server does not answer (yet)."""
+def served_models(url: str, timeout: float = 2.0, *, api_key: str | None = None) -> list[str] | None:
+    """Model ids from ``GET /v1/models``, or None when the server does not answer (yet). ``api_key``: the
+    server's key (``serve.api_key_*``), sent as a bearer token; without it a keyed server answers 401."""
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     try:
-        r = httpx.get(f"{url}/v1/models", timeout=timeout)
+        r = httpx.get(f"{url}/v1/models", timeout=timeout, headers=headers)
         if r.status_code != 200:
             return None
         return [m.get("id", "") for m in r.json().get("data", [])]
@@ -73,10 +77,19 @@ def _stamp(text: str) -> float | None:
 def _poll_node(view: NodeView, eng: Engine, node: Node, floors: Floors | None) -> None:
     """One look at one rank. A failure is recorded on the view (with when it happened), not raised: when
     several ranks fail in the same poll, the earliest is the cause and the others its consequences."""
-    st = eng.state(view.container)
+    try:
+        st = eng.state(view.container)
+    except NoSuchContainer:
+        raise
+    except NodeError as e:  # the node's docker daemon (or the link to it) did not answer
+        if eng.daemon_answers():
+            raise
+        _daemon_gone(view, e.what, time.time())
+        return
     stamped = [ln.partition(" ") for ln in eng.logs(view.container, tail=400, timestamps=True)]
     lines = [text for _, _, text in stamped]
     view.log = lines
+    view.stamps = [stamp for stamp, _, _ in stamped]
     fatal_at = None
     for stamp, _, line in stamped:  # phases only move forward, so re-reading the window is harmless
         view.phase = phase_of_line(line, view.phase)
@@ -87,6 +100,9 @@ def _poll_node(view: NodeView, eng: Engine, node: Node, floors: Floors | None) -
                 fatal_at = _stamp(stamp)
     if lines:
         view.last_line = lines[-1][-160:]
+    if not st.running and st.exit_code in STOPPED_BY_SIGNAL and not eng.daemon_answers(watch_s=DAEMON_WATCH_S):
+        _daemon_gone(view, f"rank {view.rank}'s container was stopped with it", _stamp(st.finished_at))
+        return
     if not st.running:
         why = f"exit code {st.exit_code}" + (", OOM-killed" if st.oom_killed else "")
         view.failure = BootFailure(view.node, "boot", f"rank {view.rank} container {view.container[:12]} stopped "
@@ -95,7 +111,7 @@ def _poll_node(view: NodeView, eng: Engine, node: Node, floors: Floors | None) -
         view.failed_at = min(x for x in (fatal_at, ended, time.time()) if x is not None)
         return
     if view.fatal:
-        what = f"rank {view.rank} logged a fatal line: {view.fatal.strip()[-200:]}"
+        what = f"rank {view.rank} logged a fatal line: {headline(view.fatal)}"
         view.failure = BootFailure(view.node, "boot", what, explain(lines))
         view.failed_at = fatal_at if fatal_at is not None else time.time()
         return
@@ -107,9 +123,36 @@ def _poll_node(view: NodeView, eng: Engine, node: Node, floors: Floors | None) -
             view.failed_at = None  # a condition of now, not an event in the log: after any rank's crash
 
 
+def headline(line: str, width: int = 240) -> str:
+    """A log line as a headline: its message from the start (the vLLM ``(Proc pid=N) LEVEL date [file:n]``
+    prefix dropped, so ``torch.OutOfMemoryError: CUDA out of memory. Tried to allocate …`` leads), clipped at
+    the end only."""
+    from sparkserve.observe.logline import normalise
+
+    msg = next((r.msg for r in normalise(1, line.strip()) if r.msg.strip()), line)
+    return _clip(msg.strip(), width)
+
+
+# Exit codes of an engine that was told to stop (SIGTERM handled, or not): during a boot nobody but a
+# shutting-down docker daemon tells it, so only then is the daemon watched before the exit is believed.
+STOPPED_BY_SIGNAL = (0, 143)
+DAEMON_WATCH_S = 2.0
+
+
+def _daemon_gone(view: NodeView, why: str, at: float | None) -> None:
+    """The node's docker daemon stopped answering: a failure of the node, not an exit of the engine. The
+    container cannot be asked to stop while the daemon is gone, so the failure names it."""
+    what = (f"the node's docker daemon stopped answering during the boot ({why}); rank {view.rank} container "
+            f"{view.container[:12]} may still be on the node — run `sparkserve down` once its docker is back")
+    view.failure = BootFailure(view.node, "docker", what, explain(view.log))
+    view.failed_at = at if at is not None else time.time()
+
+
 def _first_failure(views: list[NodeView]) -> BootFailure | None:
     """The failure that happened first (followers before the head on a tie: the head relays theirs);
-    the others ride along as details."""
+    the others ride along as details. When the head failed first but a follower that is still running had
+    logged a root cause before it (a worker raising inside a collective: the head relays it and exits),
+    the failure is that follower's."""
     def key(v: NodeView) -> tuple[float, bool, int]:
         when = round(v.failed_at, 2) if v.failed_at is not None else float("inf")
         return when, v.failed_at is not None and v.rank == 0, v.rank
@@ -119,10 +162,36 @@ def _first_failure(views: list[NodeView]) -> BootFailure | None:
         return None
     first = failed[0].failure
     assert first is not None
+    relayed = _cause_on_a_follower(views, failed[0])
+    if relayed is not None:
+        relayed.details.append(f"then {failed[0].node} (rank {failed[0].rank}) failed: {first.what}")
+        first = relayed
     for v in failed[1:]:
         assert v.failure is not None
         first.details.append(f"also failed on {v.node}: {v.failure.what}")
     return first
+
+
+def _cause_on_a_follower(views: list[NodeView], head: NodeView) -> BootFailure | None:
+    """The earliest root-cause line a follower (with no failure of its own yet) logged at or before the
+    head's failure, as that follower's failure; None when the head failed first on its own. What a
+    follower logs after the head went away (a lost rendezvous store, a broken collective) comes later, so
+    it is never taken for the cause."""
+    if head.rank != 0 or head.failed_at is None:
+        return None
+    found: list[tuple[float, NodeView, str]] = []
+    for v in views:
+        if v is head or v.failure is not None:
+            continue
+        for lineno, text in _root_cause_lines(v.log):
+            at = _stamp(v.stamps[lineno - 1]) if 0 < lineno <= len(v.stamps) else None
+            if at is not None and round(at, 2) <= round(head.failed_at, 2):
+                found.append((at, v, text))
+                break
+    if not found:
+        return None
+    _, v, text = min(found, key=lambda x: (x[0], x[1].rank))
+    return BootFailure(v.node, "boot", f"rank {v.rank} failed: {headline(text)}", explain(v.log))
 
 
 def explain(lines: list[str], n: int = 12) -> list[str]:
@@ -149,12 +218,17 @@ def _clip(line: str, width: int = 240) -> str:
 
 def _root_causes(lines: list[str]) -> list[str]:
     """Fault lines (root causes) of a log tail, in order; never raises (an explanation must not fail)."""
+    return [text for _, text in _root_cause_lines(lines)]
+
+
+def _root_cause_lines(lines: list[str]) -> list[tuple[int, str]]:
+    """(1-based line number, text) of each fault line of a log tail, in order; never raises."""
     try:
         from sparkserve.observe.analyze import analyze
         from sparkserve.observe.logs import parse_log
 
         an = analyze([parse_log("\n".join(lines) + "\n", file="tail")])
-        return [e.text.rstrip() for _, e in an.faults]
+        return [(e.line, e.text.rstrip()) for _, e in an.faults]
     except Exception:  # noqa: BLE001
         return []
 
@@ -185,7 +259,7 @@ def wait_ready(
         elapsed = time.monotonic() - t0
         if on_update:
             on_update(views, elapsed)
-        models = served_models(plan.api_url)
+        models = served_models(plan.api_url, api_key=plan.head.secret_env.get(API_KEY_ENV))
         if models is not None and plan.served_name in models:
             for v in views:
                 v.phase = Phase.SERVING
@@ -230,3 +304,21 @@ def _poll_all(views: list[NodeView], engines: dict[str, Engine], nodes: dict[str
     failure = _first_failure(views)
     if failure is not None:
         raise failure
+
+
+def watch_alive(plan: Plan, nodes: dict[str, Node], containers: dict[str, str], *, seconds: float,
+                poll_s: float = POLL_S) -> None:
+    """Keep polling every rank for ``seconds`` after the gates passed (the settle window): a rank that
+    dies or logs a fatal line just after them fails `up` too. Raises BootFailure at the step "settle"."""
+    t0 = time.monotonic()
+    views = _views(plan, containers)
+    engines = {name: Engine(nodes[name]) for name in containers}
+    while True:
+        try:
+            _poll_all(views, engines, nodes, None)
+        except BootFailure as e:
+            raise BootFailure(e.node or "?", "settle", f"{e.what}, {time.monotonic() - t0:.1f}s after the gates "
+                              "passed", e.details) from None
+        if time.monotonic() - t0 >= seconds:
+            return
+        time.sleep(poll_s)

@@ -25,9 +25,9 @@ from typing import Any
 
 import httpx
 
+from sparkserve import journal
 from sparkserve.config import Config, resolve_api_key
 from sparkserve.errors import RemoteFailure
-from sparkserve.journal import Journal
 from sparkserve.measure.client import request_body, stream_request
 from sparkserve.measure.httpstream import StreamConnection
 from sparkserve.measure.metrics import Snapshot
@@ -198,9 +198,10 @@ def bench_and_record(
     deadline_s: float | None = None,
     stall_timeout_s: float = 60.0,
     progress: bool = False,
-) -> tuple[BenchResult, int]:
+) -> tuple[BenchResult, int | None]:
     """``sparkserve bench``: run ``cell`` against ``url`` (default: the plan's head) with ``prompts``
-    (default: the built-in set) and record it in the journal; returns the record and its journal id.
+    (default: the built-in set) and record it in the journal; returns the record and its journal id
+    (None: the journal could not take it and the record went to the fallback file, with a warning).
 
     The record carries the config's deployment fingerprint only when it is known to be that stack's:
     the URL is the plan's own, or the config was named (``config_given``) alongside the URL.
@@ -208,20 +209,21 @@ def bench_and_record(
     plan = build_plan(cfg)
     prompt_set = load_prompts(prompts) if prompts else builtin_prompts()
     api_key = resolve_api_key(cfg)
-    with Journal.open() as journal:  # open first: a broken journal fails before the run, not after
-        fingerprint: str | None = None
-        if url is None or config_given:
-            fingerprint = journal.latest_fingerprint_for_config(cfg.fingerprint()) or cfg.fingerprint()
-        result = run_cell(
-            url or plan.api_url,
-            model or plan.served_name,
-            cell,
-            prompt_set,
-            node=None if url else plan.head.node,
-            api_key=api_key,
-            deadline_s=deadline_s,
-            stall_timeout_s=stall_timeout_s,
-            progress=progress,
-        )
-        bench_id = journal.record_bench(fingerprint, result.cell, result.to_json())
+    fingerprint: str | None = None
+    if url is None or config_given:
+        fingerprint = journal.lookup(lambda j: j.latest_fingerprint_for_config(cfg.fingerprint()),
+                                     None) or cfg.fingerprint()
+    result = run_cell(
+        url or plan.api_url,
+        model or plan.served_name,
+        cell,
+        prompt_set,
+        node=None if url else plan.head.node,
+        api_key=api_key,
+        deadline_s=deadline_s,
+        stall_timeout_s=stall_timeout_s,
+        progress=progress,
+    )
+    # the journal is a record, not a gate: a damaged one gets a warning and the fallback file, not a lost run
+    bench_id = journal.record("bench", fingerprint=fingerprint, cell=result.cell, result_json=result.to_json())
     return result, bench_id

@@ -21,6 +21,7 @@ Every failure is a :class:`~sparkserve.nodes.NodeError` naming the node and the 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -230,6 +231,20 @@ class Engine:
             started_at=str(s.get("StartedAt", "")),
             finished_at=str(s.get("FinishedAt", "")),
         )
+
+    def daemon_answers(self, *, watch_s: float = 0.0, every_s: float = 0.25) -> bool:
+        """Whether the node's docker daemon answers a ping, and keeps answering for ``watch_s`` seconds: a
+        daemon that is shutting down still answers for a moment while it stops its containers, and a
+        container it stopped that way reads like one that exited on its own."""
+        deadline = time.monotonic() + watch_s
+        while True:
+            try:
+                self.client.ping()
+            except Exception:  # noqa: BLE001 - any way of not answering is the answer
+                return False
+            if time.monotonic() >= deadline:
+                return True
+            time.sleep(every_s)
 
     def stop_graceful(self, ref: str | ManagedContainer, timeout: int) -> None:
         """``docker stop -t timeout``: SIGTERM, then SIGKILL after ``timeout`` s. Managed containers only."""

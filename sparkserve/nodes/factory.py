@@ -3,9 +3,13 @@
     with open_nodes(cfg) as nodes:         # {name: Node} in config order, connected in parallel
         head = nodes[cfg.head.name]
 
-A node with ``local: true`` becomes a :class:`LocalNode`; every other node an :class:`SSHNode`. Connecting
-fails with the first unreachable node's one-line error (others attached as details), after closing the
-ones that did connect.
+    with open_reachable(cfg) as (nodes, unreachable):   # `down` / `status` / `doctor`: every node it can
+        ...                                             # reach; unreachable: {name: its connect error}
+
+A node with ``local: true`` becomes a :class:`LocalNode`; every other node an :class:`SSHNode`.
+:func:`open_nodes` fails with the first unreachable node's one-line error (others attached as details),
+after closing the ones that did connect; :func:`open_reachable` keeps the ones that connected, so a
+command that must act wherever it can (stop the head while a follower is down) still can.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from sparkserve.errors import RemoteFailure, SparkserveError
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.local import LocalNode
 from sparkserve.nodes.parallel import on_all
@@ -52,6 +57,50 @@ def close_nodes(nodes: dict[str, Node]) -> None:
     for node in nodes.values():
         with contextlib.suppress(Exception):
             node.close()
+
+
+def as_failure(name: str, e: BaseException) -> SparkserveError:
+    """Any failure to reach ``name`` as a typed one-line error (an SSH library's own exception included)."""
+    if isinstance(e, SparkserveError):
+        return e
+    return RemoteFailure(f"{name}: ssh", f"{type(e).__name__}: {e}", node=name, step="ssh")
+
+
+def connect_reachable(cfg: Config) -> tuple[dict[str, Node], dict[str, SparkserveError]]:
+    """Every configured node connected in parallel: those that connected (config order), and the error of
+    each one that did not."""
+    nodes = {n.name: make_node(n, cfg.ssh) for n in cfg.nodes}
+
+    def _connect(name: str) -> SparkserveError | None:
+        node = nodes[name]
+        try:
+            if isinstance(node, SSHNode):
+                node.connect()
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # noqa: BLE001 - every way of not reaching a node is reported the same way
+            return as_failure(name, e)
+        return None
+
+    try:
+        errors = {k: e for k, e in on_all(list(nodes), _connect).items() if e is not None}
+    except BaseException:
+        close_nodes(nodes)
+        raise
+    for name in errors:
+        with contextlib.suppress(Exception):
+            nodes.pop(name).close()
+    return nodes, errors
+
+
+@contextlib.contextmanager
+def open_reachable(cfg: Config) -> Iterator[tuple[dict[str, Node], dict[str, SparkserveError]]]:
+    """:func:`connect_reachable` as a context: the connected nodes are closed after."""
+    nodes, errors = connect_reachable(cfg)
+    try:
+        yield nodes, errors
+    finally:
+        close_nodes(nodes)
 
 
 @contextlib.contextmanager

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import docker.errors
 
+from sparkserve.errors import RemoteFailure
+from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node, NodeError
 from sparkserve.nodes.docker_client import docker_errors
 from sparkserve.nodes.parallel import on_all
@@ -123,6 +125,11 @@ def ship_image(src: Node, dst: Node, ref: str, *, chunk_size: int = SHIP_CHUNK) 
             dst.docker().images.load(counted())
         except docker.errors.ImageLoadError as e:
             raise NodeError(dst.name, "ship", f"docker load failed: {e}") from None
+        except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP: docker discards a load whose stream ends early
+            interrupts.note(e)
+            raise RemoteFailure("image ship", f"interrupted ({interrupts.signal_name()}) while shipping {ref} to "
+                                f"{dst.name}; the partial load was discarded, {dst.name} is as it was",
+                                node=dst.name, step="interrupted") from None
     seconds = time.monotonic() - t0
     got = image_id(dst, ref)
     if got != img.id:

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TypeVar
 
 from sparkserve.errors import RemoteFailure, SparkserveError
+from sparkserve.nodes import interrupts
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -22,7 +23,9 @@ def on_all(items: Sequence[T], fn: Callable[[T], R], *, name: Callable[[T], str]
     results: dict[str, R] = {}
     errors: list[tuple[str, BaseException]] = []
     with ThreadPoolExecutor(max_workers=len(items)) as pool:
-        futures = [(name(i), pool.submit(fn, i)) for i in items]
+        # an interrupt in the middle of submit would leave a started thread the pool does not wait for
+        with interrupts.deferred(raise_after=True):
+            futures = [(name(i), pool.submit(fn, i)) for i in items]
         for key, fut in futures:
             try:
                 results[key] = fut.result()

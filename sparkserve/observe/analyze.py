@@ -7,6 +7,13 @@
 
 Unknown stays ``None`` (``null``), never guessed. Ranks are global ranks (:mod:`sparkserve.observe.ranks`);
 the configuration is what the logs print (:mod:`sparkserve.observe.engine_config`).
+
+``ready`` (evidence in ``ready_evidence``): true on the readiness line or when requests were visibly served (a
+throughput line with work done, SpecDecoding metrics); false when the boot plainly
+failed (:data:`~sparkserve.observe.logpatterns.BOOT_FAILED` on a fault) or an API server started and never got
+ready; null when the log cannot tell — among others when the engine died while serving with the start out of view.
+``faults[0]`` says ``why`` it is a fault. A Ray worker's death is the root cause of the EngineCore error it causes;
+a shared-memory broadcast stall the engine outlived (it got ready after it) is no fault.
 """
 
 from __future__ import annotations
@@ -17,7 +24,7 @@ from typing import Any
 
 from sparkserve.observe.engine_config import EngineConfig, engine_config
 from sparkserve.observe.events import Event
-from sparkserve.observe.logpatterns import POINTER, FaultKind, Kind
+from sparkserve.observe.logpatterns import BOOT_FAILED, DIED_SERVING, POINTER, FaultKind, Kind
 from sparkserve.observe.logs import ParsedLog, parse_log
 from sparkserve.observe.ranks import API_NAMES, attribute_ranks, rank_sort
 
@@ -48,6 +55,18 @@ class Spec:
     mean_acceptance_length: list[float] = field(default_factory=list)
 
 
+@dataclass(frozen=True)
+class ReadyEvidence:
+    """The line ``ready`` was decided on, and why."""
+
+    log: ParsedLog
+    event: Event
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"file": self.log.file, "line": self.event.line, "text": self.event.text, "why": self.why}
+
+
 @dataclass
 class Analysis:
     """Everything ``logs analyze`` and the gates read off a set of logs."""
@@ -66,6 +85,7 @@ class Analysis:
     artefacts: list[tuple[ParsedLog, Event]]
     tensor_parallel_size: int | None = None
     versions: list[str] = field(default_factory=list)
+    ready_evidence: ReadyEvidence | None = None
 
     def events(self, *kinds: Kind) -> list[tuple[ParsedLog, Event]]:
         return [(log, e) for log in self.logs for e in log.events if e.kind in kinds]
@@ -91,10 +111,21 @@ class Analysis:
                     "line": e.line,
                     "kind": e.fault.value if e.fault else "other",
                     "text": e.text,
+                    "why": fault_why(e),
                 }
                 for log, e in self.faults
             ],
+            "ready_evidence": self.ready_evidence.to_json() if self.ready_evidence else None,
         }
+
+
+def fault_why(e: Event) -> str:
+    """Why a fault line is one: the row it matched, or the traceback it ends (and the header folded into it)."""
+    start = e.data.get("traceback_start")
+    if start is None:
+        return e.why or "a fault line"
+    why = f"root-cause line of the traceback that starts at line {start}"
+    return f"{why}, logged under {e.data['header']!r}" if e.data.get("header") else why
 
 
 class _Events:
@@ -120,11 +151,12 @@ def analyze(logs: Sequence[ParsedLog], node_ranks: Mapping[str, Sequence[str]] |
     ranks = _rank_states(ev)
     runner = _model_runner(ev)
     eager_known = any(e.rank is None for _, e in ev.of(Kind.EAGER)) or cfg.enforce_eager is True
-    graphs = _graphs(ev, ranks, runner, eager_known)
+    graphs = _graphs(ev, ranks, runner, eager_known, cfg.cudagraph_mode)
     if len({s for (_, s) in kv_streams}) == 1:  # one engine: its pool is every rank's pool
         for st in ranks.values():
             st.kv_cache_tokens = list(kv_streams.values())[-1]
     faults, artefacts = _ordered_faults(logs)
+    ready, ready_evidence = _ready(ev, faults)
     return Analysis(
         logs=list(logs),
         kv_cache_tokens=kv,
@@ -135,11 +167,12 @@ def analyze(logs: Sequence[ParsedLog], node_ranks: Mapping[str, Sequence[str]] |
         ranks={r: ranks[r] for r in sorted(ranks, key=rank_sort)},
         spec=_spec(ev, cfg, ranks),
         model_runner=runner,
-        ready=_ready(ev),
+        ready=ready,
         faults=faults,
         artefacts=artefacts,
         tensor_parallel_size=tp_size,
         versions=_versions(ev),
+        ready_evidence=ready_evidence,
     )
 
 
@@ -187,7 +220,9 @@ def _model_runner(ev: _Events) -> str | None:
     return "v1" if ev.of(Kind.RUNNER_V1) else None
 
 
-def _graphs(ev: _Events, ranks: dict[str, RankState], runner: str | None, eager_known: bool) -> str:
+def _graphs(
+    ev: _Events, ranks: dict[str, RankState], runner: str | None, eager_known: bool, mode: str | None
+) -> str:
     """Set each rank's ``graphs``; return the stack's: captured | partial | eager | unknown."""
     captures = ev.of(Kind.GRAPH_CAPTURED)
     # V1 (0.12+) logs `Graph capturing finished` with info_once: once per node, standing for its ranks
@@ -197,19 +232,31 @@ def _graphs(ev: _Events, ranks: dict[str, RankState], runner: str | None, eager_
             st.graphs = "captured"
         elif st.eager or eager_known:
             st.graphs = "eager"
+    bar_done = _last_bar_done(ev, mode)
     if ranks:
         states = {s.graphs for s in ranks.values()}
-        if states == {"captured"}:
+        if states == {"captured"} or (states == {"unknown"} and bar_done):
             return "captured"
         if "captured" in states:
             return "partial"
         return "eager" if "eager" in states else "unknown"
     any_eager = eager_known or bool(ev.of(Kind.EAGER))
-    if captures and any_eager:
+    if (captures or bar_done) and any_eager:
         return "partial"
-    if captures:
+    if captures or bar_done:
         return "captured"
     return "eager" if any_eager else "unknown"
+
+
+def _last_bar_done(ev: _Events, mode: str | None) -> bool:
+    """The capture finished by its bars (the finished line may be out of view: an excerpt, info_once on another
+    node): the last bar reached 100% and is the last capture phase — FULL (V1 `decode, FULL` after the PIECEWISE
+    bar), V0's one `shapes` bar, a bar without mode, or PIECEWISE when that is the configured mode."""
+    bars = ev.of(Kind.CAPTURE_BAR)
+    if not bars or bars[-1][1].data.get("pct") != "100":
+        return False
+    bar_mode = bars[-1][1].data.get("mode") or ""
+    return not bar_mode or "FULL" in bar_mode or mode == "PIECEWISE"
 
 
 def _effective_mode(ev: _Events, cfg: EngineConfig, eager_known: bool) -> str | None:
@@ -241,15 +288,26 @@ def _spec(ev: _Events, cfg: EngineConfig, ranks: dict[str, RankState]) -> Spec:
     return spec
 
 
-def _ready(ev: _Events) -> bool | None:
-    """True on the readiness line; False when an API server exists in the logs without it; else unknown."""
-    if ev.of(Kind.READY):
-        return True
-    if ev.of(Kind.API_SERVER) or ev.of(Kind.NON_DEFAULT_ARGS) or any(
-        e.rec.proc is not None and e.rec.proc.name.startswith(API_NAMES) for _, e in ev.all
-    ):
-        return False
-    return None
+def _ready(
+    ev: _Events, faults: Sequence[tuple[ParsedLog, Event]]
+) -> tuple[bool | None, ReadyEvidence | None]:
+    """``ready`` and the line it was decided on (rules: module docstring), strongest evidence first."""
+    for log, e in ev.of(Kind.READY):
+        return True, ReadyEvidence(log, e, "the API server logged its readiness line")
+    for log, e in ev.of(Kind.SERVED) + ev.of(Kind.SPEC_METRICS):
+        if e.data.get("prompt") is None or float(e.data["prompt"]) + float(e.data["gen"]) > 0:
+            return True, ReadyEvidence(log, e, "requests were served")
+    for log, e in faults:
+        if BOOT_FAILED.search(e.rec.msg) or BOOT_FAILED.search(e.data.get("header") or ""):
+            return False, ReadyEvidence(log, e, "the boot failed before the API server got ready")
+    for log, e in faults:
+        if DIED_SERVING.search(e.rec.msg) or DIED_SERVING.search(e.data.get("header") or ""):
+            return None, ReadyEvidence(log, e, "the engine died while serving; its start is not in the log")
+    api = ev.of(Kind.API_SERVER) or ev.of(Kind.NON_DEFAULT_ARGS)
+    named = [(log, e) for log, e in ev.all if e.rec.proc is not None and e.rec.proc.name.startswith(API_NAMES)]
+    for log, e in (api or named)[:1]:
+        return False, ReadyEvidence(log, e, "an API server started and never logged `Application startup complete.`")
+    return None, None
 
 
 def _versions(ev: _Events) -> list[str]:
@@ -262,7 +320,10 @@ def _versions(ev: _Events) -> list[str]:
 
 
 def _consequence(e: Event) -> int:
-    """1 for a fault line that reports another fault (it sorts after the cause within the same second)."""
+    """1 for a fault line that reports another fault (it sorts after the cause within the same second); -1 for a
+    Ray worker's death, the cause of the EngineCore error it brings, which Ray's log monitor may print after it."""
+    if "A worker died or was killed" in e.rec.msg or "its worker process has died" in e.rec.msg:
+        return -1
     if e.fault in (FaultKind.WORKER_DIED, FaultKind.ENGINE_DEAD) or POINTER.search(e.rec.msg):
         return 1
     return 1 if "TCPStore" in e.text or "[c10d]" in e.rec.msg else 0
@@ -278,13 +339,20 @@ def _ordered_faults(
     faults: list[tuple[int, ParsedLog, Event]] = []
     artefacts = [(log, e) for log in logs for e in log.artefacts]
     for i, log in enumerate(logs):
+        ready_at = min((e.sort_line for e in log.of(Kind.READY)), default=None)
         for e in log.faults:
-            if e.ts is not None and any(j != i and e.ts >= t for j, t in stops):
+            outlived = ready_at is not None and e.sort_line < ready_at and _survived(e)
+            if outlived or (e.ts is not None and any(j != i and e.ts >= t for j, t in stops)):
                 artefacts.append((log, e))
             else:
                 faults.append((i, log, e))
     faults.sort(key=lambda x: (x[2].ts or (0,), _consequence(x[2]), x[0], x[2].sort_line, x[2].line))
     return [(log, e) for _, log, e in faults], artefacts
+
+
+def _survived(e: Event) -> bool:
+    """A stall the engine outlived: the shm-broadcast wait it logs while a peer compiles or warms up."""
+    return e.fault is FaultKind.TIMEOUT and "No available shared memory broadcast block" in e.rec.msg
 
 
 def analyze_texts(texts: Mapping[str, str], nodes: Mapping[str, str] | None = None) -> Analysis:

@@ -1,8 +1,10 @@
 """A logical log record → its events: which rows of the pattern table its message matches.
 
 A fault line yields at most one fault event, of the first fault row that matches (table order); an
-``ERROR`` / ``CRITICAL`` line that no row names is a fault of kind ``other``. Quoted text in a message (an
-error relayed from elsewhere) never decides a fault's kind.
+``ERROR`` / ``CRITICAL`` line that no row names is a fault of kind ``other`` — unless it is one line of a
+multi-line message (a traceback frame, code or caret line that ``logger.exception`` prefixed: its exception line
+is the fault) or a request that failed (:data:`~sparkserve.observe.logpatterns.NOT_FAULTS`). Quoted text in a
+message (an error relayed from elsewhere) never decides a fault's kind. Each fault says ``why`` it is one.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkserve.observe.logline import Record
-from sparkserve.observe.logpatterns import NEEDLE_INDEX, PATTERNS, FaultKind, Kind
+from sparkserve.observe.logpatterns import NEEDLE_INDEX, NOT_FAULTS, PATTERNS, FaultKind, Kind
 
 
 @dataclass(slots=True)
@@ -26,6 +28,7 @@ class Event:
     sort_line: int = 0  # position used to order faults (a traceback's start, not its root line)
     rank: str | None = None  # set by sparkserve.observe.ranks.attribute_ranks
     ts: tuple[int, ...] | None = None  # own stamp, or the nearest earlier stamp (faults and stops)
+    why: str = ""  # for a fault: what made this line one (shown with faults[0])
 
     @property
     def line(self) -> int:
@@ -37,6 +40,8 @@ class Event:
 
 
 _QUOTED = re.compile(r"'[^']*'")
+#: One line of a multi-line message: a traceback frame (``  File "…", line N``), its code or ``^^^``/``~~~`` marks.
+_CONTINUATION = re.compile(r'^(?:\s|[\^~]|File "|\.\.\.<\d+ lines>\.\.\.$)')
 
 
 def _unquoted(msg: str) -> str:
@@ -60,7 +65,8 @@ def match_events(rec: Record, anchors: list[int] | None = None) -> list[Event]:
                 fmsg = _unquoted(msg)
             m = p.regex.search(fmsg)
             if m:
-                events.append(Event(p.kind, rec, m.groupdict(), p.fault))
+                why = f"names a {p.fault.value if p.fault else 'fault'}: {m.group(0)!r}"
+                events.append(Event(p.kind, rec, m.groupdict(), p.fault, why=why))
                 got_fault = True
             continue
         m = p.regex.search(msg)
@@ -71,9 +77,16 @@ def match_events(rec: Record, anchors: list[int] | None = None) -> list[Event]:
         not got_fault
         and rec.level in ("ERROR", "CRITICAL")
         and not any(e.kind is Kind.TRACEBACK_START for e in events)
+        and not _not_a_fault(msg)
     ):
-        events.append(Event(Kind.FAULT, rec, {"level": rec.level}, FaultKind.OTHER))
+        why = f"an {rec.level} line that no pattern row names"
+        events.append(Event(Kind.FAULT, rec, {"level": rec.level}, FaultKind.OTHER, why=why))
     return events
+
+
+def _not_a_fault(msg: str) -> bool:
+    """An ``ERROR`` line that is no fault of its own: part of a multi-line message, or a failed request."""
+    return not msg.strip() or bool(_CONTINUATION.match(msg)) or bool(NOT_FAULTS.match(msg))
 
 
 def classify_fault(msg: str) -> FaultKind | None:

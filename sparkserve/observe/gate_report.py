@@ -36,6 +36,13 @@ class Verdict:
     reason: str
     evidence: list[Evidence] = field(default_factory=list)
     skipped: bool = False
+    blame: list[str] = field(default_factory=list)  # the nodes a failure is about (evidence may cite healthy ones)
+
+    def headline(self) -> str:
+        """``graphs (node-b)``: the gate and the nodes its failure is about — those it blames, else every
+        node its evidence cites."""
+        where = list(dict.fromkeys(self.blame)) or list(dict.fromkeys(e.node for e in self.evidence if e.node))
+        return f"{self.name} ({', '.join(where)})" if where else self.name
 
     def to_json(self) -> dict[str, Any]:
         return {

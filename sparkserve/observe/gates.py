@@ -116,6 +116,15 @@ def _pool(an: Analysis, ex: Expectations) -> Verdict:
     return Verdict("pool", True, expected, observed, f"{got:,} tokens = {source}", evidence)
 
 
+def _rank_hosts(ex: Expectations) -> dict[str, list[str]]:
+    """rank → the node the config puts it on (empty without a node → ranks map)."""
+    out: dict[str, list[str]] = {}
+    for node, ranks in (ex.node_ranks or {}).items():
+        for r in ranks:
+            out.setdefault(r, []).append(node)
+    return out
+
+
 def _graphs(an: Analysis, ex: Expectations) -> Verdict:
     expected = {
         "cudagraph_mode": ex.cudagraph_mode,
@@ -128,6 +137,7 @@ def _graphs(an: Analysis, ex: Expectations) -> Verdict:
     }
     problems: list[str] = []
     evidence: list[Evidence] = []
+    blame: list[str] = []  # the failing ranks' nodes: the evidence also quotes the healthy ranks' capture
     eager = an.events(Kind.EAGER)
     downgrades = an.events(Kind.CUDAGRAPH_DOWNGRADE)
     draft_eager = an.events(Kind.DRAFT_EAGER)
@@ -135,13 +145,18 @@ def _graphs(an: Analysis, ex: Expectations) -> Verdict:
         problems.append("--enforce-eager is configured: CUDA graphs are off on every rank")
     elif ex.cudagraph_mode == "NONE":
         problems.append("cudagraph_mode NONE is configured: no CUDA graphs")
+    hosts = _rank_hosts(ex)
     for r in ex.ranks:
         st = an.ranks.get(r)
         if st is None:
             problems.append(f"rank {r}: no line from rank {r} in {_nodes_text(an)}")
+            blame += hosts.get(r, [])
         elif not st.capture:
             how = "eager" if st.graphs == "eager" else "no `Graph capturing finished` line"
             problems.append(f"rank {r} graphs off ({how}; looked in {', '.join(sorted(st.nodes))})")
+            nodes = hosts.get(r) or sorted(st.nodes)
+            blame += nodes
+            evidence += [Evidence(n, None, f"rank {r}: {how}") for n in nodes]
         else:
             log = _node_of(an)[id(st.capture[0])]
             evidence.append(_ev(log, st.capture[0]))
@@ -154,6 +169,7 @@ def _graphs(an: Analysis, ex: Expectations) -> Verdict:
         where = f"rank {e.rank}" if e.rank is not None else log.node
         problems.append(f"cudagraph_mode downgraded {src} → {dst} on {where}")
         evidence.append(_ev(log, e))
+        blame.append(log.node)
     if (
         not downgrades
         and ex.cudagraph_mode
@@ -166,8 +182,10 @@ def _graphs(an: Analysis, ex: Expectations) -> Verdict:
     for log, e in draft_eager:
         problems.append(f"the drafter runs eagerly on {f'rank {e.rank}' if e.rank is not None else log.node}")
         evidence.append(_ev(log, e))
+        blame.append(log.node)
     if problems:
-        return Verdict("graphs", False, expected, observed, "; ".join(problems), evidence)
+        failing = sorted(evidence, key=lambda ev: ev.node not in blame)  # what failed leads (stable sort)
+        return Verdict("graphs", False, expected, observed, "; ".join(problems), failing, blame=blame)
     return Verdict(
         "graphs",
         True,

@@ -47,6 +47,7 @@ class Kind(StrEnum):
     RUNNER_V1_FALLBACK = "runner_v1_fallback"
     READY = "ready"
     SPEC_METRICS = "spec_metrics"
+    SERVED = "served"
     STOP = "stop"
     FAULT = "fault"
     TRACEBACK_START = "traceback_start"
@@ -161,11 +162,17 @@ PATTERNS: tuple[LogPattern, ...] = (
        "twice with memory profiling, once with --kv-cache-memory-bytes, never when eager. Old V0: no `took`.",
        milestone=Milestone.CAPTURE),
     _p(Kind.CAPTURE_BAR, ("Capturing ",),
-       r"Capturing (?:(?P<which>[\w-]+) )?CUDA graphs? (?:shapes|\((?P<mode>[^)]*)\))",
+       r"Capturing (?:(?P<which>[\w-]+) )?CUDA graphs?(?: shapes| \((?P<mode>[^)]*)\)|(?=:\s*\d+%))"
+       r"(?::\s*(?P<pct>\d+)%)?",
        "tqdm (stderr, global rank 0 only, unprefixed in 0.31+): V2 `Capturing CUDA graphs (PIECEWISE)`/`(FULL)`, "
        "`Capturing dflash2 CUDA graphs (FULL)`; V1 `(mixed prefill-decode, PIECEWISE)`/`(decode, FULL)`; V0 "
-       "`Capturing CUDA graph shapes`. Supporting evidence only: per-rank capture is judged from "
-       "`Graph capturing finished`."),
+       "`Capturing CUDA graph shapes`, 0.8–0.9 `Capturing CUDA graphs: N%`. Per-rank capture is judged from "
+       "`Graph capturing finished`; a log whose last bar reaches 100% captured (the finished line may be out of "
+       "view)."),
+    _p(Kind.GRAPH_CAPTURED, ("cuda graph addresses",),
+       r"Registering (?P<addresses>\d+) cuda graph addresses",
+       "custom all-reduce, every TP>1 worker right after its capture (0.9+, seen 0.9–0.25): `Registering %d cuda "
+       "graph addresses` — the rank captured (phase-neutral: the watchdog's CAPTURE phase starts earlier)"),
     _p(Kind.SPECULATOR_CAPTURE, ("Capturing model for",),
        r"Capturing model for (?:(?P<which>\w+) )?speculator",
        "V2: `Capturing model for speculator...` (EAGLE/MTP), `Capturing model for %s speculator...` (DFlash, DFlash2)",
@@ -218,15 +225,22 @@ PATTERNS: tuple[LogPattern, ...] = (
        "lines only the V1 runner (gpu_model_runner) prints: `Starting to load model %s...`, `Profiling CUDA graph "
        "memory: …`, V1 capture bars"),
     # --- readiness ----------------------------------------------------------------------------------
+    _p(Kind.SERVED, ("Avg prompt throughput:",),
+       r"Avg prompt throughput: (?P<prompt>[\d.]+) tokens/s, Avg generation throughput: (?P<gen>[\d.]+) tokens/s",
+       "the stats line `[Engine 000: ]Avg prompt throughput: %.1f tokens/s, Avg generation throughput: %.1f "
+       "tokens/s, …` (V0 and V1, every 10 s under load): requests were served when a throughput is above 0. The "
+       "uvicorn access lines (`\"POST /v1/chat/completions HTTP/1.1\" 200 OK`) would say so too, but they are the bulk "
+       "of a serving log and stay unread (no needle)"),
     _p(Kind.READY, ("Application startup complete.",),
        r"Application startup complete\.",
        "uvicorn (`INFO:     Application startup complete.`), prefixed `(APIServer pid=N)` ≤0.30, bare 0.31+. "
        "vLLM never prints `Uvicorn running on`.", milestone=Milestone.READY),
     # --- deliberate stop (what follows is a shutdown artefact, not a boot fault) ----------------------
     _p(Kind.STOP, ("[shutdown] ", "Shutting down", "terminating worker queues"),
-       r"^(?!.*exited unexpectedly)(?:\[shutdown\] |Shutting down\b|.*received signal=SIG(?:INT|TERM)"
+       r"^(?!.*exited unexpectedly)(?:\[shutdown\] |Shutting down$|.*received signal=SIG(?:INT|TERM)"
        r"|Parent process exited, terminating worker queues)",
-       "0.25+ `[shutdown] …` chatter (except `engine core exited unexpectedly`, a fault), uvicorn `Shutting down`, "
+       "0.25+ `[shutdown] …` chatter (except `engine core exited unexpectedly`, a fault), uvicorn `Shutting down` (the "
+       "whole message: Ray's `Shutting down Ray distributed executor.` follows a dead engine core), "
        "`[shutdown] EngineCore: trigger received signal=SIGTERM`, worker `Parent process exited, terminating "
        "worker queues`"),
     # --- faults (first match wins) ------------------------------------------------------------------
@@ -243,15 +257,19 @@ PATTERNS: tuple[LogPattern, ...] = (
        r"EngineDeadError|engine core exited unexpectedly",
        "`[shutdown] MPClient: engine core exited unexpectedly; starting cleanup`, `EngineDeadError` (relayed: the "
        "cause is logged elsewhere, which ends the boot itself)", FaultKind.ENGINE_DEAD),
-    _p(Kind.FAULT, ("CUDA out of memory", "NV_ERR_NO_MEMORY"),
-       r"CUDA out of memory|NV_ERR_NO_MEMORY",
-       "PyTorch `torch.OutOfMemoryError: CUDA out of memory. …`; kernel `NVRM: … NV_ERR_NO_MEMORY` (Spark UMA)",
+    _p(Kind.FAULT, ("CUDA out of memory", "NV_ERR_NO_MEMORY", "CUDA driver error: out of memory"),
+       r"CUDA out of memory|NV_ERR_NO_MEMORY|CUDA driver error: out of memory",
+       "PyTorch `torch.OutOfMemoryError: CUDA out of memory. …`, `RuntimeError: CUDA driver error: out of memory`; "
+       "kernel `NVRM: … NV_ERR_NO_MEMORY` (Spark UMA)",
        FaultKind.OOM, fatal=True),
     _p(Kind.FAULT, ("OutOfMemoryError", "not enough GPU memory", "No available memory for the cache blocks",
-                    "larger than the available KV cache memory"),
+                    "larger than the available KV cache memory", "can be stored in KV cache"),
        r"OutOfMemoryError|Failed to load model - not enough GPU memory"
-       r"|No available memory for the cache blocks|larger than the available KV cache memory",
-       "a bare `OutOfMemoryError`; V1 `Failed to load model - not enough GPU memory …`; KV planning ValueErrors",
+       r"|No available memory for the cache blocks|larger than the available KV cache memory"
+       r"|is larger than the maximum number of tokens that can be stored in KV cache",
+       "a bare `OutOfMemoryError`; V1 `Failed to load model - not enough GPU memory …`; KV planning ValueErrors "
+       "(V1 `… larger than the available KV cache memory …`, V0 `The model's max seq len (%d) is larger than the "
+       "maximum number of tokens that can be stored in KV cache (%d). …`)",
        FaultKind.OOM),
     _p(Kind.FAULT, ("operation timeout: WorkNCCL",),
        r"Watchdog caught collective operation timeout",
@@ -277,6 +295,17 @@ PATTERNS: tuple[LogPattern, ...] = (
        "mp executor `Worker proc %s died unexpectedly[ (exit code: %s)], shutting down executor.` (exit -9 = "
        "OOM killer), worker `WorkerProc failed to start.`/`failed.`, Ray `RayWorkerProc rank=%s died unexpectedly "
        "…`, `RayWorkerProc failed: %s`", FaultKind.WORKER_DIED, fatal=True),
+    _p(Kind.FAULT, ("A worker died or was killed", "its worker process has died"),
+       r"A worker died or was killed while executing a task|The actor is dead because its worker process has died",
+       "Ray: `(raylet) A worker died or was killed while executing a task by an unexpected system error. …` and the "
+       "EngineCore's `The actor is dead because its worker process has died. …` — the root cause of the EngineCore "
+       "exception that follows", FaultKind.WORKER_DIED, fatal=True),
+    _p(Kind.FAULT, ("has been marked dead", "Failed to register worker"),
+       r"has been marked dead because the detector has missed too many heartbeats"
+       r"|Failed to register worker \S+ to Raylet",
+       "Ray: `(raylet) The node with node id: … has been marked dead because the detector has missed too many "
+       "heartbeats from it.`; core_worker `Failed to register worker %s to Raylet. IOError: …`",
+       FaultKind.WORKER_DIED),
     _p(Kind.FAULT, ("WorkerProc hit an exception", "WorkerProc was terminated", "Worker failed with error"),
        r"WorkerProc hit an exception|WorkerProc was terminated|Worker failed with error",
        "worker `WorkerProc hit an exception.`/`was terminated`, `RuntimeError: Worker failed with error '%s', please "
@@ -304,7 +333,8 @@ NEEDLES: tuple[str, ...] = tuple(sorted({n for p in PATTERNS for n in p.needles}
 ANCHORS: tuple[str, ...] = (
     "LLM ", "non-default", "world", "took", "KV cache size:", " blocks: ", "emory", "aptur", "eager", "udagraph",
     "Loaded DFlash", "SpecDecoding metrics:", "odel", "startup complete", "hut",
-    "ngine core", "EngineCore ", "EngineDead", "NCCL", "ibv_",
+    "ngine core", "EngineCore ", "EngineDead", "NCCL", "ibv_", "graph addresses", "stored in KV", "marked dead",
+    "throughput:",
     "RPC call", "orker", "TCPStore", "c10d", "Xid", "Traceback", "ERR", "CRITICAL",
 )
 #: anchor → ((needle, index into PATTERNS), …) for the needles holding that anchor.
@@ -319,6 +349,23 @@ EXCEPTION_LINE = re.compile(
 #: Root-cause pointers: the real cause was logged earlier (another process or an earlier traceback).
 POINTER = re.compile(
     r"[Ss]ee (?:the )?root cause above|[Ss]ee stack trace|check the stack trace above|[Ss]ee the stack trace above"
+)
+#: ``ERROR`` lines that are not engine faults: a request that failed (a client's 404/400, a stream cut by a dead
+#: engine, whose cause is logged on its own) — vLLM's serving_* ``logger.exception`` messages.
+NOT_FAULTS = re.compile(
+    r"^(?:Error in (?:chat )?completion stream generator|Error in preprocessing prompt inputs"
+    r"|Error with model .*|The model `[^`]*` does not exist)"
+)
+#: A fault line (or the header folded into it) that says the boot itself failed: ``ready`` is false.
+BOOT_FAILED = re.compile(
+    r"EngineCore failed to start|Engine core initialization failed|WorkerProc failed to start"
+    r"|on startup is less than desired GPU memory utilization|To serve at least one request"
+    r"|larger than the available KV cache memory|can be stored in KV cache|No available memory for the cache blocks"
+    r"|Failed to load model - not enough GPU memory|Timed out waiting for engine core processes to start"
+)
+#: A fault line that says the engine died while it was serving (requests were in flight): it had come up.
+DIED_SERVING = re.compile(
+    r"AsyncLLM output_handler failed|EngineDeadError|Engine iteration timed out|failed \(engine dead\)"
 )
 #: Exceptions that mean a deliberate stop, not a fault.
 STOP_EXCEPTIONS = frozenset({"KeyboardInterrupt", "SystemExit"})

@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from sparkserve.config import Config
 from sparkserve.errors import BadInput
@@ -19,7 +22,7 @@ from sparkserve.observe.analyze import Analysis, analyze
 from sparkserve.observe.gate_inputs import Expectations
 from sparkserve.observe.gate_report import GateReport
 from sparkserve.observe.gates import judge
-from sparkserve.observe.logs import ParsedLog, parse_log
+from sparkserve.observe.logs import ParsedLog, collector_paused, parse_log
 
 
 @dataclass(frozen=True)
@@ -31,12 +34,12 @@ class LogFile:
     given_as: str = "FILE"  # the argument or option it was given with, for the error when it cannot be read
 
 
-def read_log(f: LogFile) -> bytes:
-    """The bytes of a saved log (stdin for ``-``)."""
+def open_log(f: LogFile) -> BinaryIO:
+    """A saved log opened for reading (stdin for ``-``); one that cannot be opened is a BadInput."""
     if str(f.path) == "-":
-        return sys.stdin.buffer.read()
+        return sys.stdin.buffer
     try:
-        return f.path.read_bytes()
+        return f.path.open("rb")
     except FileNotFoundError:
         raise BadInput(f.given_as, f"{f.path}: no such file") from None
     except IsADirectoryError:
@@ -46,20 +49,36 @@ def read_log(f: LogFile) -> bytes:
 
 
 def parse_files(files: Iterable[LogFile]) -> list[ParsedLog]:
-    """Each saved log parsed (bytes read as UTF-8, undecodable bytes replaced), in order."""
-    return [parse_log(read_log(f), file=str(f.path), node=f.node) for f in files]
+    """Each saved log parsed (bytes read as UTF-8, undecodable bytes replaced), in order. Every file is opened
+    first, so a bad name fails before any is read; then they are read side by side, each in one pass."""
+    files = list(files)
+    with ExitStack() as stack:
+        handles = [open_log(f) for f in files]
+        for h in handles:
+            if h is not sys.stdin.buffer:  # stdin is not ours to close
+                stack.enter_context(h)
+
+        def one(i: int) -> ParsedLog:
+            return parse_log(handles[i], file=str(files[i].path), node=files[i].node)
+
+        if len(files) < 2:
+            return [one(i) for i in range(len(files))]
+        with ThreadPoolExecutor(max_workers=min(len(files), 8)) as pool:
+            return list(pool.map(one, range(len(files))))
 
 
 def analyze_files(files: Iterable[LogFile]) -> Analysis:
     """The ``logs analyze`` analysis of saved logs."""
-    return analyze(parse_files(files))
+    with collector_paused():  # over the analysis too: it walks every event
+        return analyze(parse_files(files))
 
 
 def judge_files(cfg: Config, files: Sequence[LogFile], *, skip: Iterable[str] = ()) -> GateReport:
     """The gates on saved logs, one per node (``LogFile.node``, else the file's name)."""
-    logs = {f.node or f.path.name: log for f, log in zip(files, parse_files(files), strict=True)}
-    expect = Expectations.from_config(cfg, mask_file=drafter_has_mask(cfg.drafter.path), check_nodes=False)
-    return judge(logs, expect, skip=skip)
+    with collector_paused():  # over the judging too: it walks every event
+        logs = {f.node or f.path.name: log for f, log in zip(files, parse_files(files), strict=True)}
+        expect = Expectations.from_config(cfg, mask_file=drafter_has_mask(cfg.drafter.path), check_nodes=False)
+        return judge(logs, expect, skip=skip)
 
 
 def drafter_has_mask(path: Path | str) -> bool | None:

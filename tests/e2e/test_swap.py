@@ -104,3 +104,34 @@ def test_drafter_failing_at_boot_rolls_back_and_the_old_stack_serves(e2e, stack,
     assert serving(e2e, stack)
     st = e2e.json("status", cfg=stack)
     assert st["ok"] is True and len(st["deployments"]) == 1
+
+
+def test_rollback_returns_to_the_drafter_that_was_serving(e2e, stack, tmp_path) -> None:
+    first = local_drafter(e2e, tmp_path, "dflash2-first")
+    w = first / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-1] ^= 0x01
+    w.write_bytes(bytes(data))
+    out = e2e.json("swap-drafter", str(first), cfg=stack, timeout=240)
+    assert out["ok"] is True
+    serving_path = out["drafter_path"]  # the config file still says /srv/spark/e2e/drafter
+    broken = local_drafter(e2e, tmp_path, "dflash2-broken")
+    (broken / "ssemu-faults").write_text("crash_boot@rank=1\n")
+
+    p = e2e.cli("swap-drafter", str(broken), cfg=stack, timeout=240)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert f"rolled back to {serving_path}" in p.stdout and "serving again" in p.stdout
+    assert drafter_mounts(e2e) == {"node-a": serving_path, "node-b": serving_path}
+    assert serving(e2e, stack)
+
+
+def test_rollback_that_fails_too_has_its_own_exit_code(e2e, stack, tmp_path) -> None:
+    for n in e2e.rig.nodes:  # the serving drafter will not boot again (the running stack read it at boot)
+        (e2e.node_path(n.name, f"{E2E_DIR}/drafter") / "ssemu-faults").write_text("crash_boot@rank=1\n")
+    broken = local_drafter(e2e, tmp_path, "dflash2-broken")
+    (broken / "ssemu-faults").write_text("crash_boot@rank=1\n")
+
+    p = e2e.cli("swap-drafter", str(broken), cfg=stack, timeout=240)
+    text = e2e.assert_explained(p, code=4, node=None, says=("ROLLBACK FAILED", "nothing runs"))
+    assert text.splitlines()[0].startswith("error: swap-drafter: ROLLBACK FAILED"), text
+    assert e2e.leftovers() == {}  # nothing half-done on any node

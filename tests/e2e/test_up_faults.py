@@ -83,6 +83,30 @@ def test_port_busy_on_the_head(e2e) -> None:
         up_fails(e2e, cfg, node="node-a", step="ports", says=(f"127.0.0.2:{port} is already in use",))
 
 
+def test_follower_dockerd_stopped_during_boot_is_named_and_its_container_reported(e2e) -> None:
+    """rank 1's dockerd stops under its running container: `up` must say the node's docker daemon stopped
+    answering, not that the container exited, and name the container that may still be there."""
+    n = e2e.rig.node("node-b")
+    cfg = e2e.config({"serve": {"env": {"SSEMU_BOOT_SECONDS": "60"}}})
+    proc = e2e.popen("up", cfg=cfg)
+    try:
+        t0 = time.monotonic()
+        while len(e2e.running_ids()) < 2:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() - t0 < 60, "the stack never started"
+            time.sleep(0.2)
+        (cid,) = [c.id for c in e2e.managed("node-b")]
+        riglib.stop_pid(riglib.read_pid(Path(n.dir) / "dockerd.pid"), "node-b dockerd (e2e)")
+        out, err = proc.communicate(timeout=120)
+    finally:
+        stop(proc)
+        riglib.start_node(n)
+    p = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    text = e2e.assert_explained(p, code=3, node="node-b", step="docker", says=("stopped answering", cid[:12]))
+    assert "exit code 0" not in text and "stopped (exit" not in text.splitlines()[0], text
+    assert not e2e.ours("node-a")  # the head was still taken down
+
+
 # -- images -----------------------------------------------------------------------------------------------
 
 
@@ -181,6 +205,16 @@ def test_unknown_host_key_refused_then_accepted_with_the_flag(e2e, tmp_path) -> 
 def test_engine_crash_at_boot_on_rank_1(e2e) -> None:
     cfg = e2e.config({"serve": {"env": {"SSEMU_FAULTS": "crash_boot@rank=1"}}})
     up_fails(e2e, cfg, node="node-b", step="boot", says=("rank 1", "WorkerProc failed to start"))
+
+
+def test_follower_crash_during_capture_names_the_follower(e2e) -> None:
+    """Rank 1 raises while capturing CUDA graphs; the head relays it and exits, the follower's worker logs
+    the root cause and stays up. The failure is the follower's, and its root-cause line is quoted."""
+    cfg = e2e.config({"serve": {"env": {"SSEMU_FAULTS": "crash_boot@rank=1,phase=capture"}}})
+    text = up_fails(e2e, cfg, node="node-b", step="boot",
+                    says=("rank 1", "RuntimeError: CUDA error: an illegal memory access was encountered"))
+    first = text.splitlines()[0]
+    assert "node-a" not in first, first
 
 
 def test_nccl_timeout_fails_the_gates_and_stops_everything(e2e) -> None:

@@ -12,7 +12,10 @@ from sparkserve.observe.saved import LogFile, analyze_files
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 REAL = LOGS / "real-0.25.1"
 
-CONTRACT_KEYS = {"kv_cache_tokens", "graphs", "cudagraph_mode", "ranks", "spec", "model_runner", "ready", "faults"}
+# DESIGN.md's keys, plus the one issue 10 added: the line `ready` was decided on, and why
+CONTRACT_KEYS = {
+    "kv_cache_tokens", "graphs", "cudagraph_mode", "ranks", "spec", "model_runner", "ready", "faults", "ready_evidence"
+}
 SPEC_KEYS = {"method", "num_speculative_tokens", "mask_embedding_loaded", "mask_token_id", "mean_acceptance_length"}
 
 
@@ -95,6 +98,7 @@ def test_unknown_stays_null_never_guessed() -> None:
         "model_runner": None,
         "ready": None,
         "faults": [],
+        "ready_evidence": None,
     }
 
 
@@ -218,7 +222,7 @@ def test_faults_are_ordered_by_time_across_files() -> None:
 def test_faults_carry_file_line_kind_and_the_whole_line() -> None:
     j = analyze_files([LogFile(LOGS / "fault-worker-oom-0.33-head.log")]).to_json()
     f0 = j["faults"][0]
-    assert set(f0) == {"file", "line", "kind", "text"}
+    assert set(f0) == {"file", "line", "kind", "text", "why"}
     assert f0["kind"] == "oom" and f0["file"].endswith("fault-worker-oom-0.33-head.log")
     lines = (LOGS / "fault-worker-oom-0.33-head.log").read_text().splitlines()
     assert lines[f0["line"] - 1] == f0["text"]

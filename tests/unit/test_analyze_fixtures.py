@@ -356,6 +356,7 @@ def test_every_fixture_answers_the_exact_contract(name: str) -> None:
         "model_runner",
         "ready",
         "faults",
+        "ready_evidence",  # added by issue 10: the line `ready` was decided on, and why
     ]
     assert list(j["spec"]) == [
         "method",
@@ -369,7 +370,7 @@ def test_every_fixture_answers_the_exact_contract(name: str) -> None:
     for r in j["ranks"].values():
         assert list(r) == ["graphs", "kv_cache_tokens"]
     for f in j["faults"]:
-        assert list(f) == ["file", "line", "kind", "text"]
+        assert list(f) == ["file", "line", "kind", "text", "why"] and f["why"]
         assert f["kind"] in {"engine_dead", "worker_died", "nccl", "oom", "timeout", "traceback", "other"}
 
 
@@ -383,7 +384,10 @@ def test_fault_lines_point_at_the_line_in_the_file(name: str) -> None:
 def test_hard_wrapped_copy_reads_like_the_original_and_keeps_file_line_numbers() -> None:
     wrapped = analyze_files([LogFile(LOGS / "wrapped-config-0.33-head.log")])
     plain = analyze_files([LogFile(LOGS / "v0.33-head.log")]).to_json()
-    assert wrapped.to_json() == plain
+    w = wrapped.to_json()
+    evidence = [j.pop("ready_evidence") for j in (w, plain)]
+    assert w == plain  # everything but where the evidence sits: the wrap moves line numbers
+    assert [e["text"] for e in evidence] == ["INFO:     Application startup complete."] * 2
     kv = [e for log in wrapped.logs for e in log.events if e.kind.value == "kv_tokens"][0]
     lines = (LOGS / "wrapped-config-0.33-head.log").read_text().split("\n")
     assert kv.text.startswith(lines[kv.line - 1])

@@ -213,16 +213,24 @@ def no_nodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 @pytest.mark.parametrize(("ok", "code"), [(True, 0), (False, 1)])
 def test_live_gates_call_gates_live_and_exit_by_verdict(monkeypatch, capsys, no_nodes, ok: bool, code: int) -> None:
     calls = []
-    monkeypatch.setattr(observe_cmd, "run_gates", lambda cfg, nodes, bank=False: calls.append(bank) or fake_report(ok))
+    monkeypatch.setattr(
+        observe_cmd, "run_gates", lambda cfg, nodes, bank=False, skip=(): calls.append(bank) or fake_report(ok)
+    )
     rc, out, _ = main(monkeypatch, capsys, "gates", "--json", "--bank")
     assert rc == code and calls == [True] and no_nodes == ["spark-a", "spark-b"]
     assert json.loads(out)["ok"] is ok
 
 
 def test_live_gates_skip_marks_the_live_verdict(monkeypatch, capsys, no_nodes) -> None:
-    monkeypatch.setattr(observe_cmd, "run_gates", lambda cfg, nodes, bank=False: fake_report(False))
+    # the skips go to gates_live, which judges with them (and so never runs a skipped smoke cell)
+    calls = []
+    monkeypatch.setattr(
+        observe_cmd,
+        "run_gates",
+        lambda cfg, nodes, bank=False, skip=(): calls.append(skip) or fake_report(False).with_skipped(skip),
+    )
     rc, out, _ = main(monkeypatch, capsys, "gates", "--skip", "faults")
-    assert rc == 0 and "skip" in out and "all gates passed" in out
+    assert rc == 0 and calls == [("faults",)] and "skip" in out and "all gates passed" in out
 
 
 def test_live_logs_stream_every_node(monkeypatch, capsys, no_nodes) -> None:

@@ -166,8 +166,10 @@ def test_up_json_keeps_its_keys_in_order_with_the_gate_report_as_json() -> None:
 
 
 def test_down_json() -> None:
-    assert DownResult().to_json() == {"removed": {}, "logs": None}
-    assert DownResult({"a": ["x"]}, Path("/l")).to_json() == {"removed": {"a": ["x"]}, "logs": "/l"}
+    assert DownResult().to_json() == {"removed": {}, "logs": None, "unreachable": {}}
+    gone = {"b": RemoteFailure("b: ssh", "cannot connect to 10.0.0.2:22", node="b", step="ssh")}
+    assert DownResult({"a": ["x"]}, Path("/l"), gone).to_json() == {
+        "removed": {"a": ["x"]}, "logs": "/l", "unreachable": {"b": "ssh: cannot connect to 10.0.0.2:22"}}
 
 
 def test_status_json() -> None:
@@ -176,7 +178,8 @@ def test_status_json() -> None:
     assert st.to_json() == {
         "nodes": {"a": [{"name": "x", "id": "0123456789ab", "rank": 0, "role": "head", "status": "running",
                          "deployment": "fp", "image_id": "sha256:i"}], "b": []},
-        "api": {"url": "http://h", "serving": True, "models": ["m"]}, "ok": False, "deployments": ["fp"]}
+        "api": {"url": "http://h", "serving": True, "models": ["m"]}, "ok": False, "deployments": ["fp"],
+        "unreachable": {}}
 
 
 def test_swap_json_has_the_keys_of_its_outcome() -> None:

@@ -206,3 +206,155 @@ def test_kill_during_a_stream_of_writes_keeps_every_committed_row_intact(jpath: 
         assert len(rows) >= 50
         assert all(e.sha256_ok for e in rows)
     assert sqlite3.connect(jpath).execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+
+# -- per-boot gate verdicts -----------------------------------------------------------------------------
+
+
+def test_gate_verdict_holds_for_its_boot_only_and_the_newest_wins(jpath: Path) -> None:
+    with Journal.open(jpath) as j:
+        assert j.gate_verdict("fp", "boot-1") is None
+        j.record_gate_run("fp", True, {"gates": []}, boot_id="boot-1")
+        assert j.gate_verdict("fp", "boot-1") is True
+        assert j.gate_verdict("fp", "boot-2") is None  # a restarted container: a new boot, never judged
+        assert j.gate_verdict("other", "boot-1") is None
+        j.record_gate_run("fp", False, {"gates": []}, boot_id="boot-1")
+        assert j.gate_verdict("fp", "boot-1") is False
+        j.record_gate_run("fp", True, {"gates": []})  # a partial judgement (skipped gates) vouches for no boot
+        assert j.gate_verdict("fp", "boot-1") is False
+
+
+def test_a_schema_1_journal_is_migrated_and_keeps_its_rows(jpath: Path) -> None:
+    from sparkserve.journal import MIGRATIONS
+
+    jpath.parent.mkdir(parents=True)
+    conn = sqlite3.connect(jpath)
+    conn.executescript(MIGRATIONS[0] + "; PRAGMA user_version = 1;")
+    conn.execute("INSERT INTO gate_runs (fingerprint, time, ok, verdicts_json) VALUES ('fp', 't', 1, '[]')")
+    conn.commit()
+    conn.close()
+    with Journal.open(jpath) as j:
+        assert j.schema_version == SCHEMA_VERSION
+        assert j.gate_verdict("fp", "any") is None  # an old pass names no boot
+        assert [e.kind for e in j.history()] == ["gates"]
+
+
+# -- a damaged or unwritable journal is a warning, not a failure ----------------------------------------
+
+
+def fallback_lines(path: Path) -> list[dict]:
+    return [json.loads(ln) for ln in path.read_text().splitlines()]
+
+
+def corrupt_journal(jpath: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The default journal is ``jpath``, a file with SQLite's magic and garbage after it; no warning given yet."""
+    from sparkserve import journal as jmod
+
+    monkeypatch.setattr(jmod, "_warned", set())
+    monkeypatch.setenv(ENV_PATH, str(jpath))
+    jpath.parent.mkdir(parents=True)
+    jpath.write_bytes(b"SQLite format 3\x00" + b"\x5a" * 8192)
+
+
+def test_corrupt_journal_record_goes_to_the_fallback_file_with_one_warning(
+        jpath: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from sparkserve import journal as jmod
+
+    corrupt_journal(jpath, monkeypatch)
+    jmod.record("gate_run", fingerprint="fp", ok=True, verdicts={"gates": []}, boot_id="b1")
+    jmod.record("banked_pool", fingerprint="fp", pool_tokens=366749)
+    assert jmod.lookup(lambda j: j.get_banked_pool("fp"), None) is None
+    err = capsys.readouterr().err.splitlines()
+    fallback = jpath.with_name(jpath.name + ".fallback.jsonl")
+    assert len(err) == 1 and err[0].startswith(f"warning: journal: {jpath}: ") and str(fallback) in err[0], err
+    rows = fallback_lines(fallback)
+    assert [r["kind"] for r in rows] == ["gate_run", "banked_pool"]
+    assert rows[0]["fingerprint"] == "fp" and rows[0]["boot_id"] == "b1" and rows[1]["pool_tokens"] == 366749
+    assert jpath.read_bytes().startswith(b"SQLite format 3\x00\x5a")  # the damaged file is left for inspection
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through a read-only mode")
+def test_read_only_state_dir_records_to_the_temp_dir(
+        jpath: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    _read_only_case(jpath, monkeypatch, capsys, tmp_path)
+
+
+def test_read_only_state_dir_records_to_the_temp_dir_even_as_root(
+        jpath: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """Root ignores file modes, so this variant makes the journal's dir unusable another way: a file."""
+    jpath.parent.parent.mkdir(parents=True, exist_ok=True)
+    jpath.parent.write_text("a file where the state dir should be\n")
+    _read_only_case(jpath, monkeypatch, capsys, tmp_path, make_read_only=False)
+
+
+def _read_only_case(jpath: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                    tmp_path: Path, *, make_read_only: bool = True) -> None:
+    from sparkserve import journal as jmod
+
+    monkeypatch.setattr(jmod, "_warned", set())
+    monkeypatch.setenv(ENV_PATH, str(jpath))
+    monkeypatch.setattr(jmod.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    if make_read_only:
+        jpath.parent.mkdir(parents=True)
+        jpath.parent.chmod(0o500)
+    try:
+        jmod.record("deployment", fingerprint="fp", config={"a": 1}, image_ids={"n": "sha256:x"},
+                    drafter_manifest_sha256="d", outcome="up+gates")
+    finally:
+        if make_read_only:
+            jpath.parent.chmod(0o700)
+    (warning,) = capsys.readouterr().err.splitlines()
+    (fallback,) = (tmp_path / "tmp").iterdir()
+    assert warning.startswith("warning: journal: ") and str(fallback) in warning
+    (row,) = fallback_lines(fallback)
+    assert row["kind"] == "deployment" and row["outcome"] == "up+gates"
+    assert fallback.stat().st_mode & 0o077 == 0  # the temp dir is shared: the file is the user's alone
+
+
+def test_history_of_a_damaged_journal_is_bad_input_not_a_traceback(jpath: Path) -> None:
+    with Journal.open(jpath) as j:
+        for i in range(300):  # enough rows for data pages beyond the schema page
+            j.record_bench("fp", "smoke", json.dumps({"output_tok_s": i, "pad": "x" * 200}))
+    conn = sqlite3.connect(jpath)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    data = bytearray(jpath.read_bytes())
+    page = 4096
+    data[3 * page:6 * page] = b"\xa5" * (3 * page)  # pages 4-6: table data, not the header or the schema
+    jpath.write_bytes(bytes(data))
+    with Journal.open(jpath) as j, pytest.raises(BadInput, match="damaged"):
+        j.history()
+
+
+def test_history_command_says_damaged_in_one_line(jpath: Path, tmp_path: Path) -> None:
+    jpath.parent.mkdir(parents=True)
+    jpath.write_bytes(b"SQLite format 3\x00" + b"\x5a" * 8192)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKSERVE_")} | {ENV_PATH: str(jpath)}
+    p = subprocess.run([sys.executable, "-m", "sparkserve", "history"], capture_output=True, text=True, env=env,
+                       timeout=60)
+    assert p.returncode == 2, p.stderr
+    (line,) = p.stderr.splitlines()
+    assert line.startswith(f"error: {jpath}: damaged"), line
+
+
+def test_a_bench_on_a_damaged_journal_keeps_its_result_in_the_fallback(
+        jpath: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """The bench ran (minutes of it): a damaged journal must not lose its result or fail the command."""
+    from sparkserve.config import load_config
+    from sparkserve.measure import run
+    from sparkserve.measure.records import CELLS, BenchResult
+
+    corrupt_journal(jpath, monkeypatch)
+    cell = CELLS["smoke"]
+    done = BenchResult(cell=cell.name, prompts=cell.prompts, concurrency=cell.concurrency, max_tokens=cell.max_tokens,
+                       requests_ok=20, stream_errors=0, output_tokens=10240, duration_s=9.5, output_tok_s=1077.9,
+                       acceptance_length=3.57, per_position_acceptance=[0.74, 0.55], drafts=2868, draft_tokens=20076,
+                       accepted_tokens=7372)
+    monkeypatch.setattr(run, "run_cell", lambda *a, **k: done)  # the bench itself is not what is tested here
+    cfg = load_config(Path(__file__).resolve().parents[2] / "sparkserve" / "data" / "default.yaml")
+    result, bench_id = run.bench_and_record(cfg, cell, None)
+    assert result is done and bench_id is None
+    rows = fallback_lines(jpath.with_name(jpath.name + ".fallback.jsonl"))
+    assert [r["kind"] for r in rows] == ["bench"] and rows[0]["result_json"] == done.to_json()
+    assert capsys.readouterr().err.count("warning: journal:") == 1

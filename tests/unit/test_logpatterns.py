@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from sparkserve.deploy.watchdog import Phase, phase_of_line
+from sparkserve.observe.logline import strip_ansi
 from sparkserve.observe.logpatterns import FATAL, PATTERNS, FaultKind, Kind, Milestone, milestone_of
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
@@ -170,3 +171,13 @@ def test_fatal_and_milestone_rows_match_anywhere_in_a_raw_line() -> None:
     # FATAL and milestone_of search whole raw lines (prefix included): a `^` anchor would never match there
     rows = [p for p in PATTERNS if p.fatal or p.milestone is not None]
     assert rows and not [p.regex.pattern for p in rows if p.regex.pattern.startswith("^")]
+
+
+def test_every_row_matches_only_lines_holding_one_of_its_needles() -> None:
+    # the prefilter reads a line only when a needle hits: a row whose regex matches without one would go unseen
+    lines = [strip_ansi(x) for x in _fixture_lines()]
+    assert any("Registering" in x for x in lines) and any("(raylet)" in x for x in lines)  # the public corpus
+    leaks = [
+        (p.kind.value, x) for p in PATTERNS for x in lines if p.regex.search(x) and not any(n in x for n in p.needles)
+    ]
+    assert leaks == []

@@ -419,3 +419,14 @@ def test_bytes_and_str_inputs_agree_and_bad_utf8_is_replaced() -> None:
 
 def test_regexes_are_precompiled() -> None:
     assert all(isinstance(p.regex, re.Pattern) for p in PATTERNS)
+
+
+def test_only_the_first_stats_line_with_work_becomes_an_event() -> None:
+    """`Avg prompt throughput` repeats every 10 s for as long as the engine serves (half a serving log): the
+    first line that shows work proves requests were served, and the rest are not classified at all."""
+    line = ("(APIServer pid=1) INFO 11-29 17:5{i}:01 [loggers.py:123] Engine 000: Avg prompt throughput: {p} tokens/s, "
+            "Avg generation throughput: {g} tokens/s, Running: 1 reqs, Waiting: 0 reqs, GPU KV cache usage: 0.1%")
+    text = "\n".join([line.format(i=0, p="0.0", g="0.0"), line.format(i=1, p="12.5", g="80.1")]
+                     + [line.format(i=2, p="9.0", g="70.0")] * 500) + "\n"
+    served = [e for e in parse_log(text, file="head.log").events if e.kind is Kind.SERVED]
+    assert [(e.rec.lineno, e.data["prompt"]) for e in served] == [(1, "0.0"), (2, "12.5")]

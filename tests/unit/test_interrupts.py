@@ -1,0 +1,89 @@
+"""Interrupts and cleanup: SIGTERM and SIGHUP raise like Ctrl-C, once; cleanup is not cut short; saving logs
+never stands between a failure and its cleanup, even with an unusable state dir."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from sparkserve.config import Config
+
+
+@pytest.fixture(autouse=True)
+def _forget_interrupts():
+    """An interrupt stays remembered after the run it stopped (to be explained): later tests start clean."""
+    yield
+    from sparkserve.nodes import interrupts
+
+    interrupts.reset()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_each_signal_raises_once_and_is_remembered(sig: signal.Signals) -> None:
+    from sparkserve.nodes import interrupts
+
+    before = signal.getsignal(sig)
+    with interrupts.watching():
+        with pytest.raises(KeyboardInterrupt) as got:
+            os.kill(os.getpid(), sig)
+            signal.sigtimedwait([], 0.05)  # let the handler run
+        assert isinstance(got.value, interrupts.Interrupted) and got.value.signum == sig
+        os.kill(os.getpid(), signal.SIGTERM)  # a second signal: cleanup runs now, it must not be cut short
+        assert interrupts.stopping() and interrupts.signal_name() == sig.name
+    assert signal.getsignal(sig) == before  # a library call gives the handlers back
+
+
+def test_a_signal_during_a_deferred_step_is_raised_after_it() -> None:
+    from sparkserve.nodes import interrupts
+
+    steps = []
+    with interrupts.watching(), pytest.raises(interrupts.Interrupted), interrupts.deferred(raise_after=True):
+        os.kill(os.getpid(), signal.SIGHUP)
+        steps.append("finished")  # not cut in half
+    assert steps == ["finished"]
+
+
+def _cfg() -> Config:
+    from sparkserve.config import load_config
+
+    return load_config(None)
+
+
+@pytest.mark.parametrize("broken", ["a file", "not writable"])
+def test_an_unusable_state_dir_does_not_stop_the_cleanup(broken: str, tmp_path: Path, monkeypatch,
+                                                         capsys) -> None:
+    from sparkserve.deploy import teardown
+
+    state = tmp_path / "state"
+    if broken == "a file":
+        state.write_text("not a directory\n")
+    else:
+        state.mkdir(mode=0o500)
+        if os.access(state, os.W_OK):
+            pytest.skip("running as a user who can write anywhere")
+    monkeypatch.setenv("XDG_STATE_HOME", str(state))
+    stopped = []
+
+    class FakeEngine:
+        def __init__(self, node) -> None:
+            self.node = node
+
+        def logs(self, cid: str) -> list[str]:
+            return [f"log of {cid}"]
+
+        def stop_and_remove(self, cid: str, timeout: float) -> None:
+            stopped.append(cid)
+
+    monkeypatch.setattr(teardown, "Engine", FakeEngine)
+    cfg = _cfg()
+    names = [n.name for n in cfg.nodes]
+    saved = teardown.teardown(cfg, {n: object() for n in names}, {names[0]: ["c0" * 8], names[1]: ["c1" * 8]},
+                              tag="failed-up", say=lambda _: None)
+    assert sorted(stopped) == ["c0" * 8, "c1" * 8]  # every container was still stopped and removed
+    assert saved is not None and not saved.is_relative_to(state)
+    assert (saved / f"{names[0]}-{'c0c0c0c0c0c0'}.log").read_text() == f"log of {'c0' * 8}\n"
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and err[0].startswith("warning: state dir:") and str(saved) in err[0], err
