@@ -86,3 +86,38 @@ def rig_clean(rig, rig_docker):
 def pristine_models(rig):
     yield rig
     rig.reset_models()
+
+
+@pytest.fixture
+def read_only_dir(tmp_path):
+    """A directory nobody can write, root included: a read-only bind mount onto itself when running as root
+    (root ignores file modes, and CI runs as root), mode 0500 otherwise. A directory that stays writable
+    fails the test: it could not check what it claims."""
+    import contextlib
+    import os
+    import subprocess
+
+    d = tmp_path / "read-only"
+    d.mkdir()
+    mounted = False
+    if os.geteuid() == 0:
+        for argv in (["mount", "--bind", str(d), str(d)], ["mount", "-o", "remount,bind,ro", str(d), str(d)]):
+            r = subprocess.run(argv, capture_output=True, text=True)
+            if r.returncode:
+                if mounted:
+                    subprocess.run(["umount", str(d)], check=False)
+                pytest.fail(f"cannot make {d} read-only: {' '.join(argv)}: {r.stderr.strip()}", pytrace=False)
+            mounted = True
+    else:
+        d.chmod(0o500)
+    probe = d / ".probe"
+    with contextlib.suppress(OSError):
+        probe.write_text("x")
+        pytest.fail(f"{d} is still writable", pytrace=False)
+    try:
+        yield d
+    finally:
+        if mounted:
+            subprocess.run(["umount", str(d)], check=True)
+        else:
+            d.chmod(0o700)

@@ -7,7 +7,7 @@ from typing import Annotated
 import typer
 
 from sparkserve.commands._common import ConfigOpt, JsonOpt, config_from, emit_json, err_console
-from sparkserve.deploy.image import ship_image_everywhere, verify_image
+from sparkserve.deploy.image import ship_image_everywhere, ship_source, verify_image
 from sparkserve.nodes.factory import open_nodes
 
 image_app = typer.Typer(help="The engine image on every node: ship it, verify the same ID everywhere.",
@@ -41,6 +41,7 @@ def ship_cmd(
         err_console.print(f"· {line}", highlight=False)
 
     cfg = config_from(config)
+    ship_source(cfg, source)  # a wrong --from is usage (exit 2): before any node is touched
     with open_nodes(cfg) as nodes:
         result = ship_image_everywhere(cfg, nodes, source, say=None if json_out else say)
     if json_out:

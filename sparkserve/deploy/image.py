@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sparkserve.config import Config
-from sparkserve.errors import RemoteFailure
+from sparkserve.errors import BadInput, RemoteFailure
 from sparkserve.nodes.base import Node, NodeError
 from sparkserve.nodes.images import ShipReport, image_ids, same_image_problem, ship_image
 
@@ -57,14 +57,22 @@ def verify_image(cfg: Config, nodes: dict[str, Node]) -> ImageCheck:
     return ImageCheck(cfg.image.ref, ids, same_image_problem(ids, cfg.image.ref))
 
 
+def ship_source(cfg: Config, source: str | None) -> str:
+    """The node to ship from: ``source``, or the head. BadInput (exit 2) when no configured node has that
+    name — usage, checked before any node is touched."""
+    src = source or cfg.head.name
+    names = [n.name for n in cfg.nodes]
+    if src not in names:
+        raise BadInput("--from", f"no node named {src!r} (nodes: {', '.join(names)})")
+    return src
+
+
 def ship_image_everywhere(cfg: Config, nodes: dict[str, Node], source: str | None = None, *,
                           say: Reporter | None = None) -> ShipResult:
     """Copy image.ref from ``source`` (default: the head) to every node that lacks it or has another ID.
 
     RemoteFailure when ``source`` is no configured node or lacks the image; ``say`` hears each ship."""
-    src = source or cfg.head.name
-    if src not in {n.name for n in cfg.nodes}:
-        raise RemoteFailure("--from", f"no node named {src!r}")
+    src = ship_source(cfg, source)
     ref = cfg.image.ref
     ids = image_ids([nodes[n.name] for n in cfg.nodes], ref)
     want = ids[src]

@@ -34,16 +34,15 @@ def _node_path(root: str, rel: str) -> str:
 
 def _node_delete(root: str, rels: list[str]) -> list[str]:
     """On the node: delete ``rels`` under ``root`` and the directories they leave empty."""
+    import contextlib
     import os
 
     deleted = []
     for rel in rels:
         p = _node_path(root, rel)
-        try:
+        with contextlib.suppress(FileNotFoundError):  # already gone (a racing run deleted it): nothing to do
             os.unlink(p)
             deleted.append(rel)
-        except FileNotFoundError:
-            pass
         d = os.path.dirname(p)
         while d != root and d.startswith(root + os.sep):
             try:

@@ -10,6 +10,7 @@ Manifest digest = sha256 over the sorted lines ``relpath\\tsha256\\tsize\\n`` (r
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import sqlite3
@@ -107,14 +108,12 @@ class _Cache:
     def put(self, path: str, size: int, mtime_ns: int, digest: str) -> None:
         if self.db is None:
             return
-        try:
-            with self.db:
-                self.db.execute(
-                    "INSERT OR REPLACE INTO sha256 (path, size, mtime_ns, sha256) VALUES (?,?,?,?)",
-                    (path, size, mtime_ns, digest),
-                )
-        except sqlite3.Error:
-            pass
+        # a cache that cannot be written only costs a re-hash next time: never a failed manifest
+        with contextlib.suppress(sqlite3.Error), self.db:
+            self.db.execute(
+                "INSERT OR REPLACE INTO sha256 (path, size, mtime_ns, sha256) VALUES (?,?,?,?)",
+                (path, size, mtime_ns, digest),
+            )
 
     def close(self) -> None:
         if self.db is not None:

@@ -323,3 +323,19 @@ def test_unlabelled_container_with_our_name_is_left_alone(e2e) -> None:
         assert all(not e2e.managed(n.name) for n in e2e.rig.nodes)
     finally:
         squatter.remove(force=True)
+
+
+def test_an_unusable_state_dir_never_stands_between_a_failed_boot_and_its_cleanup(e2e, tmp_path: Path) -> None:
+    """Issue 15 item 4 on real nodes: the state dir is a regular file, so neither the saved logs nor the journal
+    can go there; a gate failure must still stop and remove every container, with warnings, not tracebacks."""
+    state = tmp_path / "state-is-a-file"
+    state.write_text("not a directory\n")
+    e2e.state = state
+    cfg = e2e.config({"serve": {"env": {"SSEMU_FAULTS": "graphs_off@rank=1"}}})
+    p = e2e.cli("up", cfg=cfg)
+    e2e.assert_explained(p, code=1, node=None, says=("graphs",))  # one error line, no traceback of ours
+    warn = [ln for ln in p.stderr.splitlines() if ln.startswith("warning: state dir:")]
+    assert len(warn) == 1, p.stderr
+    saved = Path(warn[0].rsplit(" to ", 1)[-1].split(" ")[0])
+    assert saved.is_dir() and any(saved.glob("*.log")), warn[0]  # the logs went to the temp dir it named
+    assert e2e.leftovers() == {}  # every container of this run stopped and removed on every node

@@ -133,3 +133,11 @@ def test_drafter_inspect_shows_problems_but_a_missing_dir_is_exit_2(tmp_path: Pa
     assert p.returncode == 0 and "problem: drafter.path: " in p.stdout and "has no mask_embedding.pt" in p.stdout
     p = cli("drafter", "inspect", str(tmp_path / "nope"), env=env)
     assert p.returncode == 2 and p.stderr.strip() == f"error: drafter.path: {tmp_path / 'nope'} does not exist"
+
+
+def test_image_ship_from_an_unknown_node_is_bad_input_before_any_node_is_touched(tmp_path: Path) -> None:
+    # the default config's hosts do not resolve here: had a node been opened, this would be exit 3
+    p = cli("image", "ship", "--from", "nope", "-c", str(config_file(tmp_path / "c.yaml")),
+            env=clean_env(tmp_path))
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.splitlines() == ["error: --from: no node named 'nope' (nodes: spark-a, spark-b)"]

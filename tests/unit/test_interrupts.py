@@ -54,16 +54,14 @@ def _cfg() -> Config:
 
 @pytest.mark.parametrize("broken", ["a file", "not writable"])
 def test_an_unusable_state_dir_does_not_stop_the_cleanup(broken: str, tmp_path: Path, monkeypatch,
-                                                         capsys) -> None:
+                                                         capsys, request) -> None:
     from sparkserve.deploy import teardown
 
-    state = tmp_path / "state"
     if broken == "a file":
+        state = tmp_path / "state"
         state.write_text("not a directory\n")
     else:
-        state.mkdir(mode=0o500)
-        if os.access(state, os.W_OK):
-            pytest.skip("running as a user who can write anywhere")
+        state = request.getfixturevalue("read_only_dir")
     monkeypatch.setenv("XDG_STATE_HOME", str(state))
     stopped = []
 

@@ -273,37 +273,31 @@ def test_corrupt_journal_record_goes_to_the_fallback_file_with_one_warning(
     assert jpath.read_bytes().startswith(b"SQLite format 3\x00\x5a")  # the damaged file is left for inspection
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through a read-only mode")
 def test_read_only_state_dir_records_to_the_temp_dir(
+        read_only_dir: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+        tmp_path: Path) -> None:
+    _read_only_case(read_only_dir / "journal.sqlite", monkeypatch, capsys, tmp_path)
+
+
+def test_a_file_where_the_state_dir_should_be_records_to_the_temp_dir(
         jpath: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    """The journal's dir is a regular file: nothing can be created in it."""
+    jpath.parent.parent.mkdir(parents=True, exist_ok=True)
+    jpath.parent.write_text("a file where the state dir should be\n")
     _read_only_case(jpath, monkeypatch, capsys, tmp_path)
 
 
-def test_read_only_state_dir_records_to_the_temp_dir_even_as_root(
-        jpath: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    """Root ignores file modes, so this variant makes the journal's dir unusable another way: a file."""
-    jpath.parent.parent.mkdir(parents=True, exist_ok=True)
-    jpath.parent.write_text("a file where the state dir should be\n")
-    _read_only_case(jpath, monkeypatch, capsys, tmp_path, make_read_only=False)
-
-
 def _read_only_case(jpath: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
-                    tmp_path: Path, *, make_read_only: bool = True) -> None:
+                    tmp_path: Path) -> None:
+    """A record whose journal cannot be written lands in the temp-dir fallback file, with one warning."""
     from sparkserve import journal as jmod
 
     monkeypatch.setattr(jmod, "_warned", set())
     monkeypatch.setenv(ENV_PATH, str(jpath))
     monkeypatch.setattr(jmod.tempfile, "gettempdir", lambda: str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
-    if make_read_only:
-        jpath.parent.mkdir(parents=True)
-        jpath.parent.chmod(0o500)
-    try:
-        jmod.record("deployment", fingerprint="fp", config={"a": 1}, image_ids={"n": "sha256:x"},
-                    drafter_manifest_sha256="d", outcome="up+gates")
-    finally:
-        if make_read_only:
-            jpath.parent.chmod(0o700)
+    jmod.record("deployment", fingerprint="fp", config={"a": 1}, image_ids={"n": "sha256:x"},
+                drafter_manifest_sha256="d", outcome="up+gates")
     (warning,) = capsys.readouterr().err.splitlines()
     (fallback,) = (tmp_path / "tmp").iterdir()
     assert warning.startswith("warning: journal: ") and str(fallback) in warning
