@@ -1,42 +1,162 @@
-"""The `sparkserve` command. Commands live in sparkserve/commands/*, each a thin Typer wrapper."""
+"""The `sparkserve` command. Commands live in sparkserve/commands/*, each a thin Typer wrapper.
+
+Command modules are imported lazily: `sparkserve --help` (and a mistyped command) imports none of them, and
+`sparkserve status` imports only sparkserve.commands.deploy. :data:`COMMANDS` names every top-level command,
+the module whose ``register(app)`` defines it and its one-line help (tests/unit/test_cli_app.py keeps the
+table equal to what the modules register). A command a module registers that the table does not name yet
+still runs — every module is imported to find it — it is only missing from `--help` until it is added.
+"""
 
 from __future__ import annotations
 
+import importlib
+import io
+import json
 import sys
+from typing import Annotated, Any, TextIO
 
 import typer
+from typer import _click
+from typer.core import TyperCommand, TyperGroup
 
-from sparkserve.commands import core, deploy, image, measure, observe
+from sparkserve import __version__
+from sparkserve.commands.jsonschema import JSON_SCHEMA
 from sparkserve.errors import SparkserveError
 from sparkserve.nodes import interrupts
 
-app = typer.Typer(
-    name="sparkserve",
-    help="Run a DFlash2 speculative-decoding vLLM stack across DGX Spark nodes.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-)
-core.register(app)
-deploy.register(app)
-observe.register(app)
-measure.register(app)
-image.register(app)
-
-
 #: The exit code of a run ended by Ctrl-C, SIGTERM or SIGHUP (after it cleaned up what it started).
 INTERRUPTED_EXIT = 3
+
+#: top-level command → (module under sparkserve.commands, one-line help), in `--help` order
+COMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("core", "Write the embedded production default as a commented sparkserve.yaml (fill in the hosts)."),
+    "validate": ("core", "Config + drafter + target + every rendered argv through vLLM 0.33's parser."),
+    "render": ("core", "The exact per-node container spec (docker run) — or the launcher script. Nothing runs."),
+    "plan": ("core", "What `sparkserve up` would do with this config, step by step. Nothing runs."),
+    "drafter": ("core", "Drafter tools."),
+    "up": ("deploy", "Preflight, sync the drafter, start every rank (followers, then head), wait, check parity "
+                     "and gates."),
+    "down": ("deploy", "Stop (gracefully) and remove every sparkserve container on every node; logs are saved "
+                       "first."),
+    "status": ("deploy", "What runs where: every node's containers, the drafter serving, the API."),
+    "doctor": ("deploy", "ssh, docker, disk, UMA memory headroom, ports, stale containers, paths, CX-7 fabric — "
+                         "every node."),
+    "swap-drafter": ("deploy", "Validate PATH, sync it to every node, restart with the new bind mount, run the "
+                               "gates; roll back to the drafter that was serving if anything fails."),
+    "logs": ("observe", "Both nodes' engine logs (live), or `logs analyze FILE…` for saved logs."),
+    "gates": ("observe", "The production gates across every node: pool, graphs, mask, smoke, faults, runner, "
+                         "identity."),
+    "bench": ("measure", "Run one cell of the model card's bench protocol and record it in the journal."),
+    "history": ("measure", "What ran: deployments, gate runs, banked pools and bench results from the journal, "
+                           "newest first."),
+    "ab": ("measure", "A/B table of record: output tok/s, acceptance length and per-position acceptance vs the "
+                      "first file."),
+    "image": ("image", "The engine image on every node: ship it, verify the same ID everywhere."),
+}
+MODULES = ("core", "deploy", "observe", "measure", "image")
+
+EXIT_CODES = ("Exit codes: 0 ok · 1 a gate or check failed · 2 bad input (config, drafter, usage) · "
+              "3 a node unreachable, a remote step failed, or interrupted · 4 a swap and its rollback failed")
+
+
+class _Placeholder(TyperCommand):
+    """A command not imported yet: its name and one-line help, for `--help`, completion and suggestions."""
+
+    def __init__(self, name: str, help_line: str) -> None:
+        super().__init__(name=name, short_help=help_line, help=help_line)
+
+
+class LazyGroup(TyperGroup):
+    """A TyperGroup that imports a command module only when one of its commands is run (or its own
+    `--help` is asked for). Listing (`--help`, "did you mean") uses :data:`COMMANDS` alone."""
+
+    def __init__(self, **attrs: Any) -> None:
+        super().__init__(**attrs)
+        self._loaded: set[str] = set()
+        for name, (_, help_line) in COMMANDS.items():
+            self.commands[name] = _Placeholder(name, help_line)
+
+    def list_commands(self, ctx: _click.Context) -> list[str]:
+        return list(self.commands)
+
+    def load(self, module: str) -> None:
+        """Import ``sparkserve.commands.<module>`` and put its real commands in place of the placeholders."""
+        if module in self._loaded:
+            return
+        self._loaded.add(module)
+        mod = importlib.import_module(f"sparkserve.commands.{module}")
+        sub = typer.Typer()
+        mod.register(sub)
+        group = typer.main.get_group(sub)
+        self.commands.update(group.commands)
+
+    def load_all(self) -> None:
+        for m in MODULES:
+            self.load(m)
+
+    def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
+        entry = COMMANDS.get(cmd_name)
+        if entry is not None:
+            self.load(entry[0])
+        elif cmd_name not in self.commands and not _looks_like_option(cmd_name):
+            self.load_all()  # a command a module registers that COMMANDS does not name (yet)
+        cmd = self.commands.get(cmd_name)
+        return None if isinstance(cmd, _Placeholder) else cmd
+
+    def format_help(self, ctx: _click.Context, formatter: _click.HelpFormatter) -> None:
+        # list the commands from the table: asking get_command for each would import every module
+        real_get = self.get_command
+        self.get_command = lambda c, n: self.commands.get(n)  # type: ignore[method-assign]
+        try:
+            super().format_help(ctx, formatter)
+        finally:
+            self.get_command = real_get  # type: ignore[method-assign]
+
+    def resolve_command(self, ctx: _click.Context, args: list[str]) -> Any:
+        if args and args[0] not in self.commands and not _looks_like_option(args[0]):
+            self.load_all()  # a typo: suggest from every registered command, not only the table
+        return super().resolve_command(ctx, args)
+
+
+def _looks_like_option(name: str) -> bool:
+    return name.startswith("-")
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"sparkserve {__version__}")
+        raise typer.Exit(0)
+
+
+app = typer.Typer(
+    name="sparkserve",
+    cls=LazyGroup,
+    help="Run a DFlash2 speculative-decoding vLLM stack across DGX Spark nodes.",
+    epilog=EXIT_CODES,
+    no_args_is_help=True,
+    add_completion=True,
+    pretty_exceptions_enable=False,
+)
+
+
+@app.callback()
+def _root(
+    version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
+                                          help="print the version and exit")] = False,
+) -> None:
+    """Run a DFlash2 speculative-decoding vLLM stack across DGX Spark nodes."""
 
 
 def main() -> None:
     # SIGTERM (CI timeouts, systemd) and SIGHUP (a dropped SSH session) must clean up exactly as Ctrl-C does
     interrupts.install()
+    watched = _Watched(sys.stdout) if "--json" in sys.argv[1:] else None
+    if watched is not None:
+        sys.stdout = watched
     try:
         app()
     except SparkserveError as e:  # expected failures: one line, no traceback
-        print(e.line(), file=sys.stderr)
-        for d in e.details:
-            print(f"  {d}", file=sys.stderr)
+        _report(e, watched)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:  # an interrupt outside Typer's own call (its KeyboardInterrupt: below)
         _interrupted()
@@ -44,6 +164,48 @@ def main() -> None:
         if e.code == 130 and interrupts.signal_name():  # Typer turns a KeyboardInterrupt into a silent exit 130
             _interrupted()
         raise
+    finally:
+        if watched is not None:
+            sys.stdout = watched.inner
+
+
+class _Watched(io.TextIOBase):
+    """stdout, noting whether anything was written to it (so an error after a --json document adds none)."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self.inner = inner
+        self.written = False
+
+    def write(self, s: str) -> int:
+        if s:
+            self.written = True
+        return self.inner.write(s)
+
+    def flush(self) -> None:
+        self.inner.flush()
+
+    def isatty(self) -> bool:
+        return self.inner.isatty()
+
+    def fileno(self) -> int:
+        return self.inner.fileno()
+
+    @property
+    def encoding(self) -> str:  # type: ignore[override]
+        return self.inner.encoding
+
+
+def _report(e: SparkserveError, watched: _Watched | None) -> None:
+    """The one `error:` line on stderr; with --json and nothing on stdout yet, also one JSON document there
+    (so `--json` output is always one JSON document, the error inside it)."""
+    print(e.line(), file=sys.stderr)
+    for d in e.details:
+        print(f"  {d}", file=sys.stderr)
+    if watched is not None and not watched.written:
+        doc = {"schema": JSON_SCHEMA, "ok": False,
+               "error": {"where": e.where, "what": e.what, "exit_code": e.exit_code, "details": e.details}}
+        watched.write(json.dumps(doc, indent=2) + "\n")
+        watched.flush()
 
 
 def _interrupted() -> None:

@@ -100,6 +100,12 @@ class SSHConfig(Strict):
     )
     connect_timeout_s: float = Field(default=10.0, gt=0)
     keepalive_s: int = Field(default=15, ge=0)
+    # how nodes are reached, not what runs: excluded from the dump, so not part of the deployment fingerprint
+    config_file: Path | None = Field(default=Path("~/.ssh/config"), exclude=True, description="OpenSSH client "
+                                     "config: Host aliases, HostName, User, Port, IdentityFile, ProxyJump (null: none)")
+
+    def resolved_config_file(self) -> Path | None:
+        return self.config_file.expanduser() if self.config_file else None
 
     def resolved_known_hosts(self) -> Path:
         return self.known_hosts.expanduser()
@@ -185,6 +191,16 @@ class ServeConfig(Strict):
     )
     extra_args: list[str] = Field(default_factory=list, description="extra vllm serve arguments, verbatim")
     ready_timeout_s: float = Field(default=3600.0, gt=0)
+    vllm: str = Field(default="vllm", min_length=1, description="runtime: process only — the executable run as "
+                      "`<vllm> serve …` on every node (a name looked up on the node's PATH, or a path), or a "
+                      "venv directory (then <dir>/bin/vllm)")
+
+    @field_validator("vllm")
+    @classmethod
+    def _vllm(cls, v: str) -> str:
+        if any(c in v for c in "\n\r\0"):
+            raise ValueError(f"{v!r} contains a control character")
+        return v
 
     @field_validator("kv_cache_dtype")
     @classmethod
@@ -252,6 +268,22 @@ class ContainerConfig(Strict):
     memlock: int = Field(default=-1, ge=-1, description="RLIMIT_MEMLOCK bytes for RDMA (-1 = unlimited)")
 
 
+def _run_dir(v: str) -> str:
+    if not (v.startswith("/") or v.startswith("~/")):
+        raise ValueError(f"{v!r} must be an absolute path or start with ~/ (the node user's home)")
+    if any(c in v for c in "\n\r\0") or ".." in v.split("/"):
+        raise ValueError(f"{v!r} contains a control character or a .. component")
+    return v.rstrip("/") or "/"
+
+
+class ProcessConfig(Strict):
+    """runtime: process — where each rank's log and manifest live on its node."""
+
+    run_dir: Annotated[str, AfterValidator(_run_dir)] = Field(
+        default="~/.local/state/sparkserve/run",
+        description="per-deployment run dirs on each node (~/ = the node user's home)")
+
+
 class WatchdogConfig(Strict):
     memory_floor_bytes: ByteSize = 8 * 2**30
     enabled: bool = True
@@ -262,7 +294,10 @@ class Config(BaseSettings):
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_assignment=True
     )
 
-    nodes: list[NodeConfig] = Field(min_length=2)
+    nodes: list[NodeConfig] = Field(min_length=1)
+    runtime: Literal["docker", "process"] = Field(
+        default="docker", description="docker: each rank in a container; process: `serve.vllm serve` as a host "
+        "process in its own session on the node")
     ssh: SSHConfig = Field(default_factory=SSHConfig)
     fabric: FabricConfig = Field(default_factory=FabricConfig)
     image: ImageConfig
@@ -273,6 +308,7 @@ class Config(BaseSettings):
     gates: GatesConfig = Field(default_factory=GatesConfig)
     container: ContainerConfig = Field(default_factory=ContainerConfig)
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
+    process: ProcessConfig = Field(default_factory=ProcessConfig)
 
     @classmethod
     def settings_customise_sources(
@@ -299,6 +335,13 @@ class Config(BaseSettings):
                 seen[key] = i
         return self
 
+    @model_validator(mode="after")
+    def _process_runs_mp(self) -> Config:
+        if self.runtime == "process" and self.serve.executor != "mp":
+            raise ValueError("@serve.executor: runtime: process runs vLLM's own multi-node executor (mp); "
+                             "ray needs runtime: docker")
+        return self
+
     def _same_host_ok(self, i: int, j: int) -> bool:
         # two nodes may share an SSH address only when their ports differ (the rig: one address each anyway)
         return self.nodes[i].port != self.nodes[j].port
@@ -312,8 +355,15 @@ class Config(BaseSettings):
         return self.nodes[1:]
 
     def normalized(self) -> dict[str, Any]:
-        """The config as plain JSON data (paths as strings, sizes as ints), stable for hashing."""
-        return json.loads(self.model_dump_json())
+        """The config as plain JSON data (paths as strings, sizes as ints), stable for hashing. With runtime
+        docker the process-only fields (runtime, process, serve.vllm) are left out: they change nothing that
+        runs, so a docker deployment's fingerprint (and its banked pool) is what it was before they existed."""
+        data = json.loads(self.model_dump_json())
+        if self.runtime == "docker":
+            for key in ("runtime", "process"):
+                data.pop(key, None)
+            data["serve"].pop("vllm", None)
+        return data
 
     def fingerprint(self) -> str:
         """sha256 of the normalized config (the deploy adds image ID and drafter manifest to it)."""

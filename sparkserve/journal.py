@@ -85,6 +85,38 @@ MIGRATIONS: list[str] = [
     ALTER TABLE gate_runs ADD COLUMN boot_id TEXT;  -- which boot of the deployment was judged (see gate_verdict)
     CREATE INDEX gate_runs_boot ON gate_runs(fingerprint, boot_id);
     """,
+    """
+    CREATE TABLE campaigns (                  -- `ab run`: one A/B campaign (measure/ab_records.CampaignSpec)
+        id INTEGER PRIMARY KEY,
+        time TEXT NOT NULL,
+        updated TEXT NOT NULL,
+        status TEXT NOT NULL,                 -- running | interrupted | failed | done
+        config_sha256 TEXT NOT NULL,
+        spec_json TEXT NOT NULL,
+        sha256 TEXT NOT NULL                  -- of spec_json exactly as stored
+    );
+    CREATE TABLE campaign_boots (             -- one boot of one drafter, counted or excluded
+        id INTEGER PRIMARY KEY,
+        campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+        slot INTEGER NOT NULL,
+        time TEXT NOT NULL,
+        ok INTEGER NOT NULL,
+        boot_json TEXT NOT NULL
+    );
+    CREATE INDEX campaign_boots_campaign ON campaign_boots(campaign_id);
+    CREATE TABLE campaign_waves (             -- one cell on one boot: bench record, per-request samples, pins
+        id INTEGER PRIMARY KEY,
+        campaign_id INTEGER NOT NULL REFERENCES campaigns(id),
+        boot_row INTEGER NOT NULL REFERENCES campaign_boots(id),
+        slot INTEGER NOT NULL,
+        cell TEXT NOT NULL,
+        time TEXT NOT NULL,
+        counted INTEGER NOT NULL,
+        wave_json TEXT NOT NULL,
+        sha256 TEXT NOT NULL                  -- of wave_json exactly as stored
+    );
+    CREATE INDEX campaign_waves_campaign ON campaign_waves(campaign_id);
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -106,7 +138,7 @@ def sha256_text(text: str) -> str:
 
 @dataclass(frozen=True)
 class HistoryEntry:
-    kind: str  # deployment | gates | pool | bench
+    kind: str  # deployment | gates | pool | bench | campaign
     id: int | str
     time: str
     fingerprint: str | None
@@ -273,6 +305,56 @@ class Journal:
         ).fetchone()
         return (row[0], row[1]) if row else None
 
+    # -- A/B campaigns (`ab run`, `ab report`) ----------------------------------------------------
+    # Rows hold the JSON of measure/ab_records (CampaignSpec, Boot, Wave); the journal does not read inside
+    # them beyond what it indexes, so the records can grow fields without a migration.
+
+    def create_campaign(self, config_sha256: str, spec_json: str) -> int:
+        now = _now()
+        return self._write(
+            "INSERT INTO campaigns (time, updated, status, config_sha256, spec_json, sha256)"
+            " VALUES (?, ?, 'running', ?, ?, ?)",
+            (now, now, config_sha256, spec_json, sha256_text(spec_json)),
+        )
+
+    def set_campaign_status(self, campaign_id: int, status: str) -> None:
+        self._write("UPDATE campaigns SET status = ?, updated = ? WHERE id = ?", (status, _now(), campaign_id))
+
+    def campaign(self, campaign_id: int) -> tuple[str, str, bool] | None:
+        """``(status, spec_json, sha256_ok)`` of a campaign, None when there is none with this id."""
+        row = self._conn.execute(
+            "SELECT status, spec_json, sha256 FROM campaigns WHERE id = ?", (campaign_id,)
+        ).fetchone()
+        return (row[0], row[1], sha256_text(row[1]) == row[2]) if row else None
+
+    def record_campaign_boot(self, campaign_id: int, slot: int, ok: bool, boot_json: str) -> int:
+        return self._write(
+            "INSERT INTO campaign_boots (campaign_id, slot, time, ok, boot_json) VALUES (?, ?, ?, ?, ?)",
+            (campaign_id, slot, _now(), int(ok), boot_json),
+        )
+
+    def update_campaign_boot(self, boot_row: int, ok: bool, boot_json: str) -> None:
+        self._write("UPDATE campaign_boots SET ok = ?, boot_json = ? WHERE id = ?", (int(ok), boot_json, boot_row))
+
+    def record_campaign_wave(self, campaign_id: int, boot_row: int, slot: int, cell: str, counted: bool,
+                             wave_json: str) -> int:
+        """Store the wave exactly as given, with the sha256 of that text."""
+        return self._write(
+            "INSERT INTO campaign_waves (campaign_id, boot_row, slot, cell, time, counted, wave_json, sha256)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            (campaign_id, boot_row, slot, cell, _now(), int(counted), wave_json, sha256_text(wave_json)),
+        )
+
+    def campaign_boots(self, campaign_id: int) -> list[tuple[int, str]]:
+        """``(row id, boot_json)`` in the order they were recorded."""
+        return [(int(i), j) for i, j in self._conn.execute(
+            "SELECT id, boot_json FROM campaign_boots WHERE campaign_id = ? ORDER BY id", (campaign_id,))]
+
+    def campaign_waves(self, campaign_id: int) -> list[tuple[int, str, bool]]:
+        """``(row id, wave_json, sha256_ok)`` in the order they were recorded."""
+        return [(int(i), j, sha256_text(j) == h) for i, j, h in self._conn.execute(
+            "SELECT id, wave_json, sha256 FROM campaign_waves WHERE campaign_id = ? ORDER BY id", (campaign_id,))]
+
     # -- history ----------------------------------------------------------------------------------
 
     def history(self, limit: int = 50) -> list[HistoryEntry]:
@@ -314,6 +396,15 @@ class Journal:
             sha_ok = sha256_text(raw) == sha
             out.append(HistoryEntry("bench", id_, t, fp, _bench_summary(cell, raw), ok=_bench_ok(raw),
                                     sha256_ok=sha_ok))
+        for id_, t, status, fp, spec in c.execute(
+            "SELECT id, updated, status, config_sha256, spec_json FROM campaigns ORDER BY id DESC LIMIT ?", (limit,)
+        ):
+            waves = c.execute("SELECT COUNT(*), SUM(counted) FROM campaign_waves WHERE campaign_id = ?",
+                              (id_,)).fetchone()
+            names = ", ".join(a.get("name", "?") for a in json.loads(spec).get("drafters", []))
+            out.append(HistoryEntry("campaign", id_, t, fp, f"A/B {names}: {status}, {waves[0]} waves "
+                                    f"({waves[1] or 0} counted); `sparkserve ab report {id_}`",
+                                    ok=None if status in ("running", "interrupted") else status == "done"))
         out.sort(key=lambda e: e.time, reverse=True)
         return out[:limit]
 

@@ -30,7 +30,8 @@ def rig():
     import rig as riglib
 
     try:
-        info = riglib.up()
+        with riglib.exclusive_use():  # `up` may replace a node's daemons: never under another process's test
+            info = riglib.up()
     except riglib.RigError as e:
         pytest.fail(f"the rig cannot come up: {e}", pytrace=False)
     handle = riglib.RigHandle.from_info(info)

@@ -10,6 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
+from sparkserve.commands.jsonschema import JSON_SCHEMA
 from sparkserve.config import Config, load_config
 
 ConfigOpt = Annotated[
@@ -41,5 +42,7 @@ def config_from(path: Path | None, *, accept_new: bool = False, check: bool = Fa
 
 
 def emit_json(obj: Any) -> None:
-    """Print ``obj`` as the command's --json output."""
+    """Print ``obj`` as the command's --json output: one document, ``"schema": JSON_SCHEMA`` first."""
+    if isinstance(obj, dict) and "schema" not in obj:
+        obj = {"schema": JSON_SCHEMA, **obj}
     sys.stdout.write(json.dumps(obj, indent=2, sort_keys=False, default=str) + "\n")

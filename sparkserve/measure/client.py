@@ -105,7 +105,7 @@ async def stream_request(
         if not conn.idle:
             conn.abort()  # a response left part-way must not be mistaken for the next one
         out.latency_s = time.perf_counter() - t0
-        out.ttft_s, out.finish_reason = stream.ttft_s, stream.finish_reason
+        out.ttft_s, out.finish_reason, out.chunks = stream.ttft_s, stream.finish_reason, stream.chunks
     if failure is not None:
         out.error, out.detail = failure
         return out

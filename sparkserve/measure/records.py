@@ -75,6 +75,7 @@ class RequestOutcome:
     ttft_s: float | None = None
     latency_s: float | None = None
     finish_reason: str | None = None
+    chunks: int = 0  # stream chunks that carried output (≈ engine steps: tokens / chunks ≈ acceptance length)
 
 
 class RequestError(BaseModel):

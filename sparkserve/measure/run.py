@@ -151,6 +151,29 @@ async def run_cell_async(
     check_served_model: bool = True,
 ) -> BenchResult:
     """:func:`run_cell` inside a running event loop."""
+    result, _ = await run_cell_outcomes_async(
+        base_url, model, cell, prompt_set, sampling=sampling, node=node, api_key=api_key, deadline_s=deadline_s,
+        stall_timeout_s=stall_timeout_s, progress=progress, check_served_model=check_served_model,
+    )
+    return result
+
+
+async def run_cell_outcomes_async(
+    base_url: str,
+    model: str,
+    cell: Cell,
+    prompt_set: PromptSet,
+    *,
+    sampling: Sampling = Sampling(),
+    node: str | None = None,
+    api_key: str | None = None,
+    deadline_s: float | None = None,
+    stall_timeout_s: float = 60.0,
+    progress: bool = False,
+    check_served_model: bool = True,
+) -> tuple[BenchResult, list[RequestOutcome]]:
+    """:func:`run_cell_async`, with every request's outcome beside the record (an A/B campaign keeps them:
+    its intervals are bootstrapped over prompts)."""
     base_url = base_url.rstrip("/")
     where = _where(base_url, node)
     deadline = deadline_s if deadline_s is not None else default_deadline_s(cell)
@@ -179,7 +202,7 @@ async def run_cell_async(
     return summarize(
         cell, outcomes, duration, before, after, sampling=sampling, url=base_url, node=node, model=model,
         prompt_set=prompt_set, started_at=started_at,
-    )
+    ), outcomes
 
 
 def run_cell(base_url: str, model: str, cell: Cell, prompt_set: PromptSet, **kw: Any) -> BenchResult:

@@ -41,6 +41,7 @@ class ChatStream:
 
     __slots__ = (
         "t0", "on_chunk", "done", "got_tokens", "usage_tokens", "ttft_s", "finish_reason", "error", "_buf",
+        "chunks",
     )
 
     def __init__(self, t0: float, on_chunk: Callable[[], None] | None = None) -> None:
@@ -52,6 +53,7 @@ class ChatStream:
         self.finish_reason: str | None = None
         self.error: tuple[str, str] | None = None  # (kind, detail) once the stream is known broken
         self._buf = b""
+        self.chunks = 0  # chunks that carried output: one per engine step, unless the server merged steps
 
     def feed(self, raw: bytes) -> bool:
         """Body bytes as they arrive; False once the stream is known to be broken (see ``error``)."""
@@ -95,6 +97,7 @@ class ChatStream:
         if choices:
             c0 = choices[0]
             if _has_output(c0):
+                self.chunks += 1
                 if not self.got_tokens:
                     self.got_tokens = True
                     self.ttft_s = time.perf_counter() - self.t0

@@ -14,10 +14,28 @@ May import: every lower stage (``measure``, ``observe``, ``plan``, ``models``, g
 when, is decided above.
 """
 
-from sparkserve.nodes.base import CommandResult, Node, NodeError, RsyncRemote
-from sparkserve.nodes.factory import close_nodes, connect_nodes, make_node, open_nodes
-from sparkserve.nodes.local import LocalNode
-from sparkserve.nodes.ssh import SSHNode
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from sparkserve.nodes.base import CommandResult, Node, NodeError, RsyncRemote
+    from sparkserve.nodes.factory import close_nodes, connect_nodes, make_node, open_nodes
+    from sparkserve.nodes.local import LocalNode
+    from sparkserve.nodes.ssh import SSHNode
+
+# re-exported lazily: `import sparkserve.nodes.interrupts` (every CLI start) must not import paramiko/docker
+_WHERE = {"CommandResult": "base", "Node": "base", "NodeError": "base", "RsyncRemote": "base",
+          "close_nodes": "factory", "connect_nodes": "factory", "make_node": "factory", "open_nodes": "factory",
+          "LocalNode": "local", "SSHNode": "ssh"}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _WHERE:
+        raise AttributeError(f"module 'sparkserve.nodes' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"sparkserve.nodes.{_WHERE[name]}"), name)
+
 
 __all__ = [
     "CommandResult",

@@ -12,7 +12,6 @@ command is :mod:`sparkserve.nodes.ssh_process`.
 from __future__ import annotations
 
 import contextlib
-import math
 import posixpath
 import stat
 import threading
@@ -24,8 +23,9 @@ import paramiko
 
 from sparkserve.nodes.base import CommandResult, NodeError, RsyncRemote
 from sparkserve.nodes.docker_client import docker_over_ssh
-from sparkserve.nodes.ssh_connect import SSHTarget, open_client
+from sparkserve.nodes.ssh_connect import SSHTarget, close_client, open_client
 from sparkserve.nodes.ssh_process import SSHProcess, command_line
+from sparkserve.nodes.ssh_resolve import ssh_argv
 
 if TYPE_CHECKING:
     import docker
@@ -43,9 +43,9 @@ class SSHNode:
     def __init__(self, node: NodeConfig, ssh: SSHConfig) -> None:
         self.target = SSHTarget.from_config(node, ssh)
         self.name = node.name
-        self.host = node.host
-        self.port = node.port
-        self.user = node.user
+        self.host = self.target.host  # after ~/.ssh/config: HostName, Port, User
+        self.port = self.target.port
+        self.user = self.target.user
         self._client: paramiko.SSHClient | None = None
         self._lock = threading.RLock()
         self._channels = threading.BoundedSemaphore(MAX_RUN_CHANNELS)
@@ -100,7 +100,7 @@ class SSHNode:
             self._sftp = None
         if self._client is not None:
             with contextlib.suppress(Exception):
-                self._client.close()
+                close_client(self._client)
             self._client = None
 
     def close(self) -> None:
@@ -257,17 +257,12 @@ class SSHNode:
     # -- rsync and docker -------------------------------------------------------------------------------
 
     def rsync_remote(self) -> RsyncRemote:
+        """OpenSSH for rsync, resolved exactly as this node's paramiko connection (same ssh config file,
+        every resolved value on the command line; the agent through SSH_AUTH_SOCK)."""
         t = self.target
-        argv = ["ssh", "-F", "/dev/null", "-p", str(self.port),
-                "-o", f"UserKnownHostsFile={t.known_hosts}", "-o", "GlobalKnownHostsFile=/dev/null",
-                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
-                "-o", f"ConnectTimeout={max(1, math.ceil(t.connect_timeout))}",
-                "-o", "Compression=no"]
-        if t.keepalive:
-            argv += ["-o", f"ServerAliveInterval={t.keepalive}"]
-        if t.identity is not None:
-            argv += ["-i", str(t.identity), "-o", "IdentitiesOnly=yes"]
-        host = f"[{self.host}]" if ":" in self.host else self.host
+        argv = ssh_argv(t.r, connect_timeout=t.connect_timeout, keepalive=t.keepalive)
+        alias = t.r.alias
+        host = f"[{alias}]" if ":" in alias else alias
         return RsyncRemote(tuple(argv), f"{self.user}@{host}")
 
     def docker(self) -> docker.DockerClient:

@@ -4,6 +4,12 @@ The spec itself and its two docker renderings are :mod:`sparkserve.plan.containe
 
 Pure: no I/O. Fabric values that are ``auto`` in the config are resolved on the nodes at ``up`` and
 passed in as ``fabric_env``; without them the plan leaves those variables out (never empty).
+
+Both runtimes get the same specs. ``runtime: docker`` runs ``command`` in a container with the mounts;
+``runtime: process`` runs :meth:`Plan.process_argv` (``command`` with ``serve.vllm`` for ``vllm`` and the
+host paths of the target and drafter where a container sees its mounts) as a host process, no mounts. A
+one-node plan runs vLLM on one node alone: no ``--nnodes``/``--node-rank``/``--master-addr``/
+``--master-port``/``--headless``, no executor flag (vLLM picks), TP = that node's GPUs.
 """
 
 from __future__ import annotations
@@ -60,6 +66,9 @@ BASE_ENV = {
 class Plan(BaseModel):
     fingerprint: str
     executor: Literal["mp", "ray"]
+    runtime: Literal["docker", "process"] = "docker"
+    vllm: str = "vllm"  # runtime process: serve.vllm (an executable or a venv dir, resolved on the node)
+    run_dir: str = "~/.local/state/sparkserve/run"  # runtime process: process.run_dir
     nnodes: int
     master_addr: str
     master_port: int
@@ -95,19 +104,52 @@ class Plan(BaseModel):
         """Every ``vllm serve`` argv this plan runs (mp: one per rank; ray: the head's exec_after_join)."""
         return [s.serve_argv() for s in self.specs if s.serve_argv()[:2] == ["vllm", "serve"]]
 
+    def process_argv(self, spec: ContainerSpec) -> list[str]:
+        """runtime process: the argv a rank runs on its node (``serve.vllm`` resolved there)."""
+        argv = spec.serve_argv()
+        return [self.vllm, *argv[1:]] if argv[:1] == ["vllm"] else list(argv)
+
     def public(self) -> dict[str, object]:
-        """JSON-ready view (secrets redacted)."""
+        """JSON-ready view (secrets redacted). runtime process: each spec shows the ``process_argv`` it runs
+        (and no ``docker_run``)."""
         d = self.model_dump(exclude={"specs"})
         d["api_url"] = self.api_url
         d["start_order"] = [s.node for s in self.start_order()]
         d["specs"] = [s.public() for s in self.specs]
+        if self.runtime == "process":
+            for spec, out in zip(self.specs, d["specs"], strict=True):
+                out.pop("docker_run", None)
+                out["process_argv"] = self.process_argv(spec)
         return d
+
+
+def model_paths(cfg: Config) -> tuple[str, str]:
+    """(target, drafter) as the engine sees them: the container's mount points, or (runtime process) the
+    host paths themselves."""
+    if cfg.runtime == "process":
+        return str(cfg.model.target), str(cfg.drafter.path)
+    return TARGET_MOUNT, DRAFTER_MOUNT
+
+
+def drafter_in_argv(argv: list[str]) -> str | None:
+    """The drafter path a ``vllm serve`` argv names (``--speculative-config``'s ``model``), or None."""
+    for i, a in enumerate(argv):
+        text = a.partition("=")[2] if a.startswith("--speculative-config=") else (
+            argv[i + 1] if a == "--speculative-config" and i + 1 < len(argv) else None)
+        if text is None:
+            continue
+        try:
+            model = json.loads(text).get("model")
+        except (ValueError, AttributeError):
+            return None
+        return str(model) if model else None
+    return None
 
 
 def speculative_json(cfg: Config) -> str:
     spec: dict[str, object] = {
         "method": cfg.speculative.method,  # always explicit (auto-detection needs "dflash" in the path)
-        "model": DRAFTER_MOUNT,
+        "model": model_paths(cfg)[1],
         "num_speculative_tokens": cfg.speculative.num_speculative_tokens,
     }
     if cfg.speculative.attention_backend:
@@ -127,7 +169,7 @@ def engine_args(cfg: Config) -> list[str]:
     """Arguments identical on every rank (the part rank parity compares)."""
     s = cfg.serve
     argv = [
-        TARGET_MOUNT,
+        model_paths(cfg)[0],
         "--served-model-name", cfg.model.served_name,
         "--tensor-parallel-size", str(s.tensor_parallel_size),
     ]
@@ -152,6 +194,10 @@ def engine_args(cfg: Config) -> list[str]:
 
 def _mp_argv(cfg: Config, rank: int) -> list[str]:
     argv = ["vllm", "serve", *engine_args(cfg)]
+    if len(cfg.nodes) == 1:  # one node: vLLM alone on it, no rendezvous
+        if cfg.serve.host:
+            argv += ["--host", cfg.serve.host]
+        return [*argv, "--port", str(cfg.serve.port)]
     argv += [
         "--distributed-executor-backend", "mp",
         "--nnodes", str(len(cfg.nodes)),
@@ -234,6 +280,8 @@ def build_plan(
     mounts += [
         Mount(source=str(c.cache_root / sub), target=dst, read_only=False) for sub, dst in CACHE_MOUNTS.items()
     ]
+    if cfg.runtime == "process":
+        mounts = []  # a host process sees the host paths themselves (model_paths)
     specs = []
     for rank, node in enumerate(cfg.nodes):
         if cfg.serve.executor == "mp":
@@ -272,6 +320,9 @@ def build_plan(
     return Plan(
         fingerprint=fp,
         executor=cfg.serve.executor,
+        runtime=cfg.runtime,
+        vllm=cfg.serve.vllm,
+        run_dir=cfg.process.run_dir,
         nnodes=len(cfg.nodes),
         master_addr=cfg.head.fabric_ip,
         master_port=cfg.fabric.master_port,

@@ -11,19 +11,24 @@ whose inputs are missing (no weights, no target) stays silent and the missing in
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
 from sparkserve.config import API_KEY_ENV, Config
 from sparkserve.errors import BadInput
+from sparkserve.models.completeness import Completeness, check_completeness, summary
 from sparkserve.models.drafter import (
+    CONV_RE,
     DFLASH2_REQUIRED_KEYS,
     KNOWN_ARCHITECTURES,
     MASK_FILE,
+    SELECTOR_RE,
     DrafterFacts,
     inspect_drafter,
 )
+from sparkserve.models.files import read_config
 from sparkserve.models.target import TargetFacts, inspect_target
 from sparkserve.plan.build import build_plan
 from sparkserve.plan.vllm_args import OptionList, ParserUnavailable, RealParser, get_judge
@@ -59,6 +64,7 @@ class Report:
     target: TargetFacts | None = None
     argv_judge: str | None = None
     argvs_checked: int = 0
+    completeness: dict[str, Completeness] = field(default_factory=dict)  # "drafter" / "target"
 
     @property
     def ok(self) -> bool:
@@ -145,7 +151,8 @@ def check_drafter(cfg: Config, d: DrafterFacts, r: Report) -> None:
     """Every rule on the drafter alone and against the config: kind, mask token and file, K, DFlash2
     structure, taps."""
     cfg_file = str(Path(d.path) / "config.json")
-    for check in (_check_kind, _check_mask, _check_k_rule, _check_sampling, _check_dflash2, _check_taps):
+    for check in (_check_kind, _check_mask, _check_k_rule, _check_sampling, _check_dflash2, _check_taps,
+                  _check_drafter_complete):
         check(cfg, d, r, cfg_file)
 
 
@@ -242,18 +249,66 @@ def _check_dflash2(cfg: Config, d: DrafterFacts, r: Report, cfg_file: str) -> No
 
 
 def _check_taps(cfg: Config, d: DrafterFacts, r: Report, cfg_file: str) -> None:
-    """Taps: target_layer_ids against the fc projection's input width."""
+    """Taps: target_layer_ids against the fc projection's input width (a missing fc.weight is the
+    completeness rule's, _check_drafter_complete)."""
     if d.target_layer_ids is None:
         r.error(cfg_file, "dflash_config.target_layer_ids is missing (which target layers feed the drafter?)")
     elif d.weights and d.use_aux_hidden_state:
         width, th = d.weights.fc_input_width, d.target_hidden_size
         taps = len(d.target_layer_ids)
-        if width is None:
-            r.error("drafter.path", "the weights have no fc.weight (the projection of the target's hidden states)")
-        elif th and width != th * taps:
+        if width is not None and th and width != th * taps:
             trained = f"{width // th} taps" if width % th == 0 else f"not a multiple of {th}"
             r.error(cfg_file, f"dflash_config.target_layer_ids lists {taps} layers but fc.weight's input width is "
                     f"{width} ({trained} x target_hidden_size {th})")
+
+
+def _check_drafter_complete(cfg: Config, d: DrafterFacts, r: Report, cfg_file: str) -> None:
+    """Every tensor the drafter's config implies is in its safetensors headers (real vLLM boots without one,
+    silently). Names an earlier rule already counted (DFlash2 selector, convolutions) are not named twice."""
+    if d.problems or not d.weights:  # unreadable or missing weights are the inspection's own errors
+        return
+    ccfg = {"num_hidden_layers": d.num_hidden_layers,
+            "dflash_config": {**d.dflash_config, "use_aux_hidden_state": d.use_aux_hidden_state}}
+    c = check_completeness(d.path, ccfg, role="drafter", architectures=d.architectures)
+    said: list[re.Pattern[str]] = []
+    if d.kind == "dflash2" and d.weights.selector_tensors != 3:
+        said.append(SELECTOR_RE)
+    if d.kind == "dflash2" and d.num_hidden_layers and d.weights.conv_tensors != 4 * d.num_hidden_layers:
+        said.append(CONV_RE)
+    c.missing = [m for m in c.missing if not any(rx.search(m) for rx in said)]
+    report_completeness(c, "drafter.path", r)
+    r.completeness["drafter"] = c
+
+
+def report_completeness(c: Completeness, where: str, r: Report) -> None:
+    """A Completeness as findings: each missing shard or unreadable header, the missing tensors (one
+    error naming the first few), extra tensors and the conservative rule (warnings)."""
+    for shard in c.missing_shards:
+        r.error(str(Path(c.path) / shard), "missing (listed in model.safetensors.index.json)")
+    for f, what in c.unreadable:
+        r.error(f, what)
+    if c.missing:
+        r.error(where, f"{c.path} lacks {len(c.missing)} tensor{'s' if len(c.missing) > 1 else ''} its config.json "
+                f"implies: {summary(c.missing)} (vLLM boots such a checkpoint without a word and serves "
+                f"uninitialised weights; rule: {c.rule})")
+    if c.extra:
+        r.warn(where, f"{c.path} holds {len(c.extra)} tensor{'s' if len(c.extra) > 1 else ''} its config.json "
+               f"does not imply: {summary(c.extra)} (rule: {c.rule})")
+    if c.conservative and not c.no_weights:
+        r.warn(where, f"completeness of {c.path} checked by the {c.rule} rule only")
+
+
+def check_target_complete(t: TargetFacts, r: Report) -> None:
+    """Every tensor the target's config implies is in its safetensors headers (the shards of its index
+    included). A directory without any safetensors file (a controller holding only config.json) is a
+    warning: nothing to compare."""
+    c = check_completeness(t.path, read_config(Path(t.path), where="model.target"), role="target",
+                           architectures=t.architectures)
+    if c.no_weights:
+        r.warn("model.target", f"{t.path} has no *.safetensors here: checkpoint completeness not checked")
+        return
+    report_completeness(c, "model.target", r)
+    r.completeness["target"] = c
 
 
 def check_target(cfg: Config, d: DrafterFacts | None, t: TargetFacts, r: Report) -> None:
@@ -319,6 +374,7 @@ def validate(
         r.error(e.where, e.what)
     else:
         check_target(cfg, r.drafter, r.target, r)
+        check_target_complete(r.target, r)
     if r.errors or parser == "none":
         return r
     if judge is not None:

@@ -10,7 +10,6 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -119,7 +118,7 @@ def test_a_second_operator_is_locked_out_while_up_runs(e2e) -> None:
 
 def test_a_stale_lock_is_named_and_broken_on_request(e2e) -> None:
     cfg = e2e.config()
-    lock = Path("/tmp/sparkserve.deploy.lock")  # node-a's /tmp (the rig's nodes share this machine's /tmp)
+    lock = e2e.rig.head.host_path("/tmp/sparkserve.deploy.lock")  # node-a's private /tmp, seen from the host
     lock.mkdir()
     try:
         (lock / "owner").write_text(json.dumps({"user": "ops", "host": "laptop", "pid": 4242, "since": 0,
@@ -139,7 +138,7 @@ def test_a_lock_left_by_a_killed_run_on_this_machine_is_taken_over(e2e) -> None:
     cfg = e2e.config()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # a pid that no longer runs
-    lock = Path("/tmp/sparkserve.deploy.lock")
+    lock = e2e.rig.head.host_path("/tmp/sparkserve.deploy.lock")  # node-a's private /tmp
     lock.mkdir()
     try:
         (lock / "owner").write_text(json.dumps({"user": "root", "host": socket.gethostname(), "pid": dead.pid,

@@ -270,7 +270,7 @@ def test_ctrl_c_during_preflight_exits_3_with_nothing_started(e2e) -> None:
     p = subprocess.CompletedProcess(proc.args, proc.returncode, out, "".join(seen) + err)
     e2e.assert_explained(p, code=3, node=None, step="interrupted")
     assert e2e.leftovers() == {}
-    assert not Path("/tmp/sparkserve.deploy.lock").exists()  # the head's lock was released
+    assert not e2e.rig.head.host_path("/tmp/sparkserve.deploy.lock").exists()  # the head's lock was released
 
 
 # -- containers sparkserve did not start ------------------------------------------------------------------

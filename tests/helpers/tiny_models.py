@@ -75,6 +75,7 @@ def write_target(path: Path, spec: TargetSpec | None = None) -> Path:
         "vocab_size": spec.vocab_size,
         "max_position_embeddings": 262144,
         "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
     }
     (path / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
     h, kv = spec.hidden_size, spec.num_key_value_heads * spec.head_dim
@@ -87,8 +88,43 @@ def write_target(path: Path, spec: TargetSpec | None = None) -> Path:
         tensors[p + "self_attn.k_proj.weight"] = np.zeros((kv, h), dtype=np.float16)
         tensors[p + "self_attn.v_proj.weight"] = np.zeros((kv, h), dtype=np.float16)
         tensors[p + "input_layernorm.weight"] = np.ones(h, dtype=np.float16)
-    save_file(tensors, str(path / "model.safetensors"), metadata={"format": "pt"})
+        # the rest of a Qwen3 decoder layer (vLLM qwen3.py), so the checkpoint is complete
+        tensors[p + "self_attn.o_proj.weight"] = np.zeros((h, spec.num_attention_heads * spec.head_dim),
+                                                          dtype=np.float16)
+        tensors[p + "self_attn.q_norm.weight"] = np.ones(spec.head_dim, dtype=np.float16)
+        tensors[p + "self_attn.k_norm.weight"] = np.ones(spec.head_dim, dtype=np.float16)
+        tensors[p + "post_attention_layernorm.weight"] = np.ones(h, dtype=np.float16)
+        for proj, shape in (("gate_proj", (2 * h, h)), ("up_proj", (2 * h, h)), ("down_proj", (h, 2 * h))):
+            tensors[p + f"mlp.{proj}.weight"] = np.zeros(shape, dtype=np.float16)
+    # vocab x hidden embeddings are ~80 MB each at the default vocabulary: stored as zeros in a file hole
+    zeros = {"model.embed_tokens.weight": (spec.vocab_size, h), "lm_head.weight": (spec.vocab_size, h)}
+    save_f16_with_zeros(path / "model.safetensors", tensors, zeros)
     return path
+
+
+def save_f16_with_zeros(path: Path, tensors: dict[str, np.ndarray], zeros: dict[str, tuple[int, ...]]) -> None:
+    """A safetensors file of float16 ``tensors`` followed by all-zero float16 tensors of the ``zeros``
+    shapes, written as a sparse tail (real size, no blocks; reads as zeros)."""
+    header: dict[str, object] = {}
+    blobs, off = [], 0
+    for name, a in tensors.items():
+        b = np.ascontiguousarray(a, dtype=np.float16).tobytes()
+        header[name] = {"dtype": "F16", "shape": list(a.shape), "data_offsets": [off, off + len(b)]}
+        blobs.append(b)
+        off += len(b)
+    for name, shape in zeros.items():
+        n = int(np.prod(shape)) * 2
+        header[name] = {"dtype": "F16", "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    header["__metadata__"] = {"format": "pt"}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    with path.open("wb") as f:
+        f.write(len(raw).to_bytes(8, "little"))
+        f.write(raw)
+        for b in blobs:
+            f.write(b)
+        f.truncate(8 + len(raw) + off)
 
 
 def write_drafter(path: Path, spec: DrafterSpec | None = None) -> Path:
@@ -137,6 +173,10 @@ def write_drafter(path: Path, spec: DrafterSpec | None = None) -> Path:
             p = f"layers.{i}."
             t[p + "input_layernorm.weight"] = np.ones(h, dtype=np.float16)
             t[p + "post_attention_layernorm.weight"] = np.ones(h, dtype=np.float16)
+            t[p + "self_attn.q_norm.weight"] = np.ones(64, dtype=np.float16)
+            t[p + "self_attn.k_norm.weight"] = np.ones(64, dtype=np.float16)
+            for proj, shape in (("gate_proj", (2 * h, h)), ("up_proj", (2 * h, h)), ("down_proj", (h, 2 * h))):
+                t[p + f"mlp.{proj}.weight"] = np.zeros(shape, dtype=np.float16)
             for proj in ("q_proj", "o_proj"):
                 t[p + f"self_attn.{proj}.weight"] = np.zeros((h, h), dtype=np.float16)
             for proj in ("k_proj", "v_proj"):

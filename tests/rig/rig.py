@@ -105,10 +105,17 @@ class NodeInfo:
     def docker_url(self) -> str:
         return f"unix://{self.docker_socket}"
 
+    @property
+    def tmp_dir(self) -> str:
+        """Host path that the node sees as ``/tmp`` (private per node: locks, temp files)."""
+        return str(Path(self.dir) / "tmp")
+
     def host_path(self, node_path: str | Path) -> Path:
-        """Host path of a path as the node sees it (under NODE_ROOT)."""
-        rel = Path(node_path).relative_to(NODE_ROOT)
-        return Path(self.srv_dir) / rel
+        """Host path of a path as the node sees it (under NODE_ROOT or ``/tmp``)."""
+        p = Path(node_path)
+        if p == Path("/tmp") or Path("/tmp") in p.parents:
+            return Path(self.tmp_dir) / p.relative_to("/tmp")
+        return Path(self.srv_dir) / p.relative_to(NODE_ROOT)
 
 
 def memlock_hard_limit(n: NodeInfo) -> int | None:
@@ -354,8 +361,8 @@ def _holder_ok(n: NodeInfo) -> int | None:
         mounts = Path(f"/proc/{pid}/mountinfo").read_text()
     except OSError:
         return None
-    if f" {NODE_ROOT} " not in mounts:
-        return None
+    if f" {NODE_ROOT} " not in mounts or f"{n.tmp_dir} /tmp " not in mounts:
+        return None  # an older generation without the private /tmp is replaced
     return pid
 
 
@@ -398,7 +405,7 @@ def stop_node(n: NodeInfo) -> None:
     stop_pid(dpid, f"{n.name} dockerd", timeout=30)
     # processes the daemon started (containerd, shims) that outlived it: ours, found by our paths
     for pid in _pids_referencing(n.dir):
-        stop_pid(pid, f"{n.name} leftover {cmdline(pid)[0]}")
+        stop_pid(pid, f"{n.name} leftover {(cmdline(pid) or ['?'])[0]}")
     stop_pid(read_pid(d / "ns.pid"), f"{n.name} namespace holder")
     for f in (d / "ns.pid", d / "dockerd.pid", d / "ssh" / "sshd.pid"):
         f.unlink(missing_ok=True)
@@ -423,17 +430,21 @@ def _remove_containers(n: NodeInfo) -> None:
 def start_node(n: NodeInfo) -> dict[str, int]:
     """Bring one node up (idempotent): namespace holder, dockerd, sshd. Returns their pids."""
     d = Path(n.dir)
-    for sub in ("docker", "exec", "srv", "ssh"):
+    for sub in ("docker", "exec", "srv", "ssh", "tmp"):
         (d / sub).mkdir(parents=True, exist_ok=True)
+    os.chmod(n.tmp_dir, 0o1777)
     holder = _holder_ok(n)
     if holder is None:
         stop_node(n)  # whatever is left of an older generation
         NODE_ROOT.mkdir(parents=True, exist_ok=True)
-        script = 'mount --bind "$1" "$2" && exec sleep infinity'
+        # Every mount is private to the node (no propagation either way), the node root and /tmp are the
+        # node's own: two rigs, or two nodes of one rig, never see each other's locks or temp files.
+        script = ('mount --make-rprivate / && mount --bind "$1" "$2" && mount --bind "$3" /tmp '
+                  '&& exec sleep infinity')
         with open(d / "ns.log", "w") as out:
             p = subprocess.Popen(
                 ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "rig-ns", n.srv_dir,
-                 str(NODE_ROOT)],
+                 str(NODE_ROOT), n.tmp_dir],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
         (d / "ns.pid").write_text(f"{p.pid}\n")
@@ -845,8 +856,11 @@ class RigHandle:
 # ----------------------------------------------------------------------------------------------- verbs
 
 
-def up(nnodes: int | None = None) -> dict:
-    """Bring the rig up (idempotent); concurrent callers are serialised by an flock on ``$SSRIG_DIR/.up-lock``."""
+def up(nnodes: int | None = None, *, bare: bool = False) -> dict:
+    """Bring the rig up (idempotent); concurrent callers are serialised by an flock on ``$SSRIG_DIR/.up-lock``.
+
+    ``bare``: the nodes' daemons, keys and sysfs only — no images, models or rig.yaml (a second rig that a
+    test brings up beside the shared one to prove the two cannot interfere)."""
     if os.geteuid() != 0:
         raise RigError("the rig needs root (it starts dockerd and sshd)")
     import fcntl
@@ -854,14 +868,17 @@ def up(nnodes: int | None = None) -> dict:
     RIG_DIR.mkdir(parents=True, exist_ok=True)
     with open(RIG_DIR / ".up-lock", "a+") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        return _up(nnodes)
+        return _up(nnodes, bare)
 
 
-def _up(nnodes: int | None) -> dict:
+def _up(nnodes: int | None, bare: bool = False) -> dict:
     t0 = time.monotonic()
     ensure_packages()
     RIG_DIR.mkdir(parents=True, exist_ok=True)
     os.chmod(RIG_DIR, 0o700)
+    if RIG_DIR.resolve() == Path("/tmp") or Path("/tmp") in RIG_DIR.resolve().parents:
+        raise RigError(f"SSRIG_DIR {RIG_DIR} is under /tmp: each node mounts a private /tmp over it, which would "
+                       "hide the node's own daemons' files (use /var/tmp or /var/lib)")
     longest = RIG_DIR / "nodes" / "node-a" / "exec" / "containerd" / "containerd.sock.ttrpc"
     if len(str(longest)) > 100:
         raise RigError(f"SSRIG_DIR {RIG_DIR} is too long: the daemons' unix sockets under it exceed 108 bytes")
@@ -879,6 +896,14 @@ def _up(nnodes: int | None) -> dict:
     with concurrent.futures.ThreadPoolExecutor(max_workers=count) as ex:
         pids = dict(zip([n.name for n in nodes], ex.map(start_node, nodes), strict=True))
     t_nodes = time.monotonic() - t0
+    if bare:
+        for n in nodes:
+            write_fake_sysfs(n)
+        info = {"rig_dir": str(RIG_DIR), "node_root": str(NODE_ROOT), "nodes": [asdict(n) for n in nodes],
+                "pids": pids, "bare": True}
+        state_path().write_text(json.dumps(info, indent=2) + "\n")
+        log(f"up (bare): {count} nodes in {time.monotonic() - t0:.1f}s")
+        return info
     emu_id = ensure_images(nodes)
     models = ensure_models()
     for n in nodes:
@@ -920,8 +945,8 @@ def down(purge: bool = False) -> None:
         for f in (state_path(), RIG_DIR / "rig.yaml"):
             f.unlink(missing_ok=True)
         log(f"rig data removed (the cache {CACHE_DIR} stays: base rootfs tarball, model fixtures)")
-    with contextlib.suppress(OSError):
-        NODE_ROOT.rmdir()  # only if empty (a mount point we created)
+    # NODE_ROOT stays, even when empty: it is the mount point of every node of every rig on this machine, and
+    # removing a directory that is a mount point in another mount namespace silently unmounts it there.
 
 
 def status() -> bool:
@@ -949,6 +974,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="verb", required=True)
     u = sub.add_parser("up", help="start (or reuse) the rig")
     u.add_argument("--nodes", type=int, default=None)
+    u.add_argument("--bare", action="store_true", help="daemons only: no images, models or rig.yaml")
     d = sub.add_parser("down", help="stop everything the rig started")
     d.add_argument("--purge", action="store_true", help="also delete node data (images, models)")
     sub.add_parser("status", help="is every node up?")
@@ -956,7 +982,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     try:
         if a.verb == "up":
-            up(a.nodes)
+            up(a.nodes, bare=a.bare)
         elif a.verb == "down":
             down(a.purge)
         elif a.verb == "status":

@@ -33,7 +33,8 @@ def test_fixture_dflash2_facts(tmp_path: Path) -> None:
     assert (w.selector_tensors, w.conv_tensors) == (3, 4 * 2)  # 3 selector + 4 per layer, as the card counts
     assert w.fc_shape == [256, 768] and w.fc_input_width == 768 and d.fc_taps == 3
     assert w.dtype == "F16" and w.dtypes == {"F16": w.param_count}
-    assert w.tensor_count == 26 and w.param_count == 3_112_448
+    # fc, hidden_norm, norm + 3 selector + per layer 15 (attention 4 + q/k norms 2, norms 2, MLP 3, conv 4)
+    assert w.tensor_count == 3 + 3 + 2 * 15 and w.param_count == 3_899_136
     assert (d.mask.present, d.mask.form, d.mask.mask_token_id, d.mask.embedding_shape) == (True, "dict", 154856, [256])
     assert d.problems == []
 
@@ -85,7 +86,7 @@ def test_sharded_weights_and_a_missing_shard(tmp_path: Path) -> None:
                             "lm_head.weight": "model-00002-of-00002.safetensors"}}
     (path / "model.safetensors.index.json").write_text(json.dumps(index))
     d = inspect_drafter(path)
-    assert d.weights and d.weights.tensor_count == 27 and d.weights.dtypes["F32"] == 16 and d.problems == []
+    assert d.weights and d.weights.tensor_count == 36 + 1 and d.weights.dtypes["F32"] == 16 and d.problems == []
     assert d.weights.dtype == "F16"
     (path / "model-00002-of-00002.safetensors").unlink()
     d = inspect_drafter(path)

@@ -75,14 +75,16 @@ def test_ssh_command_line_quotes_every_argument_under_timeout() -> None:
 
 
 def test_rsync_uses_the_same_key_and_known_hosts_strictly(tmp_path: Path) -> None:
-    ssh = SSHConfig(known_hosts=tmp_path / "kh", identity_file=tmp_path / "id", connect_timeout_s=4)
+    (tmp_path / "id").write_text("a key file\n")
+    ssh = SSHConfig(known_hosts=tmp_path / "kh", identity_file=tmp_path / "id", connect_timeout_s=4,
+                    config_file=None)
     node = SSHNode(NodeConfig(name="b", host="127.0.0.3", port=2222, user="ubuntu", fabric_ip="10.0.0.2"), ssh)
     r = node.rsync_remote()
     argv = list(r.ssh_argv)
     assert r.target == "ubuntu@127.0.0.3"
-    assert argv[:3] == ["ssh", "-F", "/dev/null"]
+    assert argv[:3] == ["ssh", "-F", "/dev/null"]  # no ssh config file: OpenSSH must not read the user's own
     for opt in (f"UserKnownHostsFile={tmp_path / 'kh'}", "StrictHostKeyChecking=yes", "BatchMode=yes",
-                "IdentitiesOnly=yes", "ConnectTimeout=4"):
+                "IdentitiesOnly=no", "ConnectTimeout=4", "HostName=127.0.0.3"):
         assert opt in argv
     assert argv[argv.index("-i") + 1] == str(tmp_path / "id") and argv[argv.index("-p") + 1] == "2222"
     assert shlex.split(r.rsh) == argv

@@ -31,6 +31,10 @@ Environment (emulator knobs are ``SSEMU_*``; real vLLM variables keep their mean
 * ``SSEMU_TOKEN_RATE`` (default 4000): tokens/s per request stream; 0 = as fast as possible.
 * ``SSEMU_ACCEPTANCE`` (default ``0.744,0.545,0.405,0.306,0.237,0.185,0.147``): P(at least p+1 draft
   tokens accepted) per position p; sampled with conditional probabilities r[p]/r[p-1].
+* ``ssemu-acceptance.json`` in the drafter directory (the mounted drafter dir), when present, is that
+  drafter's own profile and wins over ``SSEMU_ACCEPTANCE``: ``{"per_position": [0.8, 0.6, …]}``, optionally
+  ``"steps_per_s": S`` to pace each stream by engine steps (S steps/s, each carrying the accepted drafts +
+  1 tokens) instead of by ``SSEMU_TOKEN_RATE`` — so a better profile is faster, as on real hardware.
 * ``SSEMU_SEED`` (default: ``--seed``): seed of the acceptance sampler and filler text.
 * ``SSEMU_EOS_AFTER``: a natural end of sequence after N tokens (``finish_reason: stop``) unless
   ``ignore_eos`` or ``min_tokens`` says otherwise. Unset: every request runs to ``max_tokens``.
@@ -742,6 +746,21 @@ class Req:
     index: int
 
 
+PROFILE_FILE = "ssemu-acceptance.json"
+
+
+def drafter_profile(drafter: Path | None) -> dict | None:
+    """The drafter directory's own acceptance profile (``ssemu-acceptance.json``), or None when it has none.
+    A file that is there but wrong is an error at boot, never silently today's default profile."""
+    if drafter is None or not (drafter / PROFILE_FILE).is_file():
+        return None
+    d = json.loads((drafter / PROFILE_FILE).read_text())
+    pp = d.get("per_position") if isinstance(d, dict) else None
+    if not isinstance(pp, list) or not pp or not all(isinstance(x, int | float) and 0 <= x <= 1 for x in pp):
+        raise ValueError(f"{drafter / PROFILE_FILE}: per_position must be a non-empty list of rates in [0, 1]")
+    return d
+
+
 class SpecCounters:
     def __init__(self, k: int) -> None:
         self.k = k
@@ -759,6 +778,10 @@ class Engine:
         self.k = emu.k
         prof = os.environ.get("SSEMU_ACCEPTANCE")
         base = [float(x) for x in prof.split(",")] if prof else list(DEFAULT_PROFILE)
+        own = drafter_profile(emu.drafter_path)
+        if own is not None:
+            base = own["per_position"]
+        self.step_rate = float(own.get("steps_per_s") or 0.0) if own is not None else 0.0
         self.profile = self._fit(base, self.k)
         self.seed = int(os.environ.get("SSEMU_SEED", emu.args.seed or 0))
         self.rate = env_float("SSEMU_TOKEN_RATE", 4000.0)
@@ -2255,6 +2278,7 @@ class _Handler(BaseHTTPRequestHandler):
         if eng.eos_after is not None and not req.ignore_eos:
             stop_at = max(eng.eos_after, req.min_tokens)
         produced = 0
+        steps = 0
         emu.wait_collective(n)
         t0 = time.monotonic()
         with eng.lock:
@@ -2284,7 +2308,12 @@ class _Handler(BaseHTTPRequestHandler):
                 with eng.lock:
                     eng.gen_tokens += k
                     eng.iv_gen += k
-                if eng.rate > 0:
+                steps += 1
+                if eng.step_rate > 0:
+                    wait = t0 + steps / eng.step_rate - time.monotonic()
+                    if wait > 0:
+                        time.sleep(wait)
+                elif eng.rate > 0:
                     wait = t0 + produced / eng.rate - time.monotonic()
                     if wait > 0:
                         time.sleep(wait)

@@ -1,0 +1,197 @@
+"""An A/B campaign's records: what it plans (drafters, cells, rounds, order) and what each wave banked. Pure.
+
+Example::
+
+    spec = CampaignSpec(drafters=[Arm(name="A", source="/d/a", digest="…"), …], cells=[CELLS["smoke"], …],
+                        rounds=2, seed=7, prompts_source="builtin:…", prompts_sha256="…", config_sha256="…")
+    spec.order                          # [Slot(round=0, drafter="B"), Slot(0, "A"), Slot(1, "A"), Slot(1, "B")]
+    wave = Wave.of(result, outcomes, slot=2, round=1, drafter="A", boot_row=5, pins=pins)
+    wave.excluded                       # None, or why the wave is not counted (restart, contamination, …)
+
+The order interleaves the drafters ABBA-style: every pair of rounds draws one seeded permutation and runs
+it forwards, then backwards, so no drafter always boots first (a warm node, a cold cache) or last.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+from pydantic import BaseModel, Field
+
+from sparkserve.errors import BadInput
+from sparkserve.measure.records import CELLS, BenchResult, Cell, RequestOutcome
+
+#: The default verdict rule: the primary cell's output tok/s, TIE when the 95 % interval spans 0.
+DEFAULT_PRIMARY = "c16"
+DEFAULT_METRIC = "output_tok_s"
+METRICS = ("output_tok_s", "acceptance_length")
+
+
+class Arm(BaseModel):
+    """One drafter of the campaign: its name (``A``), its local directory, its manifest digest and where
+    it lives on every node once synced."""
+
+    name: str
+    source: str
+    digest: str
+    node_path: str
+
+
+class CellSpec(BaseModel):
+    """A cell as the campaign runs it (the card's sizes, or smaller ones given with ``--size``)."""
+
+    name: str
+    prompts: int
+    concurrency: int
+    max_tokens: int
+
+    def cell(self) -> Cell:
+        return Cell(self.name, prompts=self.prompts, concurrency=self.concurrency, max_tokens=self.max_tokens)
+
+    def shape(self) -> str:
+        return f"{self.prompts}×c{self.concurrency}×{self.max_tokens}"
+
+
+class Rule(BaseModel):
+    """The verdict rule, stated: candidate vs baseline on ``primary``'s ``metric``; KEEP when the 95 %
+    interval of the relative delta lies above 0, REVERT when below, TIE when it spans 0."""
+
+    baseline: str
+    primary: str
+    metric: str = DEFAULT_METRIC
+
+    def text(self) -> str:
+        what = "output tok/s" if self.metric == "output_tok_s" else "acceptance length"
+        return (f"each drafter vs {self.baseline} on the {self.primary} cell's {what}: KEEP when the 95 % interval "
+                f"of the relative delta lies above 0, REVERT (to {self.baseline}) when it lies below, TIE when it "
+                "spans 0")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One planned boot: which round, which drafter."""
+
+    round: int
+    drafter: str
+
+
+class CampaignSpec(BaseModel):
+    """Everything a campaign fixes before its first boot; the journal keeps it and ``--resume`` reads it back."""
+
+    drafters: list[Arm]
+    cells: list[CellSpec]
+    rounds: int
+    seed: int
+    prompts_source: str
+    prompts_sha256: str
+    config_sha256: str
+    rule: Rule
+    bootstrap: int = 2000
+    sampling: dict[str, object] = Field(default_factory=dict)
+
+    @property
+    def order(self) -> list[Slot]:
+        return interleaved_order([a.name for a in self.drafters], self.rounds, self.seed)
+
+    def arm(self, name: str) -> Arm:
+        return next(a for a in self.drafters if a.name == name)
+
+
+def interleaved_order(names: list[str], rounds: int, seed: int) -> list[Slot]:
+    """The boots, round by round: per pair of rounds one seeded permutation, forwards then backwards (ABBA)."""
+    rng = random.Random(seed)
+    out: list[Slot] = []
+    perm: list[str] = []
+    for r in range(rounds):
+        if r % 2 == 0:
+            perm = list(names)
+            rng.shuffle(perm)
+            seq = perm
+        else:
+            seq = list(reversed(perm))
+        out += [Slot(r, n) for n in seq]
+    return out
+
+
+def parse_size(text: str) -> CellSpec:
+    """``c16=8x16x128`` (prompts × concurrency × max tokens) → that cell's size; BadInput otherwise."""
+    name, sep, dims = text.partition("=")
+    if not sep or name not in CELLS:
+        raise BadInput("--size", f"{text!r}: expected CELL=PROMPTSxCONCURRENCYxTOKENS with CELL one of "
+                       f"{', '.join(CELLS)}")
+    try:
+        p, c, t = (int(x) for x in dims.lower().replace("×", "x").split("x"))
+    except ValueError:
+        raise BadInput("--size", f"{text!r}: expected three whole numbers, e.g. c16=8x16x128") from None
+    if p < 1 or c < 1 or t < 1:
+        raise BadInput("--size", f"{text!r}: every number must be at least 1")
+    return CellSpec(name=name, prompts=p, concurrency=c, max_tokens=t)
+
+
+class Pins(BaseModel):
+    """What a wave ran on, exactly: the config, the deployment, the image, the drafter, the prompts, the boot."""
+
+    config_sha256: str
+    fingerprint: str
+    image_id: str
+    drafter_digest: str
+    prompts_sha256: str
+    boot_id: str
+    metrics_boot_id: float | None = None  # vLLM's process_start_time_seconds as the cell saw it
+
+
+class Samples(BaseModel):
+    """Each request's figures, in request order: output tokens, output chunks (≈ engine steps), time to the
+    first token and the whole latency (s). The intervals resample these."""
+
+    tokens: list[int]
+    chunks: list[int]
+    ttft_s: list[float | None]
+    latency_s: list[float | None]
+
+    @classmethod
+    def of(cls, outcomes: list[RequestOutcome]) -> Samples:
+        ok = [o for o in outcomes if not o.error]
+        return cls(tokens=[o.completion_tokens for o in ok], chunks=[o.chunks for o in ok],
+                   ttft_s=[_r(o.ttft_s) for o in ok], latency_s=[_r(o.latency_s) for o in ok])
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
+
+
+class Wave(BaseModel):
+    """One cell run once on one boot, as banked: the bench record, the per-request samples, the pins, and
+    why it is excluded (None: it counts)."""
+
+    slot: int
+    round: int
+    drafter: str
+    cell: str
+    boot_row: int
+    result: BenchResult
+    samples: Samples
+    pins: Pins
+    excluded: str | None = None
+    id: int | None = None  # the journal row, once banked
+
+    @property
+    def counts(self) -> bool:
+        return self.excluded is None
+
+
+class Boot(BaseModel):
+    """One boot of one drafter, as banked: its gates and pins, or why it did not count."""
+
+    id: int | None = None
+    slot: int
+    round: int
+    drafter: str
+    ok: bool
+    excluded: str | None = None
+    fingerprint: str | None = None
+    image_id: str | None = None
+    drafter_digest: str | None = None
+    boot_id: str | None = None
+    seconds: float | None = None

@@ -1,0 +1,232 @@
+"""The table of record of an A/B campaign: the model card's table shape, as text, Markdown, JSON or a plot.
+
+Example::
+
+    report = build_report(campaign_id, status, spec, waves, boots)
+    print(markdown(report))            # the model-card-ready section
+    report.model_dump(mode="json")     # what ``ab report --json`` prints
+    plot(report, Path("ab.png"))       # BadInput naming the ``plot`` extra when matplotlib is absent
+
+The card's shape: one row per cell, ``Cell (accept / tok/s)``, one column per drafter; then the
+per-position row (the primary cell's), the intervals and deltas, TTFT / TPOT percentiles, the verdicts and
+the honest read. Every figure names the journal rows (waves) it comes from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from sparkserve.errors import BadInput
+from sparkserve.measure.ab_records import Boot, CampaignSpec, Wave
+from sparkserve.measure.ab_stats import Analysis, CellFigures, Interval, analyze
+
+PLOT_EXTRA = "plot"
+
+
+class Report(BaseModel):
+    """Everything ``ab report`` prints, and the ``--json`` object."""
+
+    campaign: int
+    status: str
+    spec: CampaignSpec
+    rule: str
+    analysis: Analysis
+    boots: list[Boot]
+    waves: list[dict[str, object]]  # id, slot, round, drafter, cell, excluded, pins: each number's journal row
+
+
+def build_report(campaign_id: int, status: str, spec: CampaignSpec, waves: list[Wave], boots: list[Boot]) -> Report:
+    return Report(
+        campaign=campaign_id, status=status, spec=spec, rule=spec.rule.text(), analysis=analyze(spec, waves, boots),
+        boots=boots,
+        waves=[{"id": w.id, "slot": w.slot, "round": w.round + 1, "drafter": w.drafter, "cell": w.cell,
+                "boot": w.boot_row, "excluded": w.excluded, "output_tok_s": w.result.output_tok_s,
+                "acceptance_length": w.result.acceptance_length, "pins": w.pins.model_dump()} for w in waves],
+    )
+
+
+def _fig(r: Report, drafter: str, cell: str) -> CellFigures | None:
+    return next((f for f in r.analysis.figures if f.drafter == drafter and f.cell == cell), None)
+
+
+def _num(x: float | None, spec: str) -> str:
+    return "—" if x is None else format(x, spec)
+
+
+def _ci(i: Interval, spec: str) -> str:
+    if i.point is None:
+        return "—"
+    if i.lo is None or i.hi is None:
+        return format(i.point, spec)
+    return f"{format(i.point, spec)} [{format(i.lo, spec)}, {format(i.hi, spec)}]"
+
+
+def _rel(i: Interval) -> str:
+    if i.point is None:
+        return "—"
+    s = f"{i.point * 100:+.1f} %"
+    if i.lo is not None and i.hi is not None:
+        s += f" [{i.lo * 100:+.1f}, {i.hi * 100:+.1f}]"
+    return s
+
+
+def card_rows(r: Report) -> tuple[list[str], list[list[str]]]:
+    """The card's table: header ``Cell (accept / tok/s)`` + drafters, one row per cell, then the per-position
+    row of the primary cell."""
+    names = [a.name for a in r.spec.drafters]
+    header = ["Cell (accept / tok/s)", *names]
+    rows = []
+    for cs in r.spec.cells:
+        row = [f"{cs.name} {cs.shape()}"]
+        for n in names:
+            f = _fig(r, n, cs.name)
+            row.append("excluded" if f is None else
+                       f"{_num(f.acceptance_length.point, '.2f')} / {_num(f.tok_s.point, ',.1f')}")
+        rows.append(row)
+    primary = r.spec.rule.primary
+    pp = [f"Per-position acceptance ({primary})"]
+    for n in names:
+        f = _fig(r, n, primary)
+        pp.append("—" if f is None or not f.per_position else
+                  " ".join(_num(i.point, ".2f") for i in f.per_position))
+    rows.append(pp)
+    return header, rows
+
+
+def interval_rows(r: Report) -> tuple[list[str], list[list[str]]]:
+    """Per cell and drafter: boots, acceptance length and tok/s with 95 % intervals, the delta vs the
+    baseline, TTFT and TPOT p50/p90/p99, and the journal rows."""
+    header = ["Cell", "Drafter", "Boots", "Accept [95 %]", "tok/s [95 %]", f"Δ tok/s vs {r.spec.rule.baseline}",
+              "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99", "Waves"]
+    rows = []
+    for cs in r.spec.cells:
+        for a in r.spec.drafters:
+            f = _fig(r, a.name, cs.name)
+            if f is None:
+                continue
+            d = next((d for d in r.analysis.deltas if d.drafter == a.name and d.cell == cs.name
+                      and d.metric == "output_tok_s"), None)
+            rows.append([
+                cs.name, a.name, str(f.boots), _ci(f.acceptance_length, ".2f"), _ci(f.tok_s, ",.1f"),
+                "baseline" if a.name == r.spec.rule.baseline else (_rel(d.rel) if d else "—"),
+                "/".join(_num(x, ".1f") for x in (f.ttft_ms.p50, f.ttft_ms.p90, f.ttft_ms.p99)),
+                "/".join(_num(x, ".2f") for x in (f.tpot_ms.p50, f.tpot_ms.p90, f.tpot_ms.p99)),
+                ",".join(f"#{i}" for i in f.waves),
+            ])
+    return header, rows
+
+
+def verdict_rows(r: Report) -> tuple[list[str], list[list[str]]]:
+    header = ["Drafter", "vs", "Cell", "Δ (95 %)", "Verdict"]
+    return header, [[v.drafter, v.baseline, v.cell, _rel(v.rel), v.verdict] for v in r.analysis.verdicts]
+
+
+def _md_table(header: list[str], rows: list[list[str]]) -> str:
+    esc = [[c.replace("|", "\\|") for c in row] for row in [header, *rows]]
+    lines = ["| " + " | ".join(esc[0]) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(row) + " |" for row in esc[1:]]
+    return "\n".join(lines)
+
+
+def _protocol(r: Report) -> str:
+    s = r.spec.sampling
+    cells = ", ".join(f"{c.name} {c.shape()}" for c in r.spec.cells)
+    return (f"Protocol: {cells}; {r.spec.rounds} round(s), interleaved order (seed {r.spec.seed}); temperature "
+            f"{s.get('temperature')}, top_p {s.get('top_p')}, thinking {'on' if s.get('enable_thinking') else 'off'}, "
+            f"forced output length {'on' if s.get('forced_length') else 'off'}; prompts {r.spec.prompts_source} "
+            f"(sha256 {r.spec.prompts_sha256[:12]}); config {r.spec.config_sha256[:12]}. Intervals: 95 % bootstrap "
+            f"({r.spec.bootstrap} resamples) over prompts within a boot and over boots across rounds.")
+
+
+def markdown(r: Report) -> str:
+    """The model-card-ready section."""
+    out = [f"## A/B campaign {r.campaign} — table of record", ""]
+    out += [_md_table(*card_rows(r)), ""]
+    out += ["### Intervals, deltas and latency", "", _md_table(*interval_rows(r)), ""]
+    out += ["### Verdicts", "", f"Rule: {r.rule}.", ""]
+    vh, vr = verdict_rows(r)
+    out += [_md_table(vh, vr) if vr else "No verdict (no comparable primary waves).", ""]
+    out += ["### Honest read", "", r.analysis.honest_read, ""]
+    if r.analysis.excluded:
+        out += ["### Excluded", ""] + [f"- {e}" for e in r.analysis.excluded] + [""]
+    out += ["### Drafters", ""]
+    out += [f"- **{a.name}**: `{a.source}` (manifest sha256 `{a.digest[:12]}`)" for a in r.spec.drafters]
+    out += ["", _protocol(r), ""]
+    if r.status != "done":
+        out.insert(1, f"\n> campaign status: **{r.status}** — figures so far\n")
+    return "\n".join(out)
+
+
+def render_rich(r: Report) -> list[object]:
+    """The report as rich renderables (tables, then paragraphs) for the terminal."""
+    from rich.table import Table
+    from rich.text import Text
+
+    def table(title: str, header: list[str], rows: list[list[str]]) -> Table:
+        t = Table(title=title)
+        for h in header:
+            t.add_column(h)
+        for row in rows:
+            t.add_row(*row)
+        return t
+
+    out: list[object] = [table(f"A/B campaign {r.campaign} ({r.status}) — table of record", *card_rows(r)),
+                         table("intervals, deltas, latency", *interval_rows(r))]
+    vh, vr = verdict_rows(r)
+    if vr:
+        out.append(table("verdicts", vh, vr))
+    out.append(Text(f"Rule: {r.rule}."))
+    out.append(Text(r.analysis.honest_read))
+    out += [Text(f"excluded: {e}", style="yellow") for e in r.analysis.excluded]
+    out.append(Text(_protocol(r), style="dim"))
+    return out
+
+
+def plot(r: Report, path: Path) -> None:
+    """Per-position acceptance per drafter (primary cell) and tok/s per cell with intervals, as one PNG.
+    BadInput naming the extra when matplotlib is not installed."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise BadInput("--plot", f"needs matplotlib: pip install 'sparkserve[{PLOT_EXTRA}]'") from None
+    names = [a.name for a in r.spec.drafters]
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    for n in names:
+        f = _fig(r, n, r.spec.rule.primary)
+        if f is None or not f.per_position:
+            continue
+        xs = list(range(1, len(f.per_position) + 1))
+        ys = [i.point or 0 for i in f.per_position]
+        lo = [(i.point or 0) - (i.lo if i.lo is not None else i.point or 0) for i in f.per_position]
+        hi = [(i.hi if i.hi is not None else i.point or 0) - (i.point or 0) for i in f.per_position]
+        ax1.errorbar(xs, ys, yerr=[lo, hi], marker="o", capsize=3, label=n)
+    ax1.set(title=f"per-position acceptance ({r.spec.rule.primary})", xlabel="draft position", ylabel="acceptance")
+    ax1.legend()
+    width = 0.8 / max(len(names), 1)
+    for k, n in enumerate(names):
+        xs, ys, lo, hi = [], [], [], []
+        for ci, cs in enumerate(r.spec.cells):
+            f = _fig(r, n, cs.name)
+            if f is None or f.tok_s.point is None:
+                continue
+            xs.append(ci + k * width)
+            ys.append(f.tok_s.point)
+            lo.append(f.tok_s.point - (f.tok_s.lo if f.tok_s.lo is not None else f.tok_s.point))
+            hi.append((f.tok_s.hi if f.tok_s.hi is not None else f.tok_s.point) - f.tok_s.point)
+        ax2.bar(xs, ys, width, yerr=[lo, hi], capsize=3, label=n)
+    ax2.set_xticks([i + width * (len(names) - 1) / 2 for i in range(len(r.spec.cells))],
+                   [c.name for c in r.spec.cells])
+    ax2.set(title="output tok/s per cell (95 % intervals)", ylabel="tok/s")
+    ax2.legend()
+    fig.tight_layout()
+    try:
+        fig.savefig(path, dpi=110)
+    except OSError as e:
+        raise BadInput(str(path), f"cannot write ({e.strerror or e})") from None
+    finally:
+        plt.close(fig)

@@ -1,0 +1,323 @@
+"""An A/B campaign's figures with 95 % intervals, deltas against the baseline, verdicts and the honest read. Pure.
+
+Example::
+
+    analysis = analyze(spec, waves, boots)      # waves/boots as banked (excluded ones are named, not counted)
+    analysis.figures[0].tok_s                   # Interval(point=812.4, lo=797.0, hi=826.1)
+    analysis.verdicts[0].verdict                # "KEEP" | "REVERT" | "TIE"
+    analysis.honest_read                        # one paragraph, generated from the numbers
+
+How the intervals are made (seeded: the same banked rows give the same intervals):
+
+* **within a boot** the cell's requests are resampled with replacement (``spec.bootstrap`` times). The
+  headline figures stay the counters' (tok/s = tokens / wall time; acceptance length from ``/metrics``);
+  each replicate scales them by how the resampled requests' own ratio moves: Σ tokens / Σ latency for
+  tok/s, Σ tokens / Σ output chunks (≈ engine steps) for acceptance length.
+* **across boots** (a drafter with ≥ 2 counted boots of a cell) the boots are resampled too, and a
+  replicate is the mean of its boots' replicates (a two-level bootstrap: boot, then prompt).
+* **deltas** resample both drafters with the same draws — the same prompt indices, and boots matched by
+  round — so what the two have in common cancels; the delta is relative, ``x / baseline − 1``.
+* per-position acceptance comes from the counters only: its interval is across boots, none with one boot.
+
+The verdict rule (:class:`~sparkserve.measure.ab_records.Rule`): on the primary cell's metric, KEEP the
+candidate when the delta's interval lies above 0, REVERT to the baseline when it lies below, TIE when it
+spans 0. A drafter with no counted wave of the primary cell gets no verdict (it is named as excluded).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+from pydantic import BaseModel
+
+from sparkserve.measure.ab_records import Boot, CampaignSpec, Wave
+
+LEVEL = 0.95
+
+
+class Interval(BaseModel):
+    """A figure and its 95 % interval (``lo``/``hi`` None when there is nothing to resample)."""
+
+    point: float | None
+    lo: float | None = None
+    hi: float | None = None
+
+    @property
+    def spans_zero(self) -> bool:
+        return self.lo is None or self.hi is None or self.lo <= 0 <= self.hi
+
+
+class Percentiles(BaseModel):
+    """p50 / p90 / p99 in milliseconds (None without samples)."""
+
+    p50: float | None
+    p90: float | None
+    p99: float | None
+
+
+class CellFigures(BaseModel):
+    """One drafter on one cell: the figures of its counted waves, and which journal rows they come from."""
+
+    drafter: str
+    cell: str
+    boots: int
+    waves: list[int]
+    tok_s: Interval
+    acceptance_length: Interval
+    per_position: list[Interval]
+    ttft_ms: Percentiles
+    tpot_ms: Percentiles
+    requests: int
+
+
+class Delta(BaseModel):
+    """A drafter against the baseline on one cell and metric: the relative delta and whether it wins."""
+
+    drafter: str
+    baseline: str
+    cell: str
+    metric: str
+    rel: Interval
+    outcome: str  # win | loss | tie
+
+
+class Verdict(BaseModel):
+    drafter: str
+    baseline: str
+    cell: str
+    metric: str
+    verdict: str  # KEEP | REVERT | TIE
+    rel: Interval
+
+
+class Analysis(BaseModel):
+    figures: list[CellFigures]
+    deltas: list[Delta]
+    verdicts: list[Verdict]
+    excluded: list[str]
+    honest_read: str
+
+
+def _pct(values: Sequence[float]) -> Percentiles:
+    if not values:
+        return Percentiles(p50=None, p90=None, p99=None)
+    a = np.asarray(values, dtype=float) * 1000.0
+    p50, p90, p99 = (round(float(x), 3) for x in np.percentile(a, [50, 90, 99]))
+    return Percentiles(p50=p50, p90=p90, p99=p99)
+
+
+def _interval(point: float | None, reps: np.ndarray | None) -> Interval:
+    if point is None or reps is None or reps.size == 0 or not np.all(np.isfinite(reps)):
+        return Interval(point=point)
+    lo, hi = np.percentile(reps, [100 * (1 - LEVEL) / 2, 100 * (1 + LEVEL) / 2])
+    return Interval(point=round(point, 6), lo=round(float(lo), 6), hi=round(float(hi), 6))
+
+
+class _Draws:
+    """The seeded resampling draws of one cell, shared by every drafter so deltas are paired: prompt indices
+    per request count, boot indices per boot count."""
+
+    def __init__(self, seed: int, cell_index: int, n_boot: int) -> None:
+        self.rng = np.random.default_rng([seed, cell_index])
+        self.n_boot = n_boot
+        self._prompts: dict[int, np.ndarray] = {}
+        self._boots: dict[int, np.ndarray] = {}
+
+    def prompts(self, n: int) -> np.ndarray:
+        if n not in self._prompts:
+            self._prompts[n] = self.rng.integers(0, n, size=(self.n_boot, n))
+        return self._prompts[n]
+
+    def boots(self, b: int) -> np.ndarray:
+        if b not in self._boots:
+            self._boots[b] = self.rng.integers(0, b, size=(self.n_boot, b))
+        return self._boots[b]
+
+
+def _ratio_reps(num: list[float], den: list[float], idx: np.ndarray) -> np.ndarray | None:
+    """Replicates of Σnum/Σden over resampled requests, relative to the observed ratio (1.0 = no change)."""
+    n = np.asarray(num, dtype=float)
+    d = np.asarray(den, dtype=float)
+    if n.size == 0 or d.sum() <= 0 or n.sum() <= 0:
+        return None
+    rep = n[idx].sum(axis=1) / np.maximum(d[idx].sum(axis=1), 1e-12)
+    return rep / (n.sum() / d.sum())
+
+
+def _wave_reps(w: Wave, metric: str, draws: _Draws) -> tuple[float | None, np.ndarray | None]:
+    """The wave's headline figure and its within-boot replicates."""
+    s = w.samples
+    if metric == "output_tok_s":
+        point: float | None = w.result.output_tok_s
+        lat = [x if x is not None else 0.0 for x in s.latency_s]
+        rel = _ratio_reps(s.tokens, lat, draws.prompts(len(s.tokens))) if s.tokens else None
+    else:
+        point = w.result.acceptance_length
+        rel = _ratio_reps(s.tokens, s.chunks, draws.prompts(len(s.tokens))) if s.tokens else None
+    if point is None:
+        return None, None
+    return point, None if rel is None else point * rel
+
+
+def _arm_reps(waves: list[Wave], metric: str, draws: _Draws) -> tuple[float | None, np.ndarray | None]:
+    """A drafter's figure on a cell (mean over its counted boots) and its replicates (boot, then prompt)."""
+    got = [_wave_reps(w, metric, draws) for w in waves]
+    points = [p for p, _ in got if p is not None]
+    if not points or len(points) != len(got):
+        return None, None
+    point = float(np.mean(points))
+    reps = [r for _, r in got]
+    if any(r is None for r in reps):
+        return point, None
+    stack = np.stack(reps, axis=1)  # (n_boot, boots)
+    if len(waves) == 1:
+        return point, stack[:, 0]
+    pick = draws.boots(len(waves))
+    return point, np.take_along_axis(stack, pick, axis=1).mean(axis=1)
+
+
+def _per_position(waves: list[Wave], draws: _Draws) -> list[Interval]:
+    rows = [w.result.per_position_acceptance for w in waves if w.result.per_position_acceptance]
+    if not rows:
+        return []
+    k = min(len(r) for r in rows)
+    a = np.asarray([r[:k] for r in rows], dtype=float)  # (boots, k)
+    means = a.mean(axis=0)
+    if len(rows) < 2:
+        return [Interval(point=round(float(m), 6)) for m in means]
+    reps = a[draws.boots(len(rows))].mean(axis=1)  # (n_boot, k)
+    return [_interval(float(means[p]), reps[:, p]) for p in range(k)]
+
+
+def _tpot(w: Wave) -> list[float]:
+    s = w.samples
+    out = []
+    for n, t, lat in zip(s.tokens, s.ttft_s, s.latency_s, strict=True):
+        if t is not None and lat is not None and n > 1:
+            out.append((lat - t) / (n - 1))
+    return out
+
+
+def _by_round(waves: list[Wave]) -> list[Wave]:
+    return sorted(waves, key=lambda w: (w.round, w.slot))
+
+
+def analyze(spec: CampaignSpec, waves: list[Wave], boots: list[Boot]) -> Analysis:
+    """Figures, deltas against the baseline, verdicts by the rule, and the honest read (module docstring)."""
+    counted = [w for w in waves if w.counts]
+    figures: list[CellFigures] = []
+    deltas: list[Delta] = []
+    base = spec.rule.baseline
+    for ci, cs in enumerate(spec.cells):
+        draws = _Draws(spec.seed, ci, spec.bootstrap)
+        reps: dict[tuple[str, str], tuple[float | None, np.ndarray | None]] = {}
+        for arm in spec.drafters:
+            mine = _by_round([w for w in counted if w.drafter == arm.name and w.cell == cs.name])
+            if not mine:
+                continue
+            tok = reps[(arm.name, "output_tok_s")] = _arm_reps(mine, "output_tok_s", draws)
+            al = reps[(arm.name, "acceptance_length")] = _arm_reps(mine, "acceptance_length", draws)
+            figures.append(CellFigures(
+                drafter=arm.name, cell=cs.name, boots=len(mine), waves=[w.id for w in mine if w.id is not None],
+                tok_s=_interval(*tok), acceptance_length=_interval(*al), per_position=_per_position(mine, draws),
+                ttft_ms=_pct([t for w in mine for t in w.samples.ttft_s if t is not None]),
+                tpot_ms=_pct([t for w in mine for t in _tpot(w)]),
+                requests=sum(len(w.samples.tokens) for w in mine),
+            ))
+        for arm in spec.drafters:
+            if arm.name == base:
+                continue
+            for metric in ("output_tok_s", "acceptance_length"):
+                b, x = reps.get((base, metric)), reps.get((arm.name, metric))
+                if b is None or x is None or b[0] is None or x[0] is None or b[0] == 0:
+                    continue
+                point = x[0] / b[0] - 1
+                rel_reps = None if b[1] is None or x[1] is None else x[1] / b[1] - 1
+                rel = _interval(point, rel_reps)
+                outcome = "tie" if rel.spans_zero else ("win" if (rel.lo or 0) > 0 else "loss")
+                deltas.append(Delta(drafter=arm.name, baseline=base, cell=cs.name, metric=metric, rel=rel,
+                                    outcome=outcome))
+    verdicts = _verdicts(spec, deltas)
+    excluded = _excluded(spec, waves, boots, figures)
+    return Analysis(figures=figures, deltas=deltas, verdicts=verdicts, excluded=excluded,
+                    honest_read=honest_read(spec, figures, deltas, verdicts, excluded))
+
+
+def _verdicts(spec: CampaignSpec, deltas: list[Delta]) -> list[Verdict]:
+    out = []
+    for d in deltas:
+        if d.cell != spec.rule.primary or d.metric != spec.rule.metric:
+            continue
+        v = {"win": "KEEP", "loss": "REVERT", "tie": "TIE"}[d.outcome]
+        out.append(Verdict(drafter=d.drafter, baseline=d.baseline, cell=d.cell, metric=d.metric, verdict=v,
+                           rel=d.rel))
+    return out
+
+
+def _excluded(spec: CampaignSpec, waves: list[Wave], boots: list[Boot], figures: list[CellFigures]) -> list[str]:
+    """One line per boot or wave that does not count, and per drafter left with no figures at all."""
+    out = [f"{b.drafter} round {b.round + 1}: boot excluded — {b.excluded}" for b in boots if b.excluded]
+    out += [f"{w.drafter} round {w.round + 1} {w.cell}: wave excluded — {w.excluded}" for w in waves if w.excluded]
+    have = {f.drafter for f in figures}
+    out += [f"{a.name}: no counted wave — no figures, no verdict" for a in spec.drafters if a.name not in have]
+    return out
+
+
+def _fmt_rel(i: Interval) -> str:
+    p = (i.point or 0) * 100
+    if i.lo is None or i.hi is None:
+        return f"{p:+.1f} %"
+    return f"{p:+.1f} % [{i.lo * 100:+.1f}, {i.hi * 100:+.1f}]"
+
+
+def honest_read(spec: CampaignSpec, figures: list[CellFigures], deltas: list[Delta], verdicts: list[Verdict],
+                excluded: list[str]) -> str:
+    """The paragraph a model card carries: who wins or loses which cell, by how much, and the verdicts."""
+    base = spec.rule.baseline
+    parts: list[str] = []
+    for arm in spec.drafters:
+        if arm.name == base:
+            continue
+        mine = [d for d in deltas if d.drafter == arm.name and d.metric == "output_tok_s"]
+        if not mine:
+            continue
+        wins = [d for d in mine if d.outcome == "win"]
+        losses = [d for d in mine if d.outcome == "loss"]
+        ties = [d for d in mine if d.outcome == "tie"]
+        bits = []
+        if wins:
+            bits.append("wins " + ", ".join(f"{d.cell} ({_fmt_rel(d.rel)})" for d in wins))
+        if losses:
+            bits.append("loses " + ", ".join(f"{d.cell} ({_fmt_rel(d.rel)})" for d in losses))
+        if ties:
+            bits.append(("is level on " if bits else "is level with it on every cell: ")
+                        + ", ".join(f"{d.cell} ({_fmt_rel(d.rel)})" for d in ties))
+        al = next((d for d in deltas if d.drafter == arm.name and d.metric == "acceptance_length"
+                   and d.cell == spec.rule.primary), None)
+        al_s = f"; acceptance length on {al.cell} {_fmt_rel(al.rel)}" if al else ""
+        parts.append(f"Against {base}, {arm.name} " + "; ".join(bits) + f" in output tok/s{al_s}.")
+    best = []
+    for cs in spec.cells:
+        mine = [f for f in figures if f.cell == cs.name and f.tok_s.point is not None]
+        if mine:
+            top = max(mine, key=lambda f: f.tok_s.point or -math.inf)
+            best.append(f"{cs.name} {top.drafter} ({top.tok_s.point:,.1f} tok/s)")
+    if best:
+        parts.append("Fastest per cell: " + ", ".join(best) + ".")
+    if verdicts:
+        what = "tok/s" if spec.rule.metric == "output_tok_s" else "acceptance length"
+        parts.append(f"By the rule ({spec.rule.primary} {what}, TIE when the 95 % interval spans 0): "
+                     + ", ".join(f"{v.drafter} {v.verdict}" for v in verdicts) + ".")
+    else:
+        parts.append(f"No verdict: no drafter has counted {spec.rule.primary} waves beside {base}'s.")
+    n_boot = sum(1 for e in excluded if ": boot excluded" in e)
+    n_wave = sum(1 for e in excluded if ": wave excluded" in e)
+    gone = [e.split(":")[0] for e in excluded if "no counted wave" in e]
+    if n_boot or n_wave or gone:
+        s = f"Excluded: {n_boot} boot(s), {n_wave} wave(s)"
+        if gone:
+            s += f"; {', '.join(gone)} left without figures"
+        parts.append(s + " (listed below).")
+    return " ".join(parts)

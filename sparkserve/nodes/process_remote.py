@@ -1,0 +1,315 @@
+"""The node-side half of ``runtime: process``: one stdlib-only program, shipped by source, run as
+``python3 -c PROGRAM`` on the node (over its SSH, or locally) with its question as JSON on stdin.
+
+    reply = run_remote(node, {"verb": "look", "root": "~/.local/state/sparkserve/run", "ids": [...]})
+
+Verbs (each answers one JSON object on stdout):
+
+* ``start`` — resolve the executable (a name on the node's PATH, a path, or a venv dir → ``<dir>/bin/vllm``),
+  open the rank's log (truncated: one log per boot), fork a supervisor that calls ``setsid()`` (its own
+  session and process group, so the engine outlives the SSH session) and forks the engine with the given
+  argv and env (plus :data:`MARKER_ENV`, which every process of the rank inherits), then write the manifest
+  beside the log and answer it. The supervisor ignores SIGINT/SIGTERM/SIGHUP, waits for the engine and
+  writes its exit status (``rank<R>.exit``). An exec failure is answered as an error; nothing stays behind.
+* ``look`` — for each id: the manifest, whether the engine lives (pid alive, not a zombie, the same start
+  time from ``/proc/<pid>/stat``, the same boot id: a reused pid is not ours), its exit status, and (with
+  ``offsets``) the log bytes from an offset, base64.
+* ``list`` — every manifest under the root, as ``look`` answers it.
+* ``stop`` — SIGINT, then SIGTERM, then SIGKILL (each after ``timeout_s``) to the rank's processes: its
+  process group when the recorded supervisor still is the group's leader, and every process carrying the
+  rank's marker. Nothing else is ever signalled. Answers the signals sent and any pid left.
+* ``remove`` — delete a stopped rank's manifest, exit status and log (refused while it runs).
+* ``parity`` — the running engine's argv (``/proc/<pid>/cmdline``) and a sha256 per env value
+  (``/proc/<pid>/environ``, names in ``skip`` left out): values never leave the node.
+* ``identity`` — the executable's path, the sha256 of its bytes and of its ``--version`` output.
+
+The manifest (``rank<R>.json``) holds id, fingerprint, rank, role, node, name, labels, pid, pgid, process
+start time (clock ticks since boot, and as UTC), argv, env **names** only (the API key travels in env), log
+path and boot id.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from typing import Any
+
+from sparkserve.nodes.base import Node, NodeError
+
+MARKER_ENV = "SPARKSERVE_RANK_ID"  # every process of a rank inherits it: how `stop` knows its own
+
+
+def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program, shipped whole
+    """On the node: answer one question (see the module docstring)."""
+    import base64
+    import contextlib
+    import glob
+    import hashlib
+    import os
+    import shutil
+    import signal
+    import subprocess
+    import time
+
+    marker = q.get("marker", "SPARKSERVE_RANK_ID")
+
+    def boot_id() -> str:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+
+    def stat(pid: int) -> tuple[str, int, int, int] | None:
+        """(state, pgrp, session, start time in ticks) of a pid, or None when there is none."""
+        try:
+            with open(f"/proc/{pid}/stat", "rb") as f:
+                data = f.read().decode(errors="replace")
+        except OSError:
+            return None
+        rest = data[data.rindex(")") + 2:].split()
+        return rest[0], int(rest[2]), int(rest[3]), int(rest[19])
+
+    def lives(pid: int, start: int) -> bool:
+        st = stat(pid)
+        return st is not None and st[0] not in "ZX" and st[3] == start
+
+    def utc(ticks: int) -> str:
+        with open("/proc/stat") as f:
+            btime = next(int(x.split()[1]) for x in f if x.startswith("btime "))
+        t = btime + ticks / os.sysconf("SC_CLK_TCK")
+        return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(t)) + f".{int(t % 1 * 1e9):09d}Z"
+
+    def write_json(path: str, obj: dict[str, Any]) -> None:
+        tmp = path + ".tmp"
+        with open(tmp, "w") as f:
+            json.dump(obj, f)
+        os.replace(tmp, path)
+
+    def read_json(path: str) -> dict[str, Any] | None:
+        try:
+            with open(path) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return None
+
+    root = os.path.expanduser(q["root"])
+
+    def base_of(rank_id: str) -> str:
+        dep, _, rank = rank_id.rpartition("-r")
+        if not dep or not rank.isdigit() or "/" in dep or dep.startswith("."):
+            raise ValueError(f"not a rank id: {rank_id!r}")
+        return os.path.join(root, dep, f"rank{rank}")
+
+    def running(m: dict[str, Any]) -> bool:
+        return m.get("boot_id") == boot_id() and lives(int(m["pid"]), int(m["start_time"]))
+
+    def members(m: dict[str, Any]) -> list[int]:
+        """The rank's processes still alive: every pid carrying its marker (and its verified leader)."""
+        want = f"{marker}={m['id']}".encode()
+        out = []
+        if m.get("boot_id") != boot_id():
+            return out
+        if lives(int(m["pgid"]), int(m.get("leader_start_time", -1))):
+            out.append(int(m["pgid"]))
+        for d in os.listdir("/proc"):
+            if not d.isdigit() or int(d) == os.getpid() or int(d) in out:
+                continue
+            try:
+                with open(f"/proc/{d}/environ", "rb") as f:
+                    env = f.read().split(b"\0")
+            except OSError:
+                continue
+            st = stat(int(d))
+            if want in env and st is not None and st[0] not in "ZX":
+                out.append(int(d))
+        return sorted(out)
+
+    def look(rank_id: str, offset: int | None) -> dict[str, Any]:
+        base = base_of(rank_id)
+        m = read_json(base + ".json")
+        if m is None:
+            return {"id": rank_id, "manifest": None}
+        out: dict[str, Any] = {"id": rank_id, "manifest": m, "running": running(m), "exit": read_json(base + ".exit")}
+        if offset is not None:
+            try:
+                with open(base + ".log", "rb") as f:
+                    f.seek(offset)
+                    data = f.read(q.get("max_bytes", 64 << 20))
+            except OSError:
+                data = b""
+            out["log"] = base64.b64encode(data).decode()
+        return out
+
+    verb = q["verb"]
+    now = time.time()
+    if verb == "look":
+        offsets = q.get("offsets") or {}
+        return {"now": now, "ranks": [look(i, offsets.get(i)) for i in q["ids"]]}
+    if verb == "list":
+        ids = []
+        for path in sorted(glob.glob(os.path.join(root, "*", "rank*.json"))):
+            dep, name = os.path.basename(os.path.dirname(path)), os.path.basename(path)
+            if name[4:-5].isdigit():
+                ids.append(f"{dep}-r{name[4:-5]}")
+        return {"now": now, "ranks": [r for r in (look(i, None) for i in ids) if r["manifest"] is not None]}
+    if verb == "identity":
+        exe = os.path.expanduser(q["exe"])
+        if os.path.isdir(exe):
+            exe = os.path.join(exe, "bin", "vllm")
+        elif "/" not in exe:
+            exe = shutil.which(exe) or ""
+        if not exe or not os.access(exe, os.X_OK) or os.path.isdir(exe):
+            return {"error": f"{q['exe']}: no such executable on this node"}
+        with open(exe, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        try:
+            ver = subprocess.run([exe, "--version"], capture_output=True, timeout=q.get("timeout_s", 120),
+                                 stdin=subprocess.DEVNULL)
+            version = ver.stdout.decode(errors="replace").strip().splitlines()[-1:] if ver.returncode == 0 else []
+        except (OSError, subprocess.TimeoutExpired):
+            version = []
+        v = version[0] if version else ""
+        both = hashlib.sha256(f"{digest}\0{v}".encode()).hexdigest()
+        return {"path": os.path.realpath(exe), "sha256": digest, "version": v, "id": f"sha256:{both}"}
+    if verb == "start":
+        base = base_of(q["id"])
+        old = read_json(base + ".json")
+        if old is not None and running(old):
+            return {"error": "clash", "pid": old["pid"]}
+        exe = os.path.expanduser(q["exe"])
+        if os.path.isdir(exe):
+            exe = os.path.join(exe, "bin", "vllm")
+        elif "/" not in exe:
+            exe = shutil.which(exe, path=q["env"].get("PATH", os.environ.get("PATH"))) or ""
+        if not exe or not os.access(exe, os.X_OK) or os.path.isdir(exe):
+            return {"error": f"{q['exe']}: no such executable on this node (serve.vllm)"}
+        os.makedirs(os.path.dirname(base), mode=0o700, exist_ok=True)
+        for suffix in (".exit", ".json"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(base + suffix)
+        log = os.open(base + ".log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        env = {**os.environ, **q["env"], marker: q["id"]}
+        argv = [exe, *q["argv"]]
+        info_r, info_w = os.pipe()
+        err_r, err_w = os.pipe()  # close-on-exec: EOF with no data = the engine exec'd
+        sup = os.fork()
+        if sup == 0:  # the supervisor: its own session, the engine's parent
+            try:
+                os.close(info_r)
+                os.close(err_r)
+                os.setsid()
+                null = os.open("/dev/null", os.O_RDWR)
+                os.dup2(null, 0)
+                os.dup2(log, 1)
+                os.dup2(log, 2)
+                eng = os.fork()
+                if eng == 0:
+                    try:
+                        os.execve(exe, argv, env)
+                    except BaseException as e:  # noqa: BLE001 - reported to the starter, then gone
+                        os.write(err_w, f"{type(e).__name__}: {e}".encode())
+                    os._exit(127)
+                os.close(err_w)
+                st = stat(eng)
+                os.write(info_w, json.dumps({"pid": eng, "start": st[3] if st else -1,
+                                             "leader": (stat(os.getpid()) or ("", 0, 0, -1))[3]}).encode())
+                os.close(info_w)
+                for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+                    signal.signal(sig, signal.SIG_IGN)
+                _, status = os.waitpid(eng, 0)
+                code = os.waitstatus_to_exitcode(status)
+                # as a shell (and docker) reports it: 128 + N for a death by signal N
+                write_json(base + ".exit", {"exit_code": code if code >= 0 else 128 - code, "at": time.time()})
+            finally:
+                os._exit(0)
+        os.close(info_w)
+        os.close(err_w)
+        os.close(log)
+        with os.fdopen(info_r, "rb") as f:
+            info = json.loads(f.read() or b"{}")
+        with os.fdopen(err_r, "rb") as f:
+            failed = f.read().decode(errors="replace")
+        if failed or not info:
+            for suffix in (".exit", ".log"):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(base + suffix)
+            return {"error": f"cannot run {exe}: {failed or 'the supervisor did not start'}"}
+        m = {"id": q["id"], "fingerprint": q["fingerprint"], "rank": q["rank"], "role": q["role"],
+             "node": q["node"], "name": q["name"], "labels": q.get("labels", {}), "pid": info["pid"],
+             "pgid": sup, "start_time": info["start"], "leader_start_time": info["leader"],
+             "started_at": utc(info["start"]) if info["start"] >= 0 else "", "argv": argv,
+             "env_names": sorted(set(env)), "log": base + ".log", "boot_id": boot_id(), "exe": exe}
+        write_json(base + ".json", m)
+        return {"manifest": m}
+    if verb == "stop":
+        m = read_json(base_of(q["id"]) + ".json")
+        if m is None:
+            return {"signals": [], "left": []}
+        sent = []
+        timeout = float(q["timeout_s"])
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
+            pids = members(m)
+            if not pids:
+                break
+            sent.append(sig.name)
+            leader = int(m["pgid"])
+            if leader in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(leader, sig)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, sig)
+            deadline = time.monotonic() + (timeout if sig != signal.SIGKILL else 10.0)
+            while time.monotonic() < deadline and members(m):
+                time.sleep(0.05)
+        return {"signals": sent, "left": members(m)}
+    if verb == "remove":
+        base = base_of(q["id"])
+        m = read_json(base + ".json")
+        if m is not None and (running(m) or [p for p in members(m) if p != int(m["pgid"])]):
+            return {"error": "running"}
+        for suffix in (".json", ".exit", ".log"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(base + suffix)
+        with contextlib.suppress(OSError):
+            os.rmdir(os.path.dirname(base))
+        return {"removed": m is not None}
+    if verb == "parity":
+        m = read_json(base_of(q["id"]) + ".json")
+        if m is None or not running(m):
+            return {"error": "not running"}
+        pid = int(m["pid"])
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            argv = [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            pairs = [kv.partition(b"=") for kv in f.read().split(b"\0") if kv]
+        skip = set(q.get("skip", [])) | {marker}
+        env = {k.decode(errors="replace"): hashlib.sha256(v).hexdigest()[:16] for k, _, v in pairs
+               if k.decode(errors="replace") not in skip}
+        return {"argv": argv, "env": env}
+    return {"error": f"unknown verb {verb!r}"}
+
+
+PROGRAM = (
+    inspect.getsource(_node_main)
+    + "\nimport json, sys\nprint(json.dumps(_node_main(json.loads(sys.stdin.read()))))\n"
+)
+
+
+def run_remote(node: Node, question: dict[str, Any], *, step: str, timeout: float = 60.0) -> dict[str, Any]:
+    """Ask the node program one question; NodeError naming the node and step when it cannot answer."""
+    res = node.run(["python3", "-c", PROGRAM], stdin=json.dumps(question).encode(), step=step, timeout=timeout,
+                   check=False)
+    if res.exit_code == 127 and not res.stdout:
+        raise NodeError(node.name, step, "python3 not found on the node (runtime: process needs it)",
+                        argv=res.argv[:2], last_lines=res.tail())
+    if not res.ok:
+        why = (res.stderr.strip().splitlines() or [f"exit {res.exit_code}"])[-1]
+        raise NodeError(node.name, step, f"the node's process helper failed: {why}", argv=res.argv[:2],
+                        last_lines=res.tail())
+    try:
+        out = json.loads(res.stdout)
+    except ValueError:
+        raise NodeError(node.name, step, "the node's process helper printed something that is not JSON",
+                        last_lines=res.tail()) from None
+    if not isinstance(out, dict):
+        raise NodeError(node.name, step, "the node's process helper answered no object")
+    return out
