@@ -194,6 +194,9 @@ class ServeConfig(Strict):
     vllm: str = Field(default="vllm", min_length=1, description="runtime: process only — the executable run as "
                       "`<vllm> serve …` on every node (a name looked up on the node's PATH, or a path), or a "
                       "venv directory (then <dir>/bin/vllm)")
+    vllm_version: Literal["0.33.0", "0.25.1"] = Field(
+        default="0.33.0", description="the engine's vLLM version: the plan renders and validate checks only what "
+        "its `vllm serve` accepts (its committed option list, or its real parser when installed)")
 
     @field_validator("vllm")
     @classmethod
@@ -363,6 +366,8 @@ class Config(BaseSettings):
             for key in ("runtime", "process"):
                 data.pop(key, None)
             data["serve"].pop("vllm", None)
+        if data["serve"].get("vllm_version") == "0.33.0":  # the default: fingerprints stay what they were
+            data["serve"].pop("vllm_version")
         return data
 
     def fingerprint(self) -> str:

@@ -117,6 +117,15 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX campaign_waves_campaign ON campaign_waves(campaign_id);
     """,
+    """
+    CREATE TABLE active_drafters (            -- `swap-drafter --no-write`: the drafter `up` keeps for a config
+        config_sha256 TEXT PRIMARY KEY,       -- Config.fingerprint() of the config file as written
+        time TEXT NOT NULL,
+        drafter_path TEXT NOT NULL,           -- on every node
+        drafter_source TEXT,                  -- this machine's copy it was synced from
+        digest TEXT NOT NULL                  -- its manifest sha256
+    );
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -251,6 +260,17 @@ class Journal:
         ).fetchone()
         return row[0] if row else None
 
+    def deployment(self, fingerprint: str) -> dict[str, Any] | None:
+        """The newest deployment recorded with this fingerprint (full or a prefix of ≥ 12): time, config,
+        image IDs, drafter manifest digest, outcome."""
+        row = self._conn.execute(
+            "SELECT time, fingerprint, config_json, image_ids_json, drafter_manifest_sha256, outcome FROM"
+            " deployments WHERE fingerprint LIKE ? ORDER BY id DESC LIMIT 1", (fingerprint + "%",)).fetchone()
+        if row is None:
+            return None
+        return {"time": row[0], "fingerprint": row[1], "config": json.loads(row[2]),
+                "image_ids": json.loads(row[3]), "drafter_digest": row[4], "outcome": row[5]}
+
     # -- gates and pools --------------------------------------------------------------------------
 
     def record_gate_run(
@@ -355,6 +375,23 @@ class Journal:
         return [(int(i), j, sha256_text(j) == h) for i, j, h in self._conn.execute(
             "SELECT id, wave_json, sha256 FROM campaign_waves WHERE campaign_id = ? ORDER BY id", (campaign_id,))]
 
+    # -- the active drafter (swap-drafter --no-write) ---------------------------------------------
+
+    def set_active_drafter(self, config_sha256: str, drafter_path: str, drafter_source: str | None,
+                           digest: str) -> int:
+        return self._write(
+            "INSERT OR REPLACE INTO active_drafters (config_sha256, time, drafter_path, drafter_source, digest)"
+            " VALUES (?, ?, ?, ?, ?)", (config_sha256, _now(), drafter_path, drafter_source, digest))
+
+    def active_drafter(self, config_sha256: str) -> dict[str, str] | None:
+        """The drafter `swap-drafter --no-write` left serving for this config: path, source, digest, time."""
+        row = self._conn.execute("SELECT drafter_path, drafter_source, digest, time FROM active_drafters"
+                                 " WHERE config_sha256 = ?", (config_sha256,)).fetchone()
+        return None if row is None else {"path": row[0], "source": row[1], "digest": row[2], "time": row[3]}
+
+    def clear_active_drafter(self, config_sha256: str) -> int:
+        return self._write("DELETE FROM active_drafters WHERE config_sha256 = ?", (config_sha256,))
+
     # -- history ----------------------------------------------------------------------------------
 
     def history(self, limit: int = 50) -> list[HistoryEntry]:
@@ -451,6 +488,8 @@ _WRITERS: dict[str, Callable[..., Any]] = {
     "gate_run": Journal.record_gate_run,
     "banked_pool": Journal.put_banked_pool,
     "bench": Journal.record_bench,
+    "active_drafter": Journal.set_active_drafter,
+    "clear_active_drafter": Journal.clear_active_drafter,
 }
 _warned: set[Path] = set()  # journals already warned about in this process: one line each
 

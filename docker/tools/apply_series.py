@@ -159,6 +159,15 @@ def dirty_files(root: Path) -> list[str]:
     return bad
 
 
+def find_root(root: str) -> Path:
+    if root != "auto":
+        return Path(root)
+    for p in sys.path:
+        if p and (Path(p) / "vllm" / "_version.py").is_file():
+            return Path(p)
+    raise SystemExit("apply_series: error: no vllm/_version.py on sys.path (pass --root DIR)")
+
+
 def check_upstream_facts(root: Path, checks: Path | None) -> list[dict[str, str]]:
     if checks is None:
         return []
@@ -256,7 +265,8 @@ def _revert(root: Path, patches: list[Patch], done: list[dict[str, object]]) -> 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--series", required=True, type=Path)
-    ap.add_argument("--root", required=True, type=Path, help="site-packages holding vllm/, or a vLLM checkout")
+    ap.add_argument("--root", default="auto", help="site-packages holding vllm/, or a vLLM checkout "
+                    "(default: the directory on sys.path that holds vllm/_version.py)")
     ap.add_argument("--lock", type=Path, help="the recipe lock (JSON); its 'patches' entries are checked")
     ap.add_argument("--checks", type=Path, help="upstream facts that must still hold (JSON list)")
     ap.add_argument("--manifest", type=Path, help="write what was applied here (JSON)")
@@ -265,6 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     patches: list[Patch] = []
     done: list[dict[str, object]] = []
+    args.root = find_root(args.root)
     try:
         patches = read_series(args.series)
         dirty = dirty_files(args.root)

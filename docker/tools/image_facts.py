@@ -15,7 +15,8 @@ It never imports vllm or torch, so it runs on a machine without a GPU, CUDA or n
   (fatbin magic 0xBA55ED50). See :func:`decode_entry` for how a variant is told apart.
 * ``dflash2``: each ``*DFlash*`` architecture of ``vllm/model_executor/models/registry.py`` and whether its
   ``(module, class)`` is defined (read with ``ast``).
-* ``applied``: the series manifest the applier wrote (``/opt/sparkserve/applied.json``), or null.
+* ``applied``: the series manifest the applier wrote (``/opt/sparkserve/applied.json``), or null;
+  ``lock``: the recipe lock the image was built from (``/opt/sparkserve/lock.json``), or null.
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ FLAG_ARCH_SPECIFIC_NEW = 0x200000
 FLAG_COMPRESSED = 0x2000 | 0x8000
 PTX_TARGET = re.compile(rb"\.target\s+(sm_\d+[af]?)")
 APPLIED_MANIFEST = "/opt/sparkserve/applied.json"
+IMAGE_LOCK = "/opt/sparkserve/lock.json"
 SM121 = 121
 
 
@@ -251,6 +253,7 @@ def facts(site: Path, *, archs: bool = True, applied: str = APPLIED_MANIFEST) ->
         "archs": arch_census(site) if archs else None,
         "dflash2": dflash2_classes(site),
         "applied": json.loads(manifest.read_text()) if manifest.is_file() else None,
+        "lock": json.loads(Path(IMAGE_LOCK).read_text()) if Path(IMAGE_LOCK).is_file() else None,
         "cuda_arch_env": {k: v for k, v in os.environ.items() if k.endswith("CUDA_ARCH_LIST")},
     }
 

@@ -1,4 +1,5 @@
-"""init · validate · render · plan · drafter inspect — the pure part of the CLI: nothing here touches a node."""
+"""init · validate · render · plan · drafter inspect — nothing here changes a node (validate may read the head's
+model metadata, as `up` does; --offline: no node at all)."""
 
 from __future__ import annotations
 
@@ -9,9 +10,9 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from sparkserve.commands._common import ConfigOpt, JsonOpt, console, emit_json, err_console
+from sparkserve.commands._common import AcceptNew, ConfigOpt, JsonOpt, console, emit_json, err_console
 from sparkserve.config import DEFAULT_CONFIG_NAME, Config, default_yaml_text, load_config
-from sparkserve.errors import BadInput
+from sparkserve.errors import BadInput, RemoteFailure
 
 DrafterOpt = Annotated[
     Path | None,
@@ -62,21 +63,46 @@ def validate(
     target: TargetOpt = None,
     parser: Annotated[str, typer.Option(
         "--parser", help="argv judge: auto (vLLM's parser if importable, else the option list), vllm, list")] = "auto",
+    offline: Annotated[bool, typer.Option(
+        "--offline", help="touch no node: a model that is not on this machine is not read")] = False,
+    accept_new: AcceptNew = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Config + drafter + target + every rendered argv through vLLM 0.33's parser. No node is touched."""
-    from sparkserve.plan.validate import validate as run
+    """Config + drafter + target + every rendered argv through vLLM 0.33's parser.
+
+    Each model is read where it is, as `up` reads it: on this machine when the path exists here, otherwise
+    its metadata on the head node (never its weights; nothing is changed there). --offline touches no node.
+    Every problem is listed (exit 2)."""
+    from sparkserve.deploy.inputs import check_inputs, needs_head
 
     if parser not in ("auto", "vllm", "list"):
         raise BadInput("--parser", f"{parser!r} is not one of auto, vllm, list")
     cfg = load_with_overrides(config, drafter, target)
-    report = run(cfg, parser=parser)  # type: ignore[arg-type]
+    if accept_new:
+        cfg.ssh.accept_new_host_keys = True
+    # --drafter/--target name directories on this machine
+    local = tuple(k for k, v in (("drafter", drafter), ("target", target)) if v is not None)
+    if offline or not needs_head(cfg, local=local):
+        report, where = check_inputs(cfg, None, parser=parser, local=local)
+    else:
+        from sparkserve.nodes.factory import open_nodes
+
+        try:
+            with open_nodes(cfg, names=[cfg.head.name]) as nodes:
+                report, where = check_inputs(cfg, nodes[cfg.head.name], parser=parser, local=local)
+        except RemoteFailure as e:
+            e.details.append(f"the {_not_here(cfg, local)} not on this machine: validate reads them on the head; "
+                             "--offline checks without any node")
+            raise
     if as_json:
-        emit_json(report.to_json())
+        emit_json({**report.to_json(), "read": where.said})
         if not report.ok:
             raise typer.Exit(2)
         return
-    report.raise_first()  # on failure: one line (warnings are in --json)
+    if not report.ok:  # every problem, one line each (warnings are in --json)
+        for f in report.errors:
+            err_console.print(f"error: {f.where}: {f.what}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(2)
     _print_findings(report)
     d, t = report.drafter, report.target
     lines = ["config ok (fingerprint " + cfg.fingerprint()[:16] + ")"]
@@ -86,13 +112,29 @@ def validate(
             agree += " and gates"
         lines.append(f"drafter ok: {d.architecture}, block_size {d.block_size}, K "
                      f"{cfg.speculative.num_speculative_tokens}, mask_token_id {d.mask_token_id} ({agree} agree), "
-                     f"{d.taps} taps = fc input width {d.weights.fc_input_width if d.weights else '?'}")
+                     f"{d.taps} taps = fc input width {d.weights.fc_input_width if d.weights else '?'} "
+                     f"[{where.said['drafter']}]")
+    else:
+        lines.append(f"drafter {where.said['drafter']}")
     if t:
         lines.append(f"target ok: {t.num_hidden_layers} layers, hidden {t.hidden_size}, taps "
-                     f"{d.target_layer_ids if d else '?'} inside")
+                     f"{d.target_layer_ids if d else '?'} inside [{where.said['target']}]")
+    else:
+        lines.append(f"target {where.said['target']}")
     lines.append(f"argv ok: {report.argvs_checked} `vllm serve` argv(s) accepted by {report.argv_judge}")
     for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _not_here(cfg: Config, local: tuple[str, ...]) -> str:
+    from sparkserve.deploy.drafter import local_drafter
+
+    missing = []
+    if "drafter" not in local and local_drafter(cfg) is None:
+        missing.append("drafter")
+    if "target" not in local and not (Path(cfg.model.target) / "config.json").is_file():
+        missing.append("target")
+    return " and ".join(missing) + (" are" if len(missing) > 1 else " is")
 
 
 def _display_plan(cfg: Config) -> Any:

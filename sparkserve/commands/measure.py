@@ -1,4 +1,8 @@
-"""`sparkserve bench`, `history`, `ab`: the seed-protocol cells, the journal, the A/B table of record."""
+"""`sparkserve bench`, `history`, `ab`: the seed-protocol cells, the journal, the A/B table of record.
+
+`ab` is a group: `ab run` (a campaign of drafters, banked in the journal), `ab report ID` (its table of
+record), `ab diff RESULT…` (bench result files against the first; `ab RESULT…` still means this).
+"""
 
 from __future__ import annotations
 
@@ -6,10 +10,20 @@ from enum import StrEnum
 from pathlib import Path
 from typing import Annotated
 
+import click
 import typer
 from rich.table import Table
+from typer.core import TyperGroup
 
-from sparkserve.commands._common import ConfigOpt, JsonOpt, config_from, console, emit_json, err_console
+from sparkserve.commands._common import (
+    AcceptNew,
+    ConfigOpt,
+    JsonOpt,
+    config_from,
+    console,
+    emit_json,
+    err_console,
+)
 from sparkserve.errors import BadInput, GateFailed
 from sparkserve.journal import Journal, default_path, fallback_note
 from sparkserve.measure.ab import compare_files
@@ -117,7 +131,7 @@ def ab(
     results: Annotated[list[Path], typer.Argument(help="bench --json result files; the first is A")],
     json_out: JsonOpt = False,
 ) -> None:
-    """A/B table of record: output tok/s, acceptance length and per-position acceptance vs the first file."""
+    """Bench result files against the first: output tok/s, acceptance length, per-position acceptance."""
     table = compare_files(results)
     if json_out:
         emit_json(table.model_dump(mode="json"))
@@ -146,10 +160,137 @@ def ab(
             err_console.print(f"[yellow]warning:[/yellow] {row.file} is a refused cell: figures not valid")
 
 
+class _AbGroup(TyperGroup):
+    """`ab RESULT…` (no subcommand named) is `ab diff RESULT…`, as it was before `ab` had subcommands."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args = ["diff", *args]
+        return super().parse_args(ctx, args)
+
+
+ab_app = typer.Typer(cls=_AbGroup, no_args_is_help=True, help="A/B of drafters: run a campaign, report it, or "
+                     "diff bench result files (`ab RESULT…` = `ab diff RESULT…`).")
+
+
+def _drafter_arg(text: str) -> tuple[str, Path]:
+    name, sep, path = text.partition("=")
+    if not sep or not name or not path:
+        raise BadInput("--drafter", f"{text!r}: expected NAME=PATH, e.g. A=/models/dflash2-e")
+    return name, Path(path)
+
+
+def ab_run(
+    drafter: Annotated[list[str] | None, typer.Option(
+        "--drafter", help="NAME=PATH, repeated; the first is the baseline (A)")] = None,
+    cells: Annotated[str, typer.Option("--cells", help="comma-separated: smoke, c16, c1")] = "smoke,c16,c1",
+    rounds: Annotated[int, typer.Option("--rounds", help="boots per drafter, interleaved ABBA…")] = 1,
+    prompts: Annotated[Path | None, typer.Option("--prompts", help="JSONL prompts (default: the built-in set)")] = None,
+    size: Annotated[list[str] | None, typer.Option(
+        "--size", help="CELL=PROMPTSxCONCURRENCYxTOKENS, e.g. c16=32x16x256 (default: the card's sizes)")] = None,
+    seed: Annotated[int | None, typer.Option("--seed", help="order and bootstrap seed (default: random, recorded)")]
+    = None,
+    primary: Annotated[str | None, typer.Option("--primary", help="the verdict's cell (default c16)")] = None,
+    bootstrap: Annotated[int, typer.Option("--bootstrap", help="bootstrap resamples")] = 2000,
+    resume: Annotated[int | None, typer.Option("--resume", help="finish campaign ID (its cells kept)")] = None,
+    config: ConfigOpt = None,
+    accept_new: AcceptNew = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Boot each drafter in turn (swap path, no rebuild), gate it, run the cells, bank everything; verdicts.
+
+    Exit 0 done (excluded boots are reported, not failures) · 2 bad input (nothing started) · 3 a node or
+    step failed, or interrupted: the drafter that served before is restored; `--resume ID` finishes it."""
+    from sparkserve.deploy.campaign import (
+        CampaignRequest,
+        check_request,
+        check_resume,
+        resume_campaign,
+        run_campaign,
+    )
+    from sparkserve.measure.ab_records import CellSpec, parse_size
+    from sparkserve.nodes.factory import open_nodes
+
+    cfg = config_from(config, accept_new=accept_new, check=True)
+    say = _say(json_out)
+    if resume is not None:
+        if drafter or size or seed is not None or primary is not None or prompts is not None:
+            raise BadInput("--resume", "takes the campaign's own drafters, cells, seed and prompts: give none of "
+                           "--drafter, --size, --seed, --primary, --prompts")
+        check_resume(cfg, resume)  # before any node is touched
+        with open_nodes(cfg) as nodes:
+            outcome = resume_campaign(cfg, nodes, resume, say=say, progress=not json_out)
+    else:
+        names = [c.strip() for c in cells.split(",") if c.strip()]
+        bad = [c for c in names if c not in CELLS]
+        if bad:
+            raise BadInput("--cells", f"{bad[0]!r} is not a cell ({', '.join(CELLS)})")
+        sizes = {s.name: s for s in (parse_size(x) for x in size or [])}
+        extra = sorted(set(sizes) - set(names))
+        if extra:
+            raise BadInput("--size", f"{extra[0]} is not one of --cells ({', '.join(names)})")
+        specs = [sizes.get(n) or CellSpec(name=n, prompts=CELLS[n].prompts, concurrency=CELLS[n].concurrency,
+                                          max_tokens=CELLS[n].max_tokens) for n in names]
+        req = CampaignRequest(drafters=[_drafter_arg(d) for d in drafter or []], cells=specs, rounds=rounds,
+                              prompts=prompts, seed=seed, primary=primary, bootstrap=bootstrap)
+        check_request(cfg, req)  # before any node is touched
+        with open_nodes(cfg) as nodes:
+            outcome = run_campaign(cfg, nodes, req, say=say, progress=not json_out)
+    if json_out:
+        emit_json(outcome.report.model_dump(mode="json") | {"restored": outcome.restored})
+        return
+    _print_report(outcome.report)
+    err_console.print(f"[dim]·[/dim] {outcome.restored}")
+
+
+def _say(json_out: bool):  # noqa: ANN202
+    def say(msg: str) -> None:
+        if not json_out:
+            err_console.print(f"[dim]·[/dim] {msg}", highlight=False)
+    return say
+
+
+def _print_report(report: object) -> None:
+    from sparkserve.measure.ab_report import render_rich
+
+    for part in render_rich(report):  # type: ignore[arg-type]
+        console.print(part)
+
+
+def ab_report(
+    campaign: Annotated[int, typer.Argument(help="the campaign's id (`ab run` and `history` print it)")],
+    markdown_out: Annotated[bool, typer.Option("--markdown", help="the model-card-ready Markdown section")] = False,
+    plot_file: Annotated[Path | None, typer.Option("--plot", help="also draw FILE.png (needs sparkserve[plot])")]
+    = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """The campaign's table of record from the journal: `Cell (accept / tok/s)` × drafters, per position,
+    intervals, TTFT/TPOT, verdicts, the honest read. No node is touched."""
+    from sparkserve.deploy.campaign import campaign_report
+    from sparkserve.measure.ab_report import markdown, plot
+
+    report = campaign_report(campaign)
+    if plot_file is not None:
+        plot(report, plot_file)
+    if json_out:
+        emit_json(report.model_dump(mode="json"))
+    elif markdown_out:
+        print(markdown(report), end="")
+    else:
+        _print_report(report)
+    if plot_file is not None and not json_out:
+        err_console.print(f"[dim]·[/dim] plot written to {plot_file}")
+
+
+ab_app.command("run")(ab_run)
+ab_app.command("report")(ab_report)
+ab_app.command("diff")(ab)
+
+
 def register(app: typer.Typer) -> None:
     app.command("bench")(bench)
     app.command("history")(history)
-    app.command("ab")(ab)
+    app.add_typer(ab_app, name="ab")
 
 
-__all__ = ["register", "bench", "history", "ab"]
+__all__ = ["register", "bench", "history", "ab", "ab_run", "ab_report"]

@@ -55,6 +55,7 @@ from sparkserve.measure.prompts import BUILTIN_NAME, PromptSet, builtin_prompts,
 from sparkserve.measure.records import Sampling
 from sparkserve.measure.run import run_cell_outcomes_async
 from sparkserve.models.manifest import manifest
+from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node
 
 
@@ -79,7 +80,7 @@ class CampaignOutcome:
     status: str
     report: Report
     restored: str
-    timings: dict[str, float] = field(default_factory=dict)  # wall, boots, cells (s): bench/bench_ab.py
+    timings: dict[str, float] = field(default_factory=dict)  # seconds per kind of step: bench/bench_ab.py
 
 
 Progress = Callable[[str], None]
@@ -91,7 +92,8 @@ def _journal() -> Journal:
     return Journal.open()
 
 
-def _check_request(cfg: Config, req: CampaignRequest) -> None:
+def check_request(cfg: Config, req: CampaignRequest) -> None:
+    """The request's own rules (names, rounds, cells, directories exist): BadInput before any node is touched."""
     names = [n for n, _ in req.drafters]
     if len(names) < 2:
         raise BadInput("--drafter", "an A/B campaign needs at least two drafters (--drafter A=PATH --drafter B=PATH)")
@@ -108,8 +110,14 @@ def _check_request(cfg: Config, req: CampaignRequest) -> None:
     cells = [c.name for c in req.cells]
     if req.primary is not None and req.primary not in cells:
         raise BadInput("--primary", f"{req.primary!r} is not one of the campaign's cells ({', '.join(cells)})")
+    if len(set(cells)) != len(cells):
+        raise BadInput("--cells", "names a cell twice")
     if req.bootstrap < 100:
         raise BadInput("--bootstrap", "at least 100 resamples")
+    if req.prompts is not None:
+        load_prompts(req.prompts.expanduser())  # BadInput naming the file (and line)
+    with _journal():  # the campaign's state lives there: an unusable journal stops it here
+        pass
     for n, p in req.drafters:
         if not p.expanduser().is_dir():
             raise BadInput(f"--drafter {n}", f"{p} is not a directory")
@@ -130,7 +138,7 @@ def _load_prompts(source: str) -> PromptSet:
 
 def plan_campaign(cfg: Config, nodes: dict[str, Node], req: CampaignRequest, say: Reporter = quiet) -> CampaignSpec:
     """Validate every drafter (BadInput, nothing touched, for the first wrong one), then hash each: the spec."""
-    _check_request(cfg, req)
+    check_request(cfg, req)
     prompt_set = load_prompts(req.prompts.expanduser()) if req.prompts else builtin_prompts()
     for name, path in req.drafters:
         d = path.expanduser().resolve()
@@ -198,9 +206,9 @@ def run_campaign(cfg: Config, nodes: dict[str, Node], req: CampaignRequest, *, s
     return _drive(cfg, nodes, cid, spec, say=say, progress=progress)
 
 
-def resume_campaign(cfg: Config, nodes: dict[str, Node], campaign_id: int, *, say: Reporter = quiet,
-                    progress: bool = False) -> CampaignOutcome:
-    """Run what campaign ``campaign_id`` has not banked yet; BadInput when it cannot resume here."""
+def check_resume(cfg: Config, campaign_id: int) -> CampaignSpec:
+    """Whether campaign ``campaign_id`` can resume with this config (journal, config, prompts and drafter
+    digests as it started): its spec, or BadInput — before any node is touched."""
     with _journal() as j:
         status, spec, _, _ = load_campaign(j, campaign_id)
     if status == "done":
@@ -217,6 +225,14 @@ def resume_campaign(cfg: Config, nodes: dict[str, Node], campaign_id: int, *, sa
         if not src.is_dir() or manifest(src).digest != arm.digest:
             raise BadInput(f"drafter {arm.name}", f"{src} is not the directory campaign {campaign_id} started "
                            f"with (digest {arm.digest[:12]})")
+    return spec
+
+
+def resume_campaign(cfg: Config, nodes: dict[str, Node], campaign_id: int, *, say: Reporter = quiet,
+                    progress: bool = False) -> CampaignOutcome:
+    """Run what campaign ``campaign_id`` has not banked yet (BadInput when it cannot resume: see
+    :func:`check_resume`); cells already banked are not run again."""
+    spec = check_resume(cfg, campaign_id)
     say(f"ab: resuming campaign {campaign_id}")
     return _drive(cfg, nodes, campaign_id, spec, say=say, progress=progress)
 
@@ -230,6 +246,7 @@ class _Clock:
     cells: dict[str, list[float]] = field(default_factory=dict)
     restore: float = 0.0
     sync: float = 0.0
+    requests: float = 0.0  # the cells' own run time: their requests (BenchResult.duration_s)
 
     def eta(self, boots_left: int, cells_left: dict[str, int]) -> str:
         if not self.boots:
@@ -286,9 +303,14 @@ def _drive(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, *,
     t = time.monotonic()
     restored = _restore(cfg, nodes, before, say)
     clock.restore = time.monotonic() - t
+    if interrupts.stopping():  # Ctrl-C during the restore: the campaign is banked, the stack is not back
+        raise RemoteFailure("ab run", f"{interrupted_what()}: campaign {cid} is done and banked (`sparkserve ab "
+                            f"report {cid}`); {restored}", step="interrupted")
+    t = time.monotonic()
     report = campaign_report(cid)
     timings = {"wall": time.monotonic() - clock.t0, "sync": clock.sync, "boots": sum(clock.boots),
-               "cells": sum(sum(v) for v in clock.cells.values()), "restore": clock.restore}
+               "cells": sum(sum(v) for v in clock.cells.values()), "requests": clock.requests,
+               "restore": clock.restore, "report": time.monotonic() - t}
     return CampaignOutcome(cid, "done", report, restored, timings)
 
 
@@ -380,6 +402,7 @@ def _one_slot(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec,
             say(f"ab: {where} · cell {cs.name}: {e.line()}")
             continue  # nothing measured: the slot stays unfinished, a resume runs it again
         clock.cells.setdefault(cs.name, []).append(time.monotonic() - t)
+        clock.requests += result.duration_s
         excluded = None
         if result.refused:
             excluded = "bench guard: " + "; ".join(result.refused)

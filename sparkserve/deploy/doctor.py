@@ -16,8 +16,8 @@ from sparkserve.deploy.probe import probe_node
 from sparkserve.deploy.watchdog import mem_available
 from sparkserve.errors import SparkserveError
 from sparkserve.nodes.base import Node
-from sparkserve.nodes.engine import Engine
 from sparkserve.nodes.parallel import on_all
+from sparkserve.nodes.runtime import engine_for
 from sparkserve.plan.build import Plan
 from sparkserve.plan.fabric import FabricError, FabricFacts, parse_sysfs, resolve
 from sparkserve.units import human_bytes
@@ -65,11 +65,12 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
         out.append(Check(name, check, status, detail))
 
     add("ssh", "ok", f"reachable as {node.address}")
-    try:
-        ver = node.docker().version()
-        add("docker", "ok", f"docker {ver.get('Version', '?')} (API {ver.get('ApiVersion', '?')})")
-    except SparkserveError as e:
-        add("docker", "fail", e.what)
+    if cfg.runtime == "docker":  # runtime process: no docker on the node (the engine check is up's preflight)
+        try:
+            ver = node.docker().version()
+            add("docker", "ok", f"docker {ver.get('Version', '?')} (API {ver.get('ApiVersion', '?')})")
+        except SparkserveError as e:
+            add("docker", "fail", e.what)
     ports = head_ports(cfg) if check_ports and rank == 0 else []
     target, drafter = str(cfg.model.target), str(cfg.drafter.path)
     sysfs = str(cfg.fabric.sysfs_root)
@@ -96,7 +97,7 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
     detail = f"{human_bytes(avail)} free of {human_bytes(total)}; GMU {gmu} needs {human_bytes(need_mem)}"
     add("memory", "ok" if avail >= need_mem else "fail", detail + hint)
     try:
-        stale = [c for c in Engine(node).list_managed() if plan is None or c.fingerprint != plan.fingerprint]
+        stale = [c for c in engine_for(node, cfg).list_managed() if plan is None or c.fingerprint != plan.fingerprint]
         add("containers", "warn" if stale else "ok",
             f"{len(stale)} sparkserve container(s) from another config: {', '.join(c.name for c in stale)}"
             if stale else "no stale sparkserve containers")

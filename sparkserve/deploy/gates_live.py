@@ -23,8 +23,10 @@ from sparkserve.measure.prompts import builtin_prompts
 from sparkserve.measure.records import CELLS, Cell
 from sparkserve.measure.run import run_cell
 from sparkserve.nodes.base import Node
-from sparkserve.nodes.engine import ContainerState, Engine
+from sparkserve.nodes.engine import ContainerState
+from sparkserve.nodes.images import identity_of
 from sparkserve.nodes.parallel import on_all
+from sparkserve.nodes.runtime import engine_for
 from sparkserve.observe.gate_inputs import Expectations, NodeIdentity, SmokeError, SmokeResult
 from sparkserve.observe.gate_report import GateReport
 from sparkserve.observe.gates import judge
@@ -51,10 +53,12 @@ def run_smoke(cfg: Config, plan: Plan) -> tuple[SmokeResult, dict[str, Any]]:
                        incomplete=incomplete, errors=errors, node=plan.head.node), res.model_dump(mode="json")
 
 
-def boot_id(nodes: dict[str, Node], containers: dict[str, str]) -> str:
-    """Which boot of a stack this is: sha256 over every rank's container id and start time, so it changes
-    whenever a container is replaced or restarts (a gate verdict holds for one boot only)."""
-    started = on_all(sorted(containers), lambda name: Engine(nodes[name]).state(containers[name]).started_at)
+def boot_id(nodes: dict[str, Node], containers: dict[str, str], how: Config | Plan | None = None) -> str:
+    """Which boot of a stack this is: sha256 over every rank's container (or process: ``how``'s runtime) id
+    and start time, so it changes whenever a rank is replaced or restarts (a gate verdict holds for one boot
+    only)."""
+    started = on_all(sorted(containers),
+                     lambda name: engine_for(nodes[name], how).state(containers[name]).started_at)
     blob = json.dumps(sorted((name, containers[name], started[name]) for name in containers))
     return hashlib.sha256(blob.encode()).hexdigest()
 
@@ -82,7 +86,7 @@ def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, container
     """Every gate on the stack in ``containers`` (node → container id): collect on every node, judge,
     and record the run (and, with ``bank``, the observed pool) in the journal. `up`'s last step."""
     def per_node(name: str) -> tuple[ParsedLog, bool, str | None, str | None]:
-        eng = Engine(nodes[name])
+        eng = engine_for(nodes[name], plan)
         cid = containers.get(name)
         if cid is None:
             return parse_log("", file=f"{name}.log", node=name), False, None, None
@@ -91,14 +95,18 @@ def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, container
         alive = eng.state(cid).running
         image = eng.managed(cid)
         digest = remote_manifest(nodes[name], str(cfg.drafter.path)).manifest.digest
-        return log, alive, image.image_id if image else None, digest
+        ident = image.image_id if image else None
+        if ident is not None and plan.runtime == "docker":  # the content fingerprint: store-independent
+            ident = identity_of(nodes[name], ident)
+        return log, alive, ident, digest
 
     names = [n.name for n in cfg.nodes]
-    boot = boot_id(nodes, containers) if smoke and not skip else None  # only a full judgement vouches for a boot
+    boot = boot_id(nodes, containers, plan) if smoke and not skip else None  # only a full judgement vouches for a boot
     smoke_result = None
     raw_smoke = None
     if smoke:  # first: a fault the smoke provokes (a dead follower, a hung collective) must be judged too
-        alive = on_all(names, lambda name: name in containers and Engine(nodes[name]).state(containers[name]).running)
+        alive = on_all(names, lambda name: name in containers
+                       and engine_for(nodes[name], plan).state(containers[name]).running)
         if all(alive.values()):
             smoke_result, raw_smoke = run_smoke(cfg, plan)
     facts = on_all(names, per_node)
@@ -118,9 +126,10 @@ def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, container
     return report
 
 
-def passed_for_this_boot(nodes: dict[str, Node], fingerprint: str, containers: dict[str, str]) -> bool:
+def passed_for_this_boot(nodes: dict[str, Node], fingerprint: str, containers: dict[str, str],
+                         how: Config | Plan | None = None) -> bool:
     """Whether the journal holds a passing gate verdict for this very boot of the deployment."""
-    boot = boot_id(nodes, containers)
+    boot = boot_id(nodes, containers, how)
     return lookup(lambda j: j.gate_verdict(fingerprint, boot), None) is True
 
 
@@ -142,7 +151,7 @@ def _drafter_has_mask(node: Node, path: str) -> bool:
 def run_gates(cfg: Config, nodes: dict[str, Node], *, bank: bool = False, skip: tuple[str, ...] = ()) -> GateReport:
     """`sparkserve gates` on the running stack: find its containers by label on every node. A skipped smoke
     gate is not run at all (it is the slow part: a bench cell against the API)."""
-    existing = managed_on_all(nodes)
+    existing = managed_on_all(nodes, cfg)
     containers: dict[str, str] = {}
     fps = set()
     for n in cfg.nodes:

@@ -1,10 +1,13 @@
-"""`image verify` / `image ship`: the configured engine image, with one ID on every node.
+"""`image verify` / `image ship`: the configured engine image, the same image on every node.
 
     with open_nodes(cfg) as nodes:
-        check = verify_image(cfg, nodes)                       # ImageCheck: every node's ID, ok when all equal
-        result = ship_image_everywhere(cfg, nodes, "spark-a")  # ShipResult: copies where it lacks or differs
+        check = verify_image(cfg, nodes)                       # ImageCheck: fingerprints + facts per node
+        result = ship_image_everywhere(cfg, nodes, "spark-a")  # ShipResult: only the layers each node lacks
 
-The judging is :mod:`sparkserve.nodes.images` (the same judge `up` uses before it starts anything).
+"The same image" is the content fingerprint (:mod:`sparkserve.plan.image_identity`), so a node on the
+containerd image store and one on the classic store agree on one image. ``verify_image`` also runs the
+facts program in the image on every node (no network, no GPU) and compares: the facts must be equal
+everywhere and, for an image ``sparkserve image build`` made, match the lock inside it.
 """
 
 from __future__ import annotations
@@ -15,46 +18,79 @@ from dataclasses import dataclass, field
 from sparkserve.config import Config
 from sparkserve.errors import BadInput, RemoteFailure
 from sparkserve.nodes.base import Node, NodeError
-from sparkserve.nodes.images import ShipReport, image_ids, same_image_problem, ship_image
+from sparkserve.nodes.images import LayerShip, image_identity, same_image_problem, ship_layers
+from sparkserve.nodes.parallel import on_all
+from sparkserve.plan.image_identity import facts_problems
 
 Reporter = Callable[[str], None]
+#: Facts that must be equal on every node (``site`` and ``machine`` may legitimately differ in a mixed rig).
+COMPARED_FACTS = ("vllm", "record", "dflash2", "applied", "lock")
 
 
 @dataclass(frozen=True)
 class ImageCheck:
-    """Every node's ID for ``ref`` (None: missing), and why they are not one image (None: they are)."""
+    """Every node's raw ID and fingerprint for ``ref`` (None: missing), facts per node, and why they are not
+    one image (None: they are)."""
 
     ref: str
     image_ids: dict[str, str | None]
+    fingerprints: dict[str, str | None]
     problem: NodeError | None
+    facts: dict[str, dict] = field(default_factory=dict)
+    fact_problems: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return self.problem is None
+        return self.problem is None and not self.fact_problems
 
     def as_json(self) -> dict[str, object]:
-        return {"ok": self.ok, "ref": self.ref, "image_ids": dict(self.image_ids)}
+        return {"ok": self.ok, "ref": self.ref, "image_ids": dict(self.image_ids),
+                "fingerprints": dict(self.fingerprints), "problems": self.problems(),
+                "facts": {n: {k: f.get(k) for k in ("vllm", "record", "dflash2")} for n, f in self.facts.items()}}
+
+    def problems(self) -> list[str]:
+        return ([self.problem.line().removeprefix("error: ")] if self.problem else []) + self.fact_problems
 
 
 @dataclass(frozen=True)
 class ShipResult:
-    """The source's image ID and one report per node it was shipped to (none: already everywhere)."""
+    """The source's fingerprint and one report per node it shipped to (none: already everywhere)."""
 
     ref: str
     source: str
-    image_id: str
-    shipped: dict[str, ShipReport] = field(default_factory=dict)
+    fingerprint: str
+    shipped: dict[str, LayerShip] = field(default_factory=dict)
 
     def as_json(self) -> dict[str, object]:
-        return {"ref": self.ref, "image_id": self.image_id,
-                "shipped": {name: {"bytes": r.bytes, "seconds": round(r.seconds, 2),
-                                   "mb_per_s": round(r.mb_per_s, 1)} for name, r in self.shipped.items()}}
+        return {"ref": self.ref, "source": self.source, "fingerprint": self.fingerprint,
+                "shipped": {name: {"bytes": r.bytes, "skipped_bytes": r.skipped_bytes, "how": r.how,
+                                   "seconds": round(r.seconds, 2), "mb_per_s": round(r.mb_per_s, 1)}
+                            for name, r in self.shipped.items()}}
 
 
-def verify_image(cfg: Config, nodes: dict[str, Node]) -> ImageCheck:
-    """image.ref's ID on every configured node (in config order)."""
-    ids = image_ids([nodes[n.name] for n in cfg.nodes], cfg.image.ref)
-    return ImageCheck(cfg.image.ref, ids, same_image_problem(ids, cfg.image.ref))
+def verify_image(cfg: Config, nodes: dict[str, Node], *, facts: bool = True) -> ImageCheck:
+    """image.ref on every configured node (in config order): one fingerprint everywhere, equal facts."""
+    from sparkserve.deploy.image_build import image_facts
+
+    names = [n.name for n in cfg.nodes]
+    ref = cfg.image.ref
+    found = on_all(names, lambda name: image_identity(nodes[name], ref))
+    ids = {n: (f[0] if f else None) for n, f in found.items()}
+    fps = {n: (f[1] if f else None) for n, f in found.items()}
+    problem = same_image_problem(fps, ref)
+    if problem is not None:  # name it with the raw IDs where they differ too
+        problem = same_image_problem(ids, ref) or problem
+    per_node: dict[str, dict] = {}
+    fact_problems: list[str] = []
+    if facts and problem is None:
+        per_node = on_all(names, lambda name: image_facts(nodes[name], ref))
+        head = names[0]
+        for name in names[1:]:
+            for key in COMPARED_FACTS:
+                if per_node[name].get(key) != per_node[head].get(key):
+                    fact_problems.append(f"{name}: image facts differ from {head}'s in {key!r}")
+        fact_problems += [f"{head}: {p}" for p in facts_problems(per_node[head], per_node[head].get("lock"))]
+    return ImageCheck(ref, ids, fps, problem, per_node, fact_problems)
 
 
 def ship_source(cfg: Config, source: str | None) -> str:
@@ -69,18 +105,23 @@ def ship_source(cfg: Config, source: str | None) -> str:
 
 def ship_image_everywhere(cfg: Config, nodes: dict[str, Node], source: str | None = None, *,
                           say: Reporter | None = None) -> ShipResult:
-    """Copy image.ref from ``source`` (default: the head) to every node that lacks it or has another ID.
+    """Copy image.ref from ``source`` (default: the head) to every other node, in parallel, node to node,
+    sending each only the layers it lacks (0 bytes where it already has the same image).
 
-    RemoteFailure when ``source`` is no configured node or lacks the image; ``say`` hears each ship."""
+    RemoteFailure when ``source`` lacks the image; NodeError when a target lacks disk or a load fails."""
     src = ship_source(cfg, source)
     ref = cfg.image.ref
-    ids = image_ids([nodes[n.name] for n in cfg.nodes], ref)
-    want = ids[src]
-    if want is None:
+    found = image_identity(nodes[src], ref)
+    if found is None:
         raise RemoteFailure(f"{src}: image", f"{ref} is not on {src}; nothing to ship")
-    shipped: dict[str, ShipReport] = {}
-    for name in (n.name for n in cfg.nodes if ids[n.name] != want):
-        if say is not None:
-            say(f"shipping {ref} {src} → {name}")
-        shipped[name] = ship_image(nodes[src], nodes[name], ref)
-    return ShipResult(ref, src, want, shipped)
+    targets = [nodes[n.name] for n in cfg.nodes if n.name != src]
+    source_ip = next(n.fabric_ip for n in cfg.nodes if n.name == src)
+    last: dict[str, int] = {}
+
+    def progress(node: str, sent: int, seconds: float) -> None:
+        if say is not None and sent != last.get(node):
+            last[node] = sent
+            say(f"{src} → {node}: {sent / 1e6:.1f} MB, {sent / 1e6 / max(seconds, 1e-6):.1f} MB/s")
+
+    shipped = ship_layers(nodes[src], targets, ref, source_ip=source_ip, progress=progress) if targets else {}
+    return ShipResult(ref, src, found[1], shipped)

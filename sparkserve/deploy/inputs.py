@@ -1,45 +1,121 @@
 """The pure pre-flight rules (plan.validate) on the drafter and target, wherever they live.
 
-A model directory that is only on the head is mirrored here as metadata (config.json, index files, the
-mask file, safetensors headers at their real size; see remotemeta), never as weights, so the same judge
-reads a local and a remote model alike.
+A model directory on this machine is read here; one that is only on the head is mirrored here as metadata
+(config.json, index files, the mask file, safetensors headers at their real size; see remotemeta), never as
+weights, so the same judge reads a local and a remote model alike. `up` and `validate` both go through
+:func:`model_inputs`, so they agree on what is read where.
+
+    with model_inputs(cfg, head) as where:          # head=None: offline, local copies only
+        report = validate(cfg, drafter_dir=where.drafter, target_dir=where.target,
+                          read_drafter=where.drafter is not None, read_target=where.target is not None)
+        where.said   # {"drafter": "on spark-a (head): /models/x", "target": "this machine: /data/t"}
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkserve.config import Config
 from sparkserve.deploy.drafter import local_drafter
 from sparkserve.deploy.remotemeta import fetch_meta
+from sparkserve.errors import BadInput
 from sparkserve.nodes.base import Node
-from sparkserve.plan.validate import validate
+from sparkserve.plan.validate import Finding, Report, validate
+
+
+@dataclass
+class ModelInputs:
+    """Where each model is read from: a local directory (a copy here, or mirrored metadata), or None (not
+    read: offline and not on this machine, or missing on the head: ``missing``); ``said`` is one phrase per
+    model for people."""
+
+    drafter: Path | None = None
+    target: Path | None = None
+    said: dict[str, str] = field(default_factory=dict)
+    missing: list[BadInput] = field(default_factory=list)  # a model the head does not have either
+
+
+def _fetch(fut: Future[Path] | None, out: ModelInputs) -> Path | None:
+    if fut is None:
+        return None
+    try:
+        return fut.result()
+    except BadInput as e:
+        out.missing.append(e)
+        return None
+
+
+@contextlib.contextmanager
+def model_inputs(cfg: Config, head: Node | None, *, local: tuple[str, ...] = ()) -> Iterator[ModelInputs]:
+    """The drafter and target as local directories: this machine's copy when it has one, else the head's
+    metadata (``head`` None: not read at all). Models named in ``local`` ("drafter", "target": given on the
+    command line) are read here even when missing, so the miss is reported. Fetches run in parallel."""
+    out = ModelInputs()
+    with tempfile.TemporaryDirectory(prefix="sparkserve-") as tmp, \
+            ThreadPoolExecutor(max_workers=2) as pool:  # both fetches at once
+        drafter_dir = local_drafter(cfg)
+        if drafter_dir is None and "drafter" in local:
+            drafter_dir = Path(cfg.drafter.path)
+        target_dir: Path | None = Path(cfg.model.target)
+        if not (target_dir / "config.json").is_file() and "target" not in local:
+            target_dir = None
+        f_drafter = f_target = None
+        name = cfg.head.name
+        if drafter_dir is None and head is not None:
+            f_drafter = pool.submit(fetch_meta, head, str(cfg.drafter.path), Path(tmp) / "drafter",
+                                    field="drafter.path")
+        if target_dir is None and head is not None:
+            f_target = pool.submit(fetch_meta, head, str(cfg.model.target), Path(tmp) / "target",
+                                   field="model.target")
+        # the drafter's problem first: it is the one people change
+        if f_drafter is not None:
+            out.drafter = _fetch(f_drafter, out)
+            out.said["drafter"] = f"on {name} (head): {cfg.drafter.path}"
+        elif drafter_dir is not None:
+            out.drafter = drafter_dir
+            out.said["drafter"] = f"this machine: {drafter_dir}"
+        else:
+            out.said["drafter"] = f"not read: {cfg.drafter.path} is not on this machine (--offline)"
+        if f_target is not None:
+            out.target = _fetch(f_target, out)
+            out.said["target"] = f"on {name} (head): {cfg.model.target}"
+        elif target_dir is not None:
+            out.target = target_dir
+            out.said["target"] = f"this machine: {target_dir}"
+        else:
+            out.said["target"] = f"not read: {cfg.model.target} is not on this machine (--offline)"
+        yield out
+
+
+def needs_head(cfg: Config, *, local: tuple[str, ...] = ()) -> bool:
+    """Whether a model is on neither this machine nor the command line (so only the head can tell)."""
+    drafter_here = "drafter" in local or local_drafter(cfg) is not None
+    target_here = "target" in local or (Path(cfg.model.target) / "config.json").is_file()
+    return not (drafter_here and target_here)
+
+
+def check_inputs(cfg: Config, head: Node | None, *, parser: str = "list",
+                 local: tuple[str, ...] = ()) -> tuple[Report, ModelInputs]:
+    """Every pre-flight rule, with each model read where it is (see :func:`model_inputs`); a model the head
+    lacks too is an error of the report, like any other."""
+    with model_inputs(cfg, head, local=local) as where:
+        report = validate(cfg, drafter_dir=where.drafter, target_dir=where.target, parser=parser,  # type: ignore[arg-type]
+                          read_drafter=where.drafter is not None, read_target=where.target is not None)
+    for i, e in enumerate(where.missing):
+        report.errors.insert(i, Finding(e.where, e.what))
+    return report, where
 
 
 def validate_inputs(cfg: Config, nodes: dict[str, Node]) -> None:
     """Every pre-flight rule on the config, drafter and target; warnings go to stderr, the first problem
     is raised (BadInput, exit 2). Nothing is started or changed on any node."""
-    head = nodes[cfg.head.name]
-    with tempfile.TemporaryDirectory(prefix="sparkserve-") as tmp, \
-            ThreadPoolExecutor(max_workers=2) as pool:  # both fetches at once
-        drafter_dir: Path | None = local_drafter(cfg)
-        f_drafter = None
-        if drafter_dir is None:
-            f_drafter = pool.submit(fetch_meta, head, str(cfg.drafter.path), Path(tmp) / "drafter",
-                                    field="drafter.path")
-        target_dir = Path(cfg.model.target)
-        f_target = None
-        if not (target_dir / "config.json").is_file():
-            f_target = pool.submit(fetch_meta, head, str(cfg.model.target), Path(tmp) / "target",
-                                   field="model.target")
-        if f_drafter is not None:  # the drafter's problem first: it is the one people change
-            drafter_dir = f_drafter.result()
-        if f_target is not None:
-            target_dir = f_target.result()
-        report = validate(cfg, drafter_dir=drafter_dir, target_dir=target_dir, parser="list")
-        for w in report.warnings:
-            print(f"warning: {w.where}: {w.what}", file=sys.stderr)
-        report.raise_first()
+    report, _ = check_inputs(cfg, nodes[cfg.head.name])
+    for w in report.warnings:
+        print(f"warning: {w.where}: {w.what}", file=sys.stderr)
+    report.raise_first()

@@ -12,18 +12,24 @@ from typing import Any
 from sparkserve.config import Config
 from sparkserve.errors import RemoteFailure
 from sparkserve.nodes.base import Node
-from sparkserve.nodes.engine import Engine
+from sparkserve.nodes.images import identity_of
 from sparkserve.nodes.parallel import on_all
+from sparkserve.nodes.runtime import engine_for
 
 PARITY_KEYS = ("image_id", "argv", "env", "mounts")
 
 
 def check_parity(cfg: Config, nodes: dict[str, Node], containers: dict[str, str]) -> None:
     """Every rank's container must match the head's: image ID, argv minus rank flags, env minus
-    per-node fabric values, mounts (``Engine.parity_facts`` leaves out what is meant to differ).
+    per-node fabric values, mounts (``parity_facts`` of the runtime leaves out what is meant to differ).
 
     Raises RemoteFailure(step="rank parity") naming the first rank that drifted and how."""
-    facts = on_all([n.name for n in cfg.nodes], lambda name: Engine(nodes[name]).parity_facts(containers[name]))
+    facts = on_all([n.name for n in cfg.nodes],
+                   lambda name: engine_for(nodes[name], cfg).parity_facts(containers[name]))
+    if cfg.runtime == "docker":  # compare content fingerprints: the containerd store reports other raw IDs
+        fps = on_all(list(facts), lambda name: identity_of(nodes[name], str(facts[name].get("image_id"))))
+        for name, fp in fps.items():
+            facts[name] = {**facts[name], "image_id": fp}
     head = cfg.head.name
     ref = facts[head]
     for name, f in facts.items():

@@ -23,24 +23,27 @@ from sparkserve.deploy.teardown import Reporter, quiet, teardown
 from sparkserve.deploy.wait import served_models
 from sparkserve.errors import BadInput, RemoteFailure, SparkserveError
 from sparkserve.nodes.base import Node
-from sparkserve.nodes.engine import Engine, ManagedContainer
+from sparkserve.nodes.engine import ManagedContainer
 from sparkserve.nodes.factory import as_failure
 from sparkserve.nodes.parallel import on_all
-from sparkserve.plan.build import build_plan
+from sparkserve.nodes.runtime import engine_for
+from sparkserve.plan.build import Plan, build_plan
 
 
-def managed_on_all(nodes: dict[str, Node]) -> dict[str, list[ManagedContainer]]:
-    """Every node's sparkserve containers (running or not), asked in parallel."""
-    return on_all(list(nodes.values()), lambda n: Engine(n).list_managed(), name=lambda n: n.name)
+def managed_on_all(nodes: dict[str, Node], how: Config | Plan | None = None) -> dict[str, list[ManagedContainer]]:
+    """Every node's sparkserve containers (running or not), asked in parallel. ``how``: the config (or plan)
+    whose runtime to ask — its processes for ``runtime: process``; None: docker."""
+    return on_all(list(nodes.values()), lambda n: engine_for(n, how).list_managed(), name=lambda n: n.name)
 
 
 def managed_where_reachable(
-        nodes: dict[str, Node]) -> tuple[dict[str, list[ManagedContainer]], dict[str, SparkserveError]]:
+        nodes: dict[str, Node],
+        how: Config | Plan | None = None) -> tuple[dict[str, list[ManagedContainer]], dict[str, SparkserveError]]:
     """Every node's sparkserve containers, asked in parallel, and the error of each node that did not
     answer (its docker daemon is down, its SSH link dropped): one silent node never hides the others."""
     def ask(node: Node) -> list[ManagedContainer] | SparkserveError:
         try:
-            return Engine(node).list_managed()
+            return engine_for(node, how).list_managed()
         except KeyboardInterrupt:
             raise
         except Exception as e:  # noqa: BLE001 - any way a node fails to answer is reported, not raised
@@ -104,7 +107,7 @@ def down(cfg: Config, nodes: dict[str, Node], *, unreachable: Mapping[str, Spark
     held = (lock.held(head, what="down", break_lock=break_lock) if head is not None
             else contextlib.nullcontext())
     with held:
-        existing, silent = managed_where_reachable(nodes)
+        existing, silent = managed_where_reachable(nodes, cfg)
         missing = _silent_nodes(cfg, unreachable, silent)
         for k in missing:
             say(f"{k}: unreachable — {DOWN_LEFT}")
@@ -171,7 +174,7 @@ class StackStatus:
 def status(cfg: Config, nodes: dict[str, Node], *,
            unreachable: Mapping[str, SparkserveError] | None = None) -> StackStatus:
     """What runs where, on every node that answers. Liveness is read per node, never inferred from /health."""
-    existing, silent = managed_where_reachable(nodes)
+    existing, silent = managed_where_reachable(nodes, cfg)
     missing = _silent_nodes(cfg, unreachable, silent)
     per_node = {n.name: [ContainerStatus.of(c) for c in existing.get(n.name, [])]
                 for n in cfg.nodes if n.name not in missing}
@@ -199,7 +202,7 @@ def stream_logs(cfg: Config, nodes: dict[str, Node], *, node: str | None = None,
     lock_out = threading.Lock()
 
     def stream(name: str) -> None:
-        eng = Engine(nodes[name])
+        eng = engine_for(nodes[name], cfg)
         for c in eng.list_managed():
             for line in eng.logs(c.id, follow=follow, since=since_v):
                 with lock_out:

@@ -24,9 +24,8 @@ from sparkserve.deploy.up import up
 from sparkserve.errors import BadInput, SparkserveError
 from sparkserve.models.manifest import manifest
 from sparkserve.nodes.base import Node
-from sparkserve.nodes.engine import Engine
+from sparkserve.nodes.runtime import engine_for, serving_drafter
 from sparkserve.observe.gate_report import GateReport
-from sparkserve.plan.build import DRAFTER_MOUNT
 
 
 @dataclass
@@ -69,13 +68,14 @@ def swapped_config(cfg: Config, new_dir: Path, digest: str) -> Config:
 
 
 def serving_config(cfg: Config, nodes: dict[str, Node]) -> Config:
-    """``cfg`` with the drafter the running stack serves (its head's drafter bind mount), which is what a
-    rollback must return to; ``cfg`` itself when nothing runs or it serves the configured drafter."""
-    head = [c for c in managed_on_all({cfg.head.name: nodes[cfg.head.name]}).get(cfg.head.name, []) if c.running]
+    """``cfg`` with the drafter the running stack serves (its head's drafter bind mount, or with runtime
+    process the drafter its argv names), which is what a rollback must return to; ``cfg`` itself when
+    nothing runs or it serves the configured drafter."""
+    head_node = {cfg.head.name: nodes[cfg.head.name]}
+    head = [c for c in managed_on_all(head_node, cfg).get(cfg.head.name, []) if c.running]
     if not head:
         return cfg
-    spec, _ = Engine(nodes[cfg.head.name]).inspect_spec(head[0].id)
-    mounted = next((m.source for m in spec.mounts if m.target == DRAFTER_MOUNT), None)
+    mounted = serving_drafter(engine_for(nodes[cfg.head.name], cfg), head[0].id)
     if mounted is None or Path(mounted) == Path(str(cfg.drafter.path)):
         return cfg
     # the bytes are already on every node (they serve): no source to copy from

@@ -34,7 +34,9 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -49,6 +51,28 @@ Method = Literal["auto", "rsync", "sftp"]
 STOP_POLL_S = 0.2  # how often a running copy looks at the stop flag (an interrupt stops it within this)
 MIN_RATE = 20e6  # bytes/s assumed when sizing the copy timeout
 REMOTE_CACHE = "~/.cache/sparkserve/manifests"
+
+
+ProgressFn = Callable[[str, int, int], None]  # (node, bytes done, bytes to copy)
+_listeners: list[ProgressFn] = []
+_PROGRESS2 = re.compile(rb"^\s*([\d,.]+)\s+\d+%")
+
+
+@contextlib.contextmanager
+def progress_to(fn: ProgressFn) -> Iterator[None]:
+    """While in this block, every drafter copy reports its bytes to ``fn`` (node, done, total) — from the
+    copy threads; the commands layer draws bars from it. ``up`` and ``swap-drafter`` need no argument."""
+    _listeners.append(fn)
+    try:
+        yield
+    finally:
+        _listeners.remove(fn)
+
+
+def _progress(node: str, done: int, total: int) -> None:
+    for fn in list(_listeners):
+        with contextlib.suppress(Exception):  # a display must never fail a copy
+            fn(node, done, total)
 
 
 def _cache_file(remote_dir: str) -> str:
@@ -132,7 +156,8 @@ class SyncReport:
                 f"in {self.seconds:.1f}s, verified")
 
 
-def _rsync_copy(node: Node, local_dir: Path, remote_dir: str, rels: list[str], timeout: float) -> int | None:
+def _rsync_copy(node: Node, local_dir: Path, remote_dir: str, rels: list[str], timeout: float,
+                total: int = 0) -> int | None:
     remote = node.rsync_remote()
     assert remote is not None
     argv = [
@@ -140,21 +165,48 @@ def _rsync_copy(node: Node, local_dir: Path, remote_dir: str, rels: list[str], t
         # one whose bytes changed under the same size and mtime. No --partial(-dir): an interrupted rsync
         # deletes the file it was writing, so nothing half-copied stays on the node.
         "rsync", "--protect-args", "--ignore-times", "--files-from=-", "--from0", "--copy-links", "--times",
-        "--perms", "--stats", "-e", remote.rsh,
+        "--perms", "--stats", "--info=progress2", "-e", remote.rsh,
         f"{local_dir}/", f"{remote.target}:{remote_dir.rstrip('/')}/",
     ]
     listing = b"\0".join(r.encode() for r in rels) + b"\0"
     # its own session: a signal meant for sparkserve reaches rsync (and its ssh) only through _stop_rsync
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
+    out, err = bytearray(), bytearray()
+
+    def feed() -> None:
+        with contextlib.suppress(OSError):
+            assert proc.stdin is not None
+            proc.stdin.write(listing)
+            proc.stdin.close()
+
+    def read_out() -> None:
+        assert proc.stdout is not None
+        pending = b""
+        while chunk := proc.stdout.read1(65536):  # type: ignore[attr-defined]
+            out.extend(chunk)
+            pending += chunk
+            *done, pending = re.split(rb"[\r\n]", pending)
+            for line in reversed(done):  # the newest progress2 line of this chunk
+                m = _PROGRESS2.match(line)
+                if m:
+                    _progress(node.name, min(int(re.sub(rb"[,.]", b"", m.group(1))), total or 1 << 62), total)
+                    break
+
+    def read_err() -> None:
+        assert proc.stderr is not None
+        while chunk := proc.stderr.read1(65536):  # type: ignore[attr-defined]
+            err.extend(chunk)
+
+    threads = [threading.Thread(target=f, daemon=True) for f in (feed, read_out, read_err)]
+    for t in threads:
+        t.start()
     deadline = time.monotonic() + timeout
-    pending: bytes | None = listing
     while True:
         try:
-            out, err = proc.communicate(pending, timeout=STOP_POLL_S)
+            proc.wait(timeout=STOP_POLL_S)
             break
         except subprocess.TimeoutExpired:
-            pending = None  # communicate keeps sending what it was given first
             if interrupts.stopping():
                 _stop_rsync(proc)
                 raise NodeError(node.name, "sync", f"interrupted: the copy to {remote_dir} was stopped",
@@ -163,11 +215,13 @@ def _rsync_copy(node: Node, local_dir: Path, remote_dir: str, rels: list[str], t
                 _stop_rsync(proc)
                 raise NodeError(node.name, "sync", f"rsync to {remote_dir} timed out after {timeout:.0f}s",
                                 argv=argv) from None
+    for t in threads:
+        t.join(timeout=5)
     if proc.returncode != 0:
         lines = err.decode(errors="replace").strip().splitlines()
         raise NodeError(node.name, "sync", f"rsync to {remote_dir} exited {proc.returncode}", argv=argv,
                         last_lines=lines[-10:])
-    m = re.search(rb"Total bytes sent: ([\d,.]+)", out)
+    m = re.search(rb"Total bytes sent: ([\d,.]+)", bytes(out))
     return int(re.sub(rb"[,.]", b"", m.group(1))) if m else None
 
 
@@ -178,17 +232,24 @@ def _stop_rsync(proc: subprocess.Popen[bytes]) -> None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
         try:
-            proc.communicate(timeout=wait)
+            proc.wait(timeout=wait)
             return
         except subprocess.TimeoutExpired:
             continue
 
 
-def _sftp_copy(node: Node, local_dir: Path, remote_dir: str, rels: list[str]) -> None:
+def _sftp_copy(node: Node, local_dir: Path, remote_dir: str, rels: list[str], total: int = 0) -> None:
+    done = 0
+
+    def moved(n: int) -> None:
+        _progress(node.name, done + n, total)
+
     for rel in rels:
         if interrupts.stopping():  # each put writes a temp file and renames it: stopping between files is clean
             raise NodeError(node.name, "sync", f"interrupted: the copy to {remote_dir} was stopped")
-        node.put(local_dir / rel, f"{remote_dir.rstrip('/')}/{rel}", preserve_mtime=True)
+        node.put(local_dir / rel, f"{remote_dir.rstrip('/')}/{rel}", preserve_mtime=True, on_bytes=moved)
+        done += (local_dir / rel).stat().st_size
+        _progress(node.name, done, total)
 
 
 def _has_local_rsync() -> bool:
@@ -215,12 +276,14 @@ def _copy_and_verify(
         "before": {r: state.idents[r] for r in diff if r in state.idents},
     }
     verifier = node.start(["python3", "-c", verify_program(args)], timeout=limit + 600, step="sync")
+    _progress(node.name, 0, size)
     try:
         if use_rsync:
-            report.wire_bytes = _rsync_copy(node, local_dir, remote_dir, diff, limit)
+            report.wire_bytes = _rsync_copy(node, local_dir, remote_dir, diff, limit, size)
             report.method = "rsync"
+            _progress(node.name, size, size)
         else:
-            _sftp_copy(node, local_dir, remote_dir, diff)
+            _sftp_copy(node, local_dir, remote_dir, diff, size)
             report.method = "sftp" if node.rsync_remote() is not None else "copy"
     except BaseException:
         verifier.close_stdin()  # EOF without "done": the verifier stops

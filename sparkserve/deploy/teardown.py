@@ -22,8 +22,8 @@ from sparkserve.config import Config
 from sparkserve.errors import RemoteFailure, SparkserveError
 from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node
-from sparkserve.nodes.engine import Engine
 from sparkserve.nodes.parallel import on_all
+from sparkserve.nodes.runtime import engine_for
 
 Reporter = Callable[[str], None]
 
@@ -54,8 +54,10 @@ def _new_logs_folder(tag: str) -> Path:
         return tmp
 
 
-def save_logs(nodes: dict[str, Node], containers: dict[str, list[str]], tag: str) -> Path | None:
-    """Save every listed container's full log (see :func:`_new_logs_folder`); never raises."""
+def save_logs(nodes: dict[str, Node], containers: dict[str, list[str]], tag: str,
+              cfg: Config | None = None) -> Path | None:
+    """Save every listed container's (or process's: ``cfg.runtime``) full log (see :func:`_new_logs_folder`);
+    never raises."""
     if not any(containers.values()):
         return None
     try:
@@ -66,7 +68,7 @@ def save_logs(nodes: dict[str, Node], containers: dict[str, list[str]], tag: str
     for name, ids in containers.items():
         for cid in ids:
             with contextlib.suppress(Exception):
-                text = "\n".join(Engine(nodes[name]).logs(cid)) + "\n"
+                text = "\n".join(engine_for(nodes[name], cfg).logs(cid)) + "\n"
                 (d / f"{name}-{cid[:12]}.log").write_text(text)
     return d
 
@@ -79,11 +81,11 @@ def teardown(cfg: Config, nodes: dict[str, Node], containers: dict[str, list[str
     with interrupts.deferred():
         if why:
             say(why)
-        saved = save_logs(nodes, containers, tag)
+        saved = save_logs(nodes, containers, tag, cfg)
         order = [n.name for n in cfg.nodes if containers.get(n.name)]
 
         def stop(name: str) -> None:
-            eng = Engine(nodes[name])
+            eng = engine_for(nodes[name], cfg)
             for cid in containers[name]:
                 eng.stop_and_remove(cid, timeout=cfg.container.stop_timeout_s)
 

@@ -37,9 +37,9 @@ from sparkserve.errors import GateFailed, RemoteFailure, SparkserveError
 from sparkserve.journal import record
 from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node
-from sparkserve.nodes.engine import Engine, ManagedContainer
-from sparkserve.nodes.images import ensure_same_image
+from sparkserve.nodes.engine import ManagedContainer
 from sparkserve.nodes.parallel import on_all
+from sparkserve.nodes.runtime import LABEL_ENGINE_ID, engine_for, ensure_same_engine
 from sparkserve.observe.gate_report import GateReport, Verdict
 from sparkserve.observe.logpatterns import FOLLOWER_WAITING
 from sparkserve.plan.build import Plan, build_plan
@@ -79,7 +79,8 @@ def planned_steps(cfg: Config, plan: Plan) -> list[dict[str, Any]]:
                                         "every argv through vLLM 0.33's parser"},
         {"step": "preflight", "detail": "on every node in parallel: ssh, docker, disk, memory headroom, ports "
                                          f"{cfg.serve.port}/{cfg.fabric.master_port}, stale containers, paths, fabric"},
-        {"step": "image", "detail": f"{cfg.image.ref}: the same image ID on every node"},
+        {"step": "image", "detail": f"{cfg.image.ref}: the same image ID on every node" if cfg.runtime == "docker"
+         else f"serve.vllm {cfg.serve.vllm}: the same executable and --version on every node"},
         {"step": "drafter", "detail": f"sync {cfg.drafter.path} to every node (sha256 manifest, only differing files)"},
     ]
     for s in plan.start_order():
@@ -87,8 +88,10 @@ def planned_steps(cfg: Config, plan: Plan) -> list[dict[str, Any]]:
             what = "ray start --head" if s.role == "head" else "ray worker"
         else:
             what = "vllm serve (API server)" if s.role == "head" else "vllm serve --headless"
+        where = (f"in {s.name} on {s.host}" if plan.runtime == "docker" else
+                 f"as a host process in its own session on {s.host} (log and manifest under {plan.run_dir})")
         steps.append({"step": "start", "node": s.node, "rank": s.rank, "container": s.name,
-                      "detail": f"{what} in {s.name} on {s.host}"})
+                      "detail": f"{what} {where}"})
     if plan.executor == "ray":
         steps.append({"step": "serve", "node": plan.head.node, "detail": "vllm serve --distributed-executor-backend "
                                                                           "ray, exec'd in the head container"})
@@ -96,7 +99,7 @@ def planned_steps(cfg: Config, plan: Plan) -> list[dict[str, Any]]:
     mode = "no graphs (eager)" if cfg.serve.enforce_eager else cfg.serve.compilation.cudagraph_mode.value
     steps += [
         {"step": "wait", "detail": f"`Application startup complete.` on the head ({plan.api_url}); every rank's "
-                                   "container alive; free memory above the floor"},
+                                   "engine alive; free memory above the floor"},
         {"step": "gates", "detail": f"pool {g.pool_tokens} tokens, graphs {mode} on every rank, mask "
                                     f"{g.mask_token_id} on every rank, smoke {g.smoke.prompts}x{g.smoke.concurrency}"
                                     f"x{g.smoke.max_tokens}, no faults"},
@@ -184,8 +187,8 @@ def _preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_draf
     with ThreadPoolExecutor(max_workers=5) as pool:
         f_valid = pool.submit(validate_inputs, cfg, nodes) if validate else None
         f_checks = pool.submit(check_all, cfg, nodes, None, check_ports=True, mkdirs=rw, fabric_out=fabric)
-        f_image = pool.submit(ensure_same_image, [nodes[n.name] for n in cfg.nodes], cfg.image.ref)
-        f_existing = pool.submit(managed_on_all, nodes)
+        f_image = pool.submit(ensure_same_engine, cfg, [nodes[n.name] for n in cfg.nodes])
+        f_existing = pool.submit(managed_on_all, nodes, cfg)
         if f_valid is not None:
             f_valid.result()  # BadInput (exit 2): nothing was started
         # Hashing the drafter on every node waits for validation: a wrong drafter must not cost a full read
@@ -194,7 +197,8 @@ def _preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_draf
         checks = f_checks.result()
         _raise_failed_checks(checks)
         image_id = f_image.result()
-        say(f"image: {cfg.image.ref} is {image_id[:19]} on every node")
+        say(f"image: {cfg.image.ref} is {image_id[:19]} on every node" if cfg.runtime == "docker" else
+            f"engine: serve.vllm {cfg.serve.vllm} is {image_id[:19]} on every node")
         existing = f_existing.result()
         if f_drafter is not None:
             drafter = f_drafter.result()
@@ -239,7 +243,7 @@ def _keep(cfg: Config, nodes: dict[str, Node], plan: Plan, running: dict[str, st
     report = None
     try:
         check_parity(cfg, nodes, running)
-        if run_gates and not passed_for_this_boot(nodes, plan.fingerprint, running):
+        if run_gates and not passed_for_this_boot(nodes, plan.fingerprint, running, plan):
             say("the running stack has no passing gate verdict for this boot: running the gates")
             report = _gate(cfg, nodes, plan, running)
             _settle(cfg, nodes, plan, running, say)
@@ -284,7 +288,7 @@ def _boot(cfg: Config, nodes: dict[str, Node], plan: Plan, found: _Found, *, sta
     fp, image_id, digest = plan.fingerprint, found.image_id, found.drafter.digest
     started: dict[str, list[str]] = {}
     try:
-        containers = _start(plan, nodes, started, say)
+        containers = _start(plan, nodes, started, say, image_id)
         floors = Floors(cfg.watchdog.memory_floor_bytes) if cfg.watchdog.enabled else None
         say("waiting for the head to serve")
         boot_s = wait_ready(plan, nodes, containers, timeout_s=cfg.serve.ready_timeout_s, floors=floors,
@@ -305,13 +309,18 @@ def _boot(cfg: Config, nodes: dict[str, Node], plan: Plan, found: _Found, *, sta
         raise explain_failure(e, saved) from None
 
 
-def _start(plan: Plan, nodes: dict[str, Node], started: dict[str, list[str]], say: Reporter) -> dict[str, str]:
+def _start(plan: Plan, nodes: dict[str, Node], started: dict[str, list[str]], say: Reporter,
+           image_id: str = "") -> dict[str, str]:
     """Followers first (confirmed running), then the head; for ray, then `vllm serve` on the head.
-    Every id lands in ``started`` the moment its container exists, so a failure tears it down."""
+    Every id lands in ``started`` the moment its container (or process) exists, so a failure tears it down.
+    runtime process: each manifest records ``image_id``, the engine identity the preflight found."""
     containers: dict[str, str] = {}
 
     def run(node: str) -> str:
-        cid = Engine(nodes[node]).run(plan.spec_for(node), create_rw_mount_dirs=False)  # the preflight made them
+        spec = plan.spec_for(node)
+        if plan.runtime == "process":
+            spec = spec.model_copy(update={"labels": {**spec.labels, LABEL_ENGINE_ID: image_id}})
+        cid = engine_for(nodes[node], plan).run(spec, create_rw_mount_dirs=False)  # the preflight made them
         started.setdefault(node, []).append(cid)
         containers[node] = cid
         return cid
@@ -325,7 +334,8 @@ def _start(plan: Plan, nodes: dict[str, Node], started: dict[str, list[str]], sa
         wait_running(plan, nodes, {n: containers[n] for n in followers}, marker=None)
         say("ray: workers joined; starting vllm serve on the head")
         assert plan.head.exec_after_join is not None
-        Engine(nodes[head]).exec(containers[head], plan.head.exec_after_join, detach=True, to_container_log=True)
+        engine_for(nodes[head], plan).exec(containers[head], plan.head.exec_after_join, detach=True,
+                                           to_container_log=True)
         return containers
     say(f"starting {len(followers)} follower(s): {', '.join(followers)}")
     on_all(followers, run)

@@ -23,8 +23,9 @@ from sparkserve.config import API_KEY_ENV
 from sparkserve.deploy.watchdog import Floors, Phase, check, mem_available, phase_of_line
 from sparkserve.errors import RemoteFailure
 from sparkserve.nodes.base import Node, NodeError
-from sparkserve.nodes.engine import Engine, NoSuchContainer
+from sparkserve.nodes.engine import NoSuchContainer
 from sparkserve.nodes.parallel import on_all
+from sparkserve.nodes.runtime import Runtime, engine_for
 from sparkserve.observe.logpatterns import FATAL
 from sparkserve.plan.build import Plan
 
@@ -74,7 +75,7 @@ def _stamp(text: str) -> float | None:
         return None
 
 
-def _poll_node(view: NodeView, eng: Engine, node: Node, floors: Floors | None) -> None:
+def _poll_node(view: NodeView, eng: Runtime, node: Node, floors: Floors | None) -> None:
     """One look at one rank. A failure is recorded on the view (with when it happened), not raised: when
     several ranks fail in the same poll, the earliest is the cause and the others its consequences."""
     try:
@@ -253,7 +254,7 @@ def wait_ready(
     """
     t0 = time.monotonic()
     views = _views(plan, containers)
-    engines = {name: Engine(node) for name, node in nodes.items()}
+    engines = {name: engine_for(node, plan) for name, node in nodes.items()}
     while True:
         _poll_all(views, engines, nodes, floors)
         elapsed = time.monotonic() - t0
@@ -282,7 +283,7 @@ def wait_running(plan: Plan, nodes: dict[str, Node], containers: dict[str, str],
     but stays quiet past ``timeout_s`` is let through: the head's rendezvous wait covers the rest."""
     t0 = time.monotonic()
     views = _views(plan, containers)
-    engines = {name: Engine(nodes[name]) for name in containers}
+    engines = {name: engine_for(nodes[name], plan) for name in containers}
     while True:
         _poll_all(views, engines, nodes, None)
         if marker is None or all(any(marker.search(line) for line in v.log) for v in views):
@@ -297,7 +298,7 @@ def _views(plan: Plan, containers: dict[str, str]) -> list[NodeView]:
     return [NodeView(s.node, s.rank, containers[s.node]) for s in plan.specs if s.node in containers]
 
 
-def _poll_all(views: list[NodeView], engines: dict[str, Engine], nodes: dict[str, Node],
+def _poll_all(views: list[NodeView], engines: dict[str, Runtime], nodes: dict[str, Node],
               floors: Floors | None) -> None:
     """One poll of every watched rank in parallel; raise the earliest failure."""
     on_all(views, lambda v: _poll_node(v, engines[v.node], nodes[v.node], floors), name=lambda v: v.node)
@@ -312,7 +313,7 @@ def watch_alive(plan: Plan, nodes: dict[str, Node], containers: dict[str, str], 
     dies or logs a fatal line just after them fails `up` too. Raises BootFailure at the step "settle"."""
     t0 = time.monotonic()
     views = _views(plan, containers)
-    engines = {name: Engine(nodes[name]) for name in containers}
+    engines = {name: engine_for(nodes[name], plan) for name in containers}
     while True:
         try:
             _poll_all(views, engines, nodes, None)

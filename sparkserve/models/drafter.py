@@ -43,6 +43,11 @@ KNOWN_ARCHITECTURES: dict[str, DrafterKind] = {
     "Qwen3XPressModel": "xpress",
     "DFlashQwen3XPressModel": "xpress",
 }
+# The DFlash-family architectures each supported vLLM release registers (0.25.1: its wheel's registry.py).
+ARCHITECTURES_BY_VLLM: dict[str, tuple[str, ...]] = {
+    "0.33.0": tuple(KNOWN_ARCHITECTURES),
+    "0.25.1": ("DFlashDraftModel",),
+}
 # DFlash2 layers index these dflash_config keys directly: a missing one is a KeyError at model build.
 DFLASH2_REQUIRED_KEYS = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
 

@@ -30,6 +30,8 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from sparkserve.errors import RemoteFailure
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import docker
 
 
@@ -146,8 +148,11 @@ class Node(Protocol):
         rules as ``run``)."""
         ...
 
-    def put(self, local: Path, remote: str, *, mode: int | None = None, preserve_mtime: bool = False) -> None:
-        """Copy a local file to ``remote`` atomically (temp name + rename); parent dirs are created."""
+    def put(self, local: Path, remote: str, *, mode: int | None = None, preserve_mtime: bool = False,
+            on_bytes: Callable[[int], None] | None = None) -> None:
+        """Copy a local file to ``remote`` atomically (temp name + rename); parent dirs are created.
+        ``on_bytes(n)``: n bytes of this file are written so far. An interrupt (nodes.interrupts) stops it
+        within about a second, leaving no temp file."""
         ...
 
     def get(self, remote: str, local: Path) -> None:

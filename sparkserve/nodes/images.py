@@ -1,25 +1,35 @@
-"""The engine image on the nodes: its ID on each node, the same ID everywhere, and shipping it.
+"""The engine image on the nodes: its identity on each node, the same image everywhere, and shipping it.
 
-    ids = image_ids(nodes, ref)                 # {node: "sha256:…" or None}
+    ids = image_ids(nodes, ref)                 # {node: "sha256:…" or None}  (raw image IDs)
+    fps = image_fingerprints(nodes, ref)        # {node: content fingerprint or None}: store-independent
     image_id = ensure_same_image(nodes, ref)    # NodeError naming the node that lacks it / differs
-    report = ship_image(src, dst, ref)          # docker save | docker load, node to node (no registry)
+    reports = ship_layers(src, dsts, ref, source_ip=…)   # only the layers each target lacks, node to node
+    report = ship_image(src, dst, ref)          # docker save | docker load through this machine (all layers)
 
-Every failure is a :class:`~sparkserve.nodes.NodeError` naming the node and the step.
+"The same image" is the content fingerprint (:func:`sparkserve.plan.image_identity.fingerprint`), not the
+raw ID, which the containerd image store computes differently. Every failure is a
+:class:`~sparkserve.nodes.NodeError` naming the node and the step.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import secrets
+import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import docker.errors
 
 from sparkserve.errors import RemoteFailure
 from sparkserve.nodes import interrupts
-from sparkserve.nodes.base import Node, NodeError
+from sparkserve.nodes.base import CommandResult, Node, NodeError, RemoteProcess
 from sparkserve.nodes.docker_client import docker_errors
 from sparkserve.nodes.parallel import on_all
+from sparkserve.nodes.ship_node import recv_program, send_program
+from sparkserve.plan.image_identity import chain_ids, fingerprint
 
 SHIP_CHUNK = 8 * 2**20
 SHIP_HINT = "run `sparkserve image ship` to copy it from a node that has it"
@@ -84,14 +94,41 @@ def same_image_problem(ids: dict[str, str | None], ref: str) -> NodeError | None
 
 
 def ensure_same_image(nodes: Sequence[Node], ref: str) -> str:
-    """The image ID ``ref`` has on every node; NodeError naming a node that lacks it or differs."""
-    ids = image_ids(nodes, ref)
-    problem = same_image_problem(ids, ref)
-    if problem is not None:
-        raise problem
-    want = ids[nodes[0].name]
+    """The head's image ID for ``ref`` once every node holds the same image (equal content fingerprints);
+    NodeError naming a node that lacks it or differs (the message shows raw IDs)."""
+    found = on_all(list(nodes), lambda n: image_identity(n, ref), name=lambda n: n.name)
+    problem = same_image_problem({name: (f[1] if f else None) for name, f in found.items()}, ref)
+    if problem is not None:  # say it with the raw IDs, which is what `docker images` shows
+        raise same_image_problem({name: (f[0] if f else None) for name, f in found.items()}, ref) or problem
+    want = found[nodes[0].name]
     assert want is not None
-    return want
+    return want[0]
+
+
+def image_identity(node: Node, ref: str) -> tuple[str, str] | None:
+    """(raw image ID, content fingerprint) of ``ref`` on ``node``, or None if the node lacks it."""
+    with docker_errors(node, "image", ref):
+        try:
+            img = node.docker().images.get(ref)
+        except docker.errors.ImageNotFound:
+            return None
+        return str(img.id), fingerprint(img.attrs)
+
+
+def image_fingerprints(nodes: Sequence[Node], ref: str) -> dict[str, str | None]:
+    """The content fingerprint of ``ref`` on every node in parallel (None: the node lacks it)."""
+    found = on_all(list(nodes), lambda n: image_identity(n, ref), name=lambda n: n.name)
+    return {name: (f[1] if f else None) for name, f in found.items()}
+
+
+def identity_of(node: Node, image: str) -> str:
+    """The content fingerprint of the image ``image`` (an ID or ref) names on ``node``; ``image`` itself when
+    the node's docker has no such image (a process-runtime engine identity). The identity gate's value."""
+    try:
+        found = image_identity(node, image)
+    except NodeError:
+        return image
+    return found[1] if found else image
 
 
 def _short(image_id: str | None) -> str:
@@ -135,3 +172,208 @@ def ship_image(src: Node, dst: Node, ref: str, *, chunk_size: int = SHIP_CHUNK) 
     if got != img.id:
         raise NodeError(dst.name, "ship", f"after loading, {ref} is {_short(got)} here, not {_short(img.id)}")
     return ShipReport(ref=ref, image_id=str(img.id), bytes=sent, seconds=seconds)
+
+
+# -- layer-aware ship: only what each target lacks, source node → target nodes directly ------------------
+
+
+@dataclass(frozen=True)
+class LayerShip:
+    """One target of :func:`ship_layers`: bytes that crossed the wire, layer bytes left out, wall time."""
+
+    node: str
+    ref: str
+    fingerprint: str
+    bytes: int
+    skipped_bytes: int
+    seconds: float
+    how: str  # "stream" | "already there" | "tagged"
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes / 1e6 / self.seconds if self.seconds else 0.0
+
+
+Progress = Callable[[str, int, float], None]  # (node, bytes sent so far, seconds since start)
+
+
+def held_chains(node: Node) -> set[str]:
+    """Every layer ChainID the node's docker holds (the union over all its images)."""
+    with docker_errors(node, "ship", "image inventory"):
+        images = node.docker().api.images(all=True)
+        out: set[str] = set()
+        for summary in images:
+            attrs = node.docker().api.inspect_image(summary["Id"])
+            out.update(chain_ids((attrs.get("RootFS") or {}).get("Layers") or []))
+        return out
+
+
+def layer_sizes(node: Node, ref: str) -> list[int]:
+    """Uncompressed size of each layer of ``ref`` in RootFS order, from ``docker history`` (the non-empty
+    history entries, oldest first, are the layers)."""
+    with docker_errors(node, "ship", f"history {ref}"):
+        hist = node.docker().api.history(ref)
+        attrs = node.docker().api.inspect_image(ref)
+    layers = (attrs.get("RootFS") or {}).get("Layers") or []
+    sizes = [int(h.get("Size") or 0) for h in reversed(hist)]
+    nonempty = [s for s in sizes if s > 0]
+    if len(nonempty) == len(layers):
+        return nonempty
+    # empty-size layers (a WORKDIR, an empty COPY) break the pairing: spread what is known, conservatively
+    total = sum(sizes)
+    return [total // max(len(layers), 1)] * len(layers)
+
+
+def free_bytes(node: Node, path: str, step: str = "ship") -> int:
+    res = node.run(["df", "-B1", "--output=avail", path], timeout=20, step=step)
+    return int(res.stdout.strip().splitlines()[-1])
+
+
+def ship_layers(src: Node, dsts: Sequence[Node], ref: str, *, source_ip: str, progress: Progress | None = None,
+                timeout: float = 3600.0, workdir: str = "/tmp") -> dict[str, LayerShip]:
+    """Copy ``ref`` from ``src`` to every node of ``dsts``, sending each only the layers it lacks.
+
+    A target whose copy already has the source's fingerprint gets 0 bytes; one that has the image under
+    another tag only gets the tag. The rest are streamed in parallel straight from ``src`` (listening on
+    ``source_ip``, its fabric address) to each target's ``docker load`` — the bytes never pass through this
+    machine — after checking each target's docker disk has room for what it lacks (and ``src``'s
+    ``workdir`` for the largest layer it spools). Every target is checked by fingerprint afterwards."""
+    named = normalize_ref(ref)
+    with docker_errors(src, "ship", ref):
+        try:
+            img = src.docker().images.get(ref)
+        except docker.errors.ImageNotFound:
+            raise NodeError(src.name, "ship", f"image {ref} is not on this node either; nothing to ship") from None
+    want_fp = fingerprint(img.attrs)
+    layers = list((img.attrs.get("RootFS") or {}).get("Layers") or [])
+    chains = chain_ids(layers)
+    out: dict[str, LayerShip] = {}
+
+    def survey(dst: Node) -> tuple[str, set[str], str | None, bool]:
+        found = image_identity(dst, ref)
+        if found and found[1] == want_fp:
+            return "already there", set(), None, False
+        with docker_errors(dst, "ship", "image inventory"):
+            try:
+                by_id = fingerprint(dst.docker().images.get(str(img.id)).attrs) == want_fp
+            except docker.errors.ImageNotFound:
+                by_id = False
+            root = str(dst.docker().info().get("DockerRootDir") or "/var/lib/docker")
+        return ("tag" if by_id else "stream"), held_chains(dst), root, by_id
+
+    surveyed = on_all(list(dsts), survey, name=lambda n: n.name)
+    sizes = layer_sizes(src, ref)
+    streams: list[tuple[Node, set[str]]] = []
+    for dst in dsts:
+        how, have, root, _ = surveyed[dst.name]
+        if how == "already there":
+            out[dst.name] = LayerShip(dst.name, ref, want_fp, 0, 0, 0.0, "already there")
+            continue
+        if how == "tag":
+            repo, _, tag = named.rpartition(":")
+            with docker_errors(dst, "ship", f"tag {ref}"):
+                dst.docker().api.tag(str(img.id), repo, tag)
+            out[dst.name] = LayerShip(dst.name, ref, want_fp, 0, 0, 0.0, "tagged")
+            continue
+        need = sum(s for s, c in zip(sizes, chains, strict=True) if c not in have)
+        assert root is not None
+        avail = free_bytes(dst, root)
+        if avail < need * 1.1:
+            raise NodeError(dst.name, "ship", f"{root} has {avail / 1e9:.1f} GB free but {ref} needs "
+                            f"{need / 1e9:.1f} GB of layers here (+10%); nothing was written")
+        streams.append((dst, have))
+    if not streams:
+        return out
+    largest = max(sizes, default=0)
+    if free_bytes(src, workdir) < largest * 1.1:
+        raise NodeError(src.name, "ship", f"{workdir} lacks room to spool the largest layer "
+                        f"({largest / 1e9:.1f} GB); nothing was written")
+    out.update(_stream(src, streams, ref, layers, want_fp, source_ip=source_ip, progress=progress,
+                       timeout=timeout, workdir=workdir))
+    return out
+
+
+def _stream(src: Node, streams: list[tuple[Node, set[str]]], ref: str, layers: list[str], want_fp: str, *,
+            source_ip: str, progress: Progress | None, timeout: float, workdir: str) -> dict[str, LayerShip]:
+    job = f"{workdir.rstrip('/')}/sparkserve-ship-{secrets.token_hex(6)}"
+    tokens = {dst.name: secrets.token_hex(16) for dst, _ in streams}
+    args = {"ref": ref, "layers": layers, "workdir": job, "bind": source_ip, "docker": "docker",
+            "targets": [{"name": dst.name, "token": tokens[dst.name], "have_chains": sorted(have)}
+                        for dst, have in streams]}
+    t0 = time.monotonic()
+    sender = src.start(send_program(args), timeout=timeout, step="ship")
+    receivers: dict[str, RemoteProcess] = {}
+    try:
+        port = _wait_port(src, job, sender)
+        for dst, _ in streams:
+            receivers[dst.name] = dst.start(recv_program({"host": source_ip, "port": port,
+                                                          "token": tokens[dst.name], "docker": "docker"}),
+                                            timeout=timeout, step="ship")
+            receivers[dst.name].close_stdin()
+        sender.close_stdin()
+        results: dict[str, CommandResult] = {}
+        waiter = threading.Thread(target=lambda: results.update(
+            {name: p.wait(check=False) for name, p in receivers.items()}), daemon=True)
+        waiter.start()
+        while waiter.is_alive():
+            waiter.join(0.5)
+            if progress is not None:
+                sent = _read_progress(src, job)
+                for name in receivers:
+                    progress(name, sent.get(name, 0), time.monotonic() - t0)
+        send_res = sender.wait(check=False)
+    except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP: docker discards a load whose stream ends early
+        interrupts.note(e)
+        raise RemoteFailure("image ship", f"interrupted ({interrupts.signal_name()}) while shipping {ref}; "
+                            "partial loads were discarded, the targets are as they were",
+                            node=src.name, step="interrupted") from None
+    finally:
+        with contextlib.suppress(NodeError):
+            src.run(["rm", "-rf", "--", job], timeout=30, step="ship", check=False)
+    seconds = time.monotonic() - t0
+    summary = _last_json(send_res.stdout)
+    if not send_res.ok or summary is None:
+        raise NodeError(src.name, "ship", f"docker save of {ref} failed", last_lines=send_res.tail())
+    out: dict[str, LayerShip] = {}
+    for dst, _ in streams:
+        res = results[dst.name]
+        got = _last_json(res.stdout)
+        if not res.ok or got is None or got.get("load_rc") != 0:
+            lines = (got or {}).get("load_out") or res.tail()
+            raise NodeError(dst.name, "ship", f"docker load of {ref} failed", last_lines=list(lines))
+        found = image_identity(dst, ref)
+        if found is None or found[1] != want_fp:
+            raise NodeError(dst.name, "ship", f"after loading, {ref} is {_short(found[1] if found else None)} "
+                            f"here, not {_short(want_fp)} (content fingerprint)")
+        out[dst.name] = LayerShip(dst.name, ref, want_fp, int(got["bytes"]),
+                                  int(summary["skipped"].get(dst.name, 0)), seconds, "stream")
+    return out
+
+
+def _wait_port(src: Node, job: str, sender: RemoteProcess, limit: float = 60.0) -> int:
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        try:
+            return int(src.read_text(f"{job}/port").strip())
+        except (NodeError, OSError, ValueError):
+            time.sleep(0.1)
+    sender.close_stdin()
+    res = sender.wait(check=False)
+    raise NodeError(src.name, "ship", "the sending program did not start listening", last_lines=res.tail())
+
+
+def _read_progress(src: Node, job: str) -> dict[str, int]:
+    try:
+        return dict(json.loads(src.read_text(f"{job}/progress")).get("sent") or {})
+    except (NodeError, OSError, ValueError):
+        return {}
+
+
+def _last_json(text: str) -> dict | None:
+    for line in reversed(text.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return dict(json.loads(line))
+            except ValueError:
+                return None
+    return None

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -97,12 +98,15 @@ class LocalNode:
         p = Path(remote)
         return p.with_name(f".{p.name}.sparkserve-tmp")
 
-    def put(self, local: Path, remote: str, *, mode: int | None = None, preserve_mtime: bool = False) -> None:
+    def put(self, local: Path, remote: str, *, mode: int | None = None, preserve_mtime: bool = False,
+            on_bytes: Callable[[int], None] | None = None) -> None:
         dst = Path(remote)
         tmp = self._tmp(remote)
         try:
             dst.parent.mkdir(parents=True, exist_ok=True)
             shutil.copyfile(local, tmp)
+            if on_bytes is not None:
+                on_bytes(Path(local).stat().st_size)
             st = Path(local).stat()
             os.chmod(tmp, mode if mode is not None else st.st_mode & 0o7777)
             if preserve_mtime:

@@ -19,13 +19,14 @@ Verbs (each answers one JSON object on stdout):
   process group when the recorded supervisor still is the group's leader, and every process carrying the
   rank's marker. Nothing else is ever signalled. Answers the signals sent and any pid left.
 * ``remove`` — delete a stopped rank's manifest, exit status and log (refused while it runs).
-* ``parity`` — the running engine's argv (``/proc/<pid>/cmdline``) and a sha256 per env value
-  (``/proc/<pid>/environ``, names in ``skip`` left out): values never leave the node.
+* ``parity`` — the running engine's argv (``/proc/<pid>/cmdline``) and a sha256 per value of the env
+  sparkserve set (``/proc/<pid>/environ``; the login env and names in ``skip`` left out): values never
+  leave the node.
 * ``identity`` — the executable's path, the sha256 of its bytes and of its ``--version`` output.
 
 The manifest (``rank<R>.json``) holds id, fingerprint, rank, role, node, name, labels, pid, pgid, process
-start time (clock ticks since boot, and as UTC), argv, env **names** only (the API key travels in env), log
-path and boot id.
+start time (clock ticks since boot, and as UTC), argv, the **names** of the env sparkserve set (never values:
+the API key travels in env), log path and boot id. The engine also inherits the node's login environment.
 """
 
 from __future__ import annotations
@@ -236,7 +237,7 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
              "node": q["node"], "name": q["name"], "labels": q.get("labels", {}), "pid": info["pid"],
              "pgid": sup, "start_time": info["start"], "leader_start_time": info["leader"],
              "started_at": utc(info["start"]) if info["start"] >= 0 else "", "argv": argv,
-             "env_names": sorted(set(env)), "log": base + ".log", "boot_id": boot_id(), "exe": exe}
+             "env_names": sorted(q["env"]), "log": base + ".log", "boot_id": boot_id(), "exe": exe}
         write_json(base + ".json", m)
         return {"manifest": m}
     if verb == "stop":
@@ -260,6 +261,10 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
             deadline = time.monotonic() + (timeout if sig != signal.SIGKILL else 10.0)
             while time.monotonic() < deadline and members(m):
                 time.sleep(0.05)
+        base = base_of(q["id"])
+        if "SIGKILL" in sent and read_json(base + ".exit") is None and not running(m):
+            # the supervisor died with the group: the exit status it would have written
+            write_json(base + ".exit", {"exit_code": 128 + signal.SIGKILL, "at": time.time()})
         return {"signals": sent, "left": members(m)}
     if verb == "remove":
         base = base_of(q["id"])
@@ -281,15 +286,15 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
             argv = [a.decode(errors="replace") for a in f.read().split(b"\0")[:-1]]
         with open(f"/proc/{pid}/environ", "rb") as f:
             pairs = [kv.partition(b"=") for kv in f.read().split(b"\0") if kv]
-        skip = set(q.get("skip", [])) | {marker}
+        keep = set(m.get("env_names") or []) - set(q.get("skip", []))  # what sparkserve set, not the login env
         env = {k.decode(errors="replace"): hashlib.sha256(v).hexdigest()[:16] for k, _, v in pairs
-               if k.decode(errors="replace") not in skip}
+               if k.decode(errors="replace") in keep}
         return {"argv": argv, "env": env}
     return {"error": f"unknown verb {verb!r}"}
 
 
 PROGRAM = (
-    inspect.getsource(_node_main)
+    "from __future__ import annotations\n\n" + inspect.getsource(_node_main)
     + "\nimport json, sys\nprint(json.dumps(_node_main(json.loads(sys.stdin.read()))))\n"
 )
 

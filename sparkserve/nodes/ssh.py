@@ -16,11 +16,13 @@ import posixpath
 import stat
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import paramiko
 
+from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import CommandResult, NodeError, RsyncRemote
 from sparkserve.nodes.docker_client import docker_over_ssh
 from sparkserve.nodes.ssh_connect import SSHTarget, close_client, open_client
@@ -35,6 +37,11 @@ if TYPE_CHECKING:
 MAX_RUN_CHANNELS = 6  # + 1 SFTP + ≤2 docker pool channels + 1 spare stays under sshd's MaxSessions=10
 SFTP_REQUEST = 255 * 1024  # bytes per SFTP write request (OpenSSH's sftp-server takes up to 256 KiB)
 SFTP_TIMEOUT_S = 120  # no SFTP reply for this long: the step fails
+PUT_CHUNK = 2**20  # put() looks at the stop flag once per chunk: an interrupt stops a copy within ~1 s
+
+
+class _Stopped(Exception):
+    """put() saw the interrupt flag (nodes.interrupts) between two chunks."""
 
 
 class SSHNode:
@@ -187,7 +194,8 @@ class SSHNode:
                 sftp.mkdir(d)
             sftp.stat(d)
 
-    def put(self, local: Path, remote: str, *, mode: int | None = None, preserve_mtime: bool = False) -> None:
+    def put(self, local: Path, remote: str, *, mode: int | None = None, preserve_mtime: bool = False,
+            on_bytes: Callable[[int], None] | None = None) -> None:
         local = Path(local)
         tmp = _tmp_name(remote)
         try:
@@ -195,17 +203,27 @@ class SSHNode:
                 sftp = self.sftp()
                 self._sftp_mkdirs(sftp, posixpath.dirname(remote))
                 st = local.stat()
+                done = 0
                 with local.open("rb") as src, sftp.open(tmp, "wb") as dst:
                     dst.MAX_REQUEST_SIZE = SFTP_REQUEST  # type: ignore[misc]
                     dst.set_pipelined(True)
-                    while chunk := src.read(4 * 2**20):
+                    while chunk := src.read(PUT_CHUNK):
+                        if interrupts.stopping():  # Ctrl-C mid-file: stop within one chunk, drop the temp file
+                            raise _Stopped
                         dst.write(chunk)
+                        done += len(chunk)
+                        if on_bytes is not None:
+                            on_bytes(done)
                 sftp.chmod(tmp, mode if mode is not None else stat.S_IMODE(st.st_mode))
                 if preserve_mtime:
                     sftp.utime(tmp, (st.st_atime, st.st_mtime))
                 sftp.posix_rename(tmp, remote)
         except NodeError:
             raise
+        except _Stopped:
+            with contextlib.suppress(Exception):
+                self.sftp().remove(tmp)
+            raise self._fail(f"interrupted: the copy of {local} to {remote} was stopped", "put") from None
         except (OSError, paramiko.SSHException, EOFError) as e:
             with contextlib.suppress(Exception):
                 self.sftp().remove(tmp)

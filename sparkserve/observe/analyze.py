@@ -86,6 +86,7 @@ class Analysis:
     tensor_parallel_size: int | None = None
     versions: list[str] = field(default_factory=list)
     ready_evidence: ReadyEvidence | None = None
+    failed_boot_kv_cache_tokens: list[int] = field(default_factory=list)  # pools of boots that then died
 
     def events(self, *kinds: Kind) -> list[tuple[ParsedLog, Event]]:
         return [(log, e) for log in self.logs for e in log.events if e.kind in kinds]
@@ -147,7 +148,8 @@ def analyze(logs: Sequence[ParsedLog], node_ranks: Mapping[str, Sequence[str]] |
     tp_size = attribute_ranks(logs, node_ranks)
     ev = _Events(logs)
     cfg = engine_config(logs)
-    kv, kv_streams = _kv_pool(ev)
+    faults, artefacts = _ordered_faults(logs)
+    kv, kv_streams, kv_failed = _kv_pool(ev, faults)
     ranks = _rank_states(ev)
     runner = _model_runner(ev)
     eager_known = any(e.rank is None for _, e in ev.of(Kind.EAGER)) or cfg.enforce_eager is True
@@ -155,7 +157,6 @@ def analyze(logs: Sequence[ParsedLog], node_ranks: Mapping[str, Sequence[str]] |
     if len({s for (_, s) in kv_streams}) == 1:  # one engine: its pool is every rank's pool
         for st in ranks.values():
             st.kv_cache_tokens = list(kv_streams.values())[-1]
-    faults, artefacts = _ordered_faults(logs)
     ready, ready_evidence = _ready(ev, faults)
     return Analysis(
         logs=list(logs),
@@ -173,19 +174,45 @@ def analyze(logs: Sequence[ParsedLog], node_ranks: Mapping[str, Sequence[str]] |
         tensor_parallel_size=tp_size,
         versions=_versions(ev),
         ready_evidence=ready_evidence,
+        failed_boot_kv_cache_tokens=kv_failed,
     )
 
 
-def _kv_pool(ev: _Events) -> tuple[list[int], dict[tuple[Any, ...], int]]:
-    """The distinct pool sizes in order, and the last size per (file, writer): one writer is one engine."""
+def _kv_pool(
+    ev: _Events, faults: Sequence[tuple[ParsedLog, Event]]
+) -> tuple[list[int], dict[tuple[Any, ...], int], list[int]]:
+    """The distinct pool sizes in order, the last size per (file, writer) — one writer is one engine —, and the
+    sizes of boots that failed after printing them. A pool line followed in its file by a boot failure
+    (:data:`BOOT_FAILED` on the fault or its header) with no sign of readiness in between belongs to a boot that
+    died (real 0.25.1 prints `GPU KV cache size: 234,374,992 tokens`, then dies of CUDA OOM allocating it): it
+    is not the stack's pool. An engine that dies later (while serving) keeps its pool."""
+    fault_at: dict[int, list[int]] = {}
+    for log, f in faults:
+        if BOOT_FAILED.search(f.rec.msg) or BOOT_FAILED.search(f.data.get("header") or ""):
+            fault_at.setdefault(id(log), []).append(f.sort_line)
     kv: list[int] = []
+    failed: list[int] = []
     kv_streams: dict[tuple[Any, ...], int] = {}
     for log, e in ev.of(Kind.KV_TOKENS):
         n = int(e.data["tokens"].replace(",", ""))
+        if _died_before_ready(log, e.sort_line, fault_at.get(id(log), [])):
+            if n not in failed:
+                failed.append(n)
+            continue
         if n not in kv:
             kv.append(n)
         kv_streams[(log.file, e.rec.stream)] = n
-    return kv, kv_streams
+    return kv, kv_streams, failed
+
+
+def _died_before_ready(log: ParsedLog, at: int, fault_lines: list[int]) -> bool:
+    """A fault after position ``at`` of ``log`` with no sign of readiness between the two (the readiness
+    line, or requests visibly served: the evidence ``ready`` reads)."""
+    ready = [e.sort_line for e in log.of(Kind.READY, Kind.SERVED, Kind.SPEC_METRICS)
+             if e.sort_line > at and (e.kind is not Kind.SERVED or e.data.get("prompt") is None
+                                      or float(e.data["prompt"]) + float(e.data["gen"]) > 0)]
+    first_ready = min(ready, default=None)
+    return any(f > at and (first_ready is None or f < first_ready) for f in fault_lines)
 
 
 def _rank_states(ev: _Events) -> dict[str, RankState]:

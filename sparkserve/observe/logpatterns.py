@@ -262,15 +262,20 @@ PATTERNS: tuple[LogPattern, ...] = (
        "PyTorch `torch.OutOfMemoryError: CUDA out of memory. …`, `RuntimeError: CUDA driver error: out of memory`; "
        "kernel `NVRM: … NV_ERR_NO_MEMORY` (Spark UMA)",
        FaultKind.OOM, fatal=True),
-    _p(Kind.FAULT, ("OutOfMemoryError", "not enough GPU memory", "No available memory for the cache blocks",
-                    "larger than the available KV cache memory", "can be stored in KV cache"),
-       r"OutOfMemoryError|Failed to load model - not enough GPU memory"
-       r"|No available memory for the cache blocks|larger than the available KV cache memory"
-       r"|is larger than the maximum number of tokens that can be stored in KV cache",
-       "a bare `OutOfMemoryError`; V1 `Failed to load model - not enough GPU memory …`; KV planning ValueErrors "
-       "(V1 `… larger than the available KV cache memory …`, V0 `The model's max seq len (%d) is larger than the "
-       "maximum number of tokens that can be stored in KV cache (%d). …`)",
+    _p(Kind.FAULT, ("OutOfMemoryError", "not enough GPU memory"),
+       r"OutOfMemoryError|Failed to load model - not enough GPU memory",
+       "a bare `OutOfMemoryError`; V1 `Failed to load model - not enough GPU memory …`",
        FaultKind.OOM),
+    _p(Kind.FAULT, ("No available memory for the cache blocks", "larger than the available KV cache memory",
+                    "can be stored in KV cache"),
+       r"No available memory for the cache blocks|larger than the available KV cache memory"
+       r"|is larger than the maximum number of tokens that can be stored in KV cache",
+       "KV planning ValueErrors — the pool is too small for max_model_len, a sizing error and not an "
+       "out-of-memory (real 0.25.1: `ValueError: To serve at least one request with the model's max seq len "
+       "(8192), (0.01 GiB KV cache is needed, which is larger than the available KV cache memory (…`; V1 `No "
+       "available memory for the cache blocks. …`; V0 `The model's max seq len (%d) is larger than the maximum "
+       "number of tokens that can be stored in KV cache (%d). …`)",
+       FaultKind.OTHER),
     _p(Kind.FAULT, ("operation timeout: WorkNCCL",),
        r"Watchdog caught collective operation timeout",
        "PyTorch ProcessGroupNCCL watchdog (`[rank0]:[E… ProcessGroupNCCL.cpp:…] [Rank 0] Watchdog caught …`)",

@@ -33,8 +33,8 @@ import re
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from typing import BinaryIO
+from dataclasses import dataclass, replace
+from typing import Any, BinaryIO
 
 from sparkserve.observe.events import Event, classify_fault, match_events
 from sparkserve.observe.logline import Record, strip_ansi
@@ -215,7 +215,12 @@ def _traceback_events(tracebacks: dict[int, Traceback]) -> list[Event]:
             out.append(Event(Kind.STOP, tb.root, {"exception": name}, sort_line=start))
             continue
         kind = classify_fault(tb.root.msg) or FaultKind.TRACEBACK
-        out.append(Event(Kind.FAULT, tb.root, {"traceback_start": start + 1}, kind, sort_line=start))
+        root = tb.root
+        data: dict[str, Any] = {"traceback_start": start + 1}
+        if tb.reason:  # `1 validation error for X` reads alike for every mistake: the reason is the fault
+            root = replace(root, text=f"{root.text}: {tb.reason}", msg=f"{root.msg}: {tb.reason}")
+            data["reason"] = tb.reason
+        out.append(Event(Kind.FAULT, root, data, kind, sort_line=start))
     return out
 
 

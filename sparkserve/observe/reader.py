@@ -247,6 +247,9 @@ def _join_hard_wraps(lines: list[bytes], width: int) -> tuple[list[bytes], list[
 
 
 _CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
+#: pydantic's exception header (vLLM's configs are pydantic dataclasses): the reason is on the next lines.
+VALIDATION_ERROR = re.compile(r"\b\d+ validation errors? for \S+")
+_PYDANTIC_TYPE = re.compile(r"\s*\[type=[^\]]*(?:\]|$).*$")
 
 
 @dataclass
@@ -258,6 +261,7 @@ class Traceback:
     lines: set[int]
     root: Record | None
     first: Record | None = None  # the `Traceback (most recent call last):` record
+    reason: str | None = None  # a pydantic `N validation error(s) for X` root: what its next lines say
 
 
 def _source(log: bytes | BinaryIO) -> _Bytes:
@@ -381,6 +385,7 @@ class LogReader:
         stream = rec.stream
         tb = Traceback(idx, stream, {idx}, None, rec)
         excs: list[Record] = []
+        exc_at: dict[int, int] = {}  # id(record) -> its line index
         j = idx + 1
         n = self.line_count
         done = False
@@ -399,6 +404,7 @@ class LogReader:
                     continue
                 if EXCEPTION_LINE.match(m):
                     excs.append(r)
+                    exc_at[id(r)] = j
                     tb.lines.add(j)
                     continue
                 done = True
@@ -411,7 +417,38 @@ class LogReader:
                 if earlier:
                     root = earlier[-1]
             tb.root = root
+            if VALIDATION_ERROR.search(root.msg):
+                tb.reason = self.validation_reason(exc_at[id(root)], stream)
         return tb
+
+    def validation_reason(self, idx: int, stream: tuple[Any, ...], max_lines: int = 12) -> str | None:
+        """What pydantic's ``N validation error(s) for X`` at line ``idx`` says on its next lines: per error
+        an unindented location (absent for a model-level error), an indented message ending in ``[type=…]``
+        and an indented ``For further information visit …`` link. ``loc: message; …`` (at most three)."""
+        items: list[str] = []
+        loc: str | None = None
+        for j in range(idx + 1, min(idx + 1 + max_lines, self.line_count)):
+            recs = [r for r in self.records(j) if r.stream == stream]
+            if not recs:
+                continue
+            m = recs[0].msg
+            if (not m.strip() or recs[0].level is not None or EXCEPTION_LINE.match(m)
+                    or m.startswith(("Traceback (most recent", *_CHAIN))):
+                break
+            text = m.strip()
+            if text.startswith("For further information visit"):
+                continue
+            if m[0] not in " \t":
+                loc = text
+                continue
+            what = _PYDANTIC_TYPE.sub("", text)
+            items.append(f"{loc}: {what}" if loc else what)
+            loc = None
+            if len(items) == 3:
+                break
+        if loc and not items:  # a location whose message is out of view
+            items.append(loc)
+        return "; ".join(items) or None
 
     def next_in_stream(self, idx: int, stream: tuple[Any, ...], window: int = 4) -> tuple[int, Record] | None:
         """The next record of the same writer within ``window`` lines after ``idx``, with its line index."""

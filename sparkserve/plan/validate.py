@@ -20,6 +20,7 @@ from sparkserve.config import API_KEY_ENV, Config
 from sparkserve.errors import BadInput
 from sparkserve.models.completeness import Completeness, check_completeness, summary
 from sparkserve.models.drafter import (
+    ARCHITECTURES_BY_VLLM,
     CONV_RE,
     DFLASH2_REQUIRED_KEYS,
     KNOWN_ARCHITECTURES,
@@ -126,7 +127,7 @@ def check_config(cfg: Config, report: Report | None = None) -> Report:
 def _check_extra_args(cfg: Config, r: Report) -> None:
     if not cfg.serve.extra_args:
         return
-    options = OptionList.load()
+    options = OptionList.load(version=cfg.serve.vllm_version)
     for a in cfg.serve.extra_args:
         if not a.startswith("-"):
             continue
@@ -165,6 +166,11 @@ def _check_kind(cfg: Config, d: DrafterFacts, r: Report, cfg_file: str) -> None:
                     " is not a DFlash drafter (vLLM 0.33 converts only dflash and dflash2)")
         else:
             r.error(cfg_file, f"architectures {d.architectures} is not a DFlash drafter vLLM 0.33 knows ({known})")
+    version = cfg.serve.vllm_version
+    by_version = ARCHITECTURES_BY_VLLM.get(version, ())
+    if d.known and not any(a in by_version for a in d.architectures):
+        r.error(cfg_file, f"architectures {d.architectures}: vLLM {version} (serve.vllm_version) registers only "
+                f"{', '.join(by_version)}")
     for p in d.problems:
         r.error(p.where, p.what)
 
@@ -357,31 +363,37 @@ def validate(
     target_dir: Path | str | None = None,
     parser: ParserMode = "auto",
     judge: RealParser | OptionList | None = None,
+    read_drafter: bool = True,
+    read_target: bool = True,
 ) -> Report:
     """All pre-flight rules. The drafter is read locally from ``drafter_dir``, else drafter.source (the
     controller's copy), else drafter.path; the target from ``target_dir`` or model.target. The argv check
-    runs only when everything else passed (it costs a vLLM start-up; a broken input is reported faster)."""
+    runs only when everything else passed (it costs a vLLM start-up; a broken input is reported faster).
+    ``read_drafter`` / ``read_target`` False: that model is not read at all (`validate --offline` with the
+    model only on the nodes); its rules stay silent."""
     r = check_config(cfg)
-    try:
-        r.drafter = inspect_drafter(drafter_dir or cfg.drafter.source or cfg.drafter.path)
-    except BadInput as e:
-        r.error(e.where, e.what)
-    else:
-        check_drafter(cfg, r.drafter, r)
-    try:
-        r.target = inspect_target(target_dir or cfg.model.target)
-    except BadInput as e:
-        r.error(e.where, e.what)
-    else:
-        check_target(cfg, r.drafter, r.target, r)
-        check_target_complete(r.target, r)
+    if read_drafter:
+        try:
+            r.drafter = inspect_drafter(drafter_dir or cfg.drafter.source or cfg.drafter.path)
+        except BadInput as e:
+            r.error(e.where, e.what)
+        else:
+            check_drafter(cfg, r.drafter, r)
+    if read_target:
+        try:
+            r.target = inspect_target(target_dir or cfg.model.target)
+        except BadInput as e:
+            r.error(e.where, e.what)
+        else:
+            check_target(cfg, r.drafter, r.target, r)
+            check_target_complete(r.target, r)
     if r.errors or parser == "none":
         return r
     if judge is not None:
         check_argvs(cfg, r, judge)
         return r
     try:
-        j = get_judge(parser)  # "auto" falls back to the option list; "vllm" raises ParserUnavailable
+        j = get_judge(parser, cfg.serve.vllm_version)  # "auto" falls back to the option list; "vllm" raises
     except ParserUnavailable as e:
         r.error("vllm", str(e))
         return r

@@ -1,13 +1,21 @@
-"""Judge `vllm serve` argvs the way vLLM 0.33 does.
+"""Judge `vllm serve` argvs the way the configured vLLM version (``serve.vllm_version``) does.
 
 Two judges with one interface:
 
 * ``RealParser`` — vLLM's own parser (the one `vllm serve` builds), in a subprocess started once with
   ``VLLM_TARGET_DEVICE=cpu`` so this process stays light; many argvs go through one subprocess. Used
   when ``vllm`` is importable (or ``$SPARKSERVE_VLLM_PYTHON`` names an interpreter that has it).
-* ``OptionList`` — the committed dump of that parser (``data/vllm-0.33.0-serve-args.json``, made by
-  scripts/dump_vllm_serve_args.py): every option, its arity and type, checked with argparse's rules
-  (exact flags or unique ``--`` prefixes, ``=value`` forms, vLLM's ``_``→``-`` and ``--a.b`` forms).
+* ``OptionList`` — the committed dump of that parser for each supported version
+  (``data/vllm-<version>-serve-args.json``, made by scripts/dump_vllm_serve_args.py: 0.33.0 from the
+  light install in .venv; 0.25.1 from its PyPI wheel, ``pip install --no-deps --target DIR``, the
+  dist-info version suffixed ``+cpu`` so 0.25.1's platform detection picks the CPU platform, then
+  ``PYTHONPATH=DIR``): every option, its arity and type, checked with argparse's rules (exact flags or
+  unique ``--`` prefixes, ``=value`` forms, vLLM's ``_``→``-`` and ``--a.b`` forms).
+
+A real parser of another version than the configured one is not the judge: ``auto`` then falls back to
+the configured version's option list, ``vllm`` is ParserUnavailable. :func:`renderable` says whether a
+flag exists in a version (the plan renders nothing a version lacks: every flag sparkserve renders exists
+in both lists, which a unit test keeps true).
 
 Either way an unknown or misspelled flag, a missing value or a value the type rejects (``8GiB`` for
 ``--kv-cache-memory-bytes``) is a failed verdict that names the flag.
@@ -15,6 +23,7 @@ Either way an unknown or misspelled flag, a missing value or a value the type re
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -27,8 +36,16 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-VLLM_VERSION = "0.33.0"
+VLLM_VERSION = "0.33.0"  # the default serve.vllm_version
+SUPPORTED_VERSIONS = ("0.33.0", "0.25.1")
 OPTION_LIST = f"data/vllm-{VLLM_VERSION}-serve-args.json"
+
+
+def option_list_resource(version: str = VLLM_VERSION) -> str:
+    """The packaged option list of ``version`` (a resource path under sparkserve/)."""
+    if version not in SUPPORTED_VERSIONS:
+        raise ParserUnavailable(f"no option list for vLLM {version} (supported: {', '.join(SUPPORTED_VERSIONS)})")
+    return f"data/vllm-{version}-serve-args.json"
 PYTHON_ENV = "SPARKSERVE_VLLM_PYTHON"
 WORKER = Path(__file__).with_name("_vllm_parser_worker.py")
 START_TIMEOUT_S = 180.0
@@ -66,6 +83,17 @@ def vllm_python() -> str | None:
     if env:
         return env
     return sys.executable if importlib.util.find_spec("vllm") is not None else None
+
+
+def installed_vllm_version() -> str | None:
+    """vLLM's version in this interpreter (package metadata, nothing imported); None when another
+    interpreter ($SPARKSERVE_VLLM_PYTHON) is the parser's or vllm is absent."""
+    if os.environ.get(PYTHON_ENV):
+        return None
+    try:
+        return importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 class RealParser:
@@ -186,9 +214,18 @@ class OptionList:
         self.long_flags = sorted(f for f in self.by_flag if f.startswith("--"))
 
     @classmethod
-    def load(cls, path: Path | None = None) -> OptionList:
-        text = path.read_text() if path else resources.files("sparkserve").joinpath(OPTION_LIST).read_text()
-        return cls(json.loads(text))
+    def load(cls, path: Path | None = None, *, version: str = VLLM_VERSION) -> OptionList:
+        """The option list at ``path``, else the packaged one of ``version`` (cached per version)."""
+        if path:
+            return cls(json.loads(path.read_text()))
+        if version not in _LOADED:
+            text = resources.files("sparkserve").joinpath(option_list_resource(version)).read_text()
+            _LOADED[version] = json.loads(text)
+        return cls(_LOADED[version])
+
+    def accepts(self, flag: str) -> bool:
+        """``flag`` (``--name``, without a value) is an option of this version (exactly, not a prefix)."""
+        return flag in self.by_flag
 
     def lookup(self, flag: str) -> tuple[str, dict[str, Any]] | None:
         if flag in self.by_flag:
@@ -316,27 +353,50 @@ class OptionList:
             raise _Reject(f"unrecognized arguments: {' '.join(extras)}")
 
 
+_LOADED: dict[str, dict[str, Any]] = {}
+
+
+def renderable(flag: str, version: str = VLLM_VERSION) -> bool:
+    """Whether vLLM ``version``'s `vllm serve` has option ``flag`` (the plan renders no other)."""
+    return OptionList.load(version=version).accepts(flag)
+
+
 class _Reject(Exception):
     """The option list rejects an argv, with argparse's own wording."""
 
 
-def get_judge(mode: Literal["auto", "vllm", "list"] = "auto") -> RealParser | OptionList:
-    """``vllm``: the real parser or ParserUnavailable; ``list``: the option list; ``auto``: real if possible."""
+def get_judge(mode: Literal["auto", "vllm", "list"] = "auto", version: str = VLLM_VERSION,
+              ) -> RealParser | OptionList:
+    """The judge for vLLM ``version``. ``vllm``: the real parser, ParserUnavailable when it cannot start
+    or is another version; ``list``: the version's option list; ``auto``: the real parser if it is that
+    version, else the option list."""
     if mode == "list":
-        return OptionList.load()
+        return OptionList.load(version=version)
     if mode == "vllm":
-        return RealParser()
+        return _real_of(version)
+    if not vllm_python() or installed_vllm_version() not in (None, version):
+        return OptionList.load(version=version)
     try:
-        return RealParser() if vllm_python() else OptionList.load()
+        return _real_of(version)
     except ParserUnavailable:
-        return OptionList.load()
+        return OptionList.load(version=version)
+
+
+def _real_of(version: str) -> RealParser:
+    option_list_resource(version)  # an unsupported version is refused before anything starts
+    real = RealParser()
+    if real.vllm_version != version:
+        real.close()
+        raise ParserUnavailable(f"the installed vLLM is {real.vllm_version}, but serve.vllm_version is {version} "
+                                f"(set {PYTHON_ENV} to a python with vLLM {version}, or use --parser list)")
+    return real
 
 
 def check_argvs(argvs: list[list[str]], judge: RealParser | OptionList | None = None,
-                ) -> tuple[str, list[ArgvVerdict]]:
+                version: str = VLLM_VERSION) -> tuple[str, list[ArgvVerdict]]:
     """(judge name, one verdict per argv). Starts (and stops) a judge when none is given."""
     own = judge is None
-    j = judge or get_judge()
+    j = judge or get_judge(version=version)
     try:
         return j.name, [j.check(a) for a in argvs]
     finally:

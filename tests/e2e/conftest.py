@@ -37,9 +37,10 @@ def _module_state(e2e_state):
 
 
 @pytest.fixture
-def e2e(rig_exclusive, rig_docker, _module_state, tmp_path) -> Iterator[E2E]:
-    """One test's view of the rig; every container we started is gone before and after it."""
-    h = E2E(rig_exclusive, rig_docker, _module_state, tmp_path)
+def e2e(request, rig_exclusive, rig_docker, _module_state, tmp_path) -> Iterator[E2E]:
+    """One test's view of the rig; every container (and rank process) we started is gone before and after
+    it. Parametrised indirectly (``@BOTH_RUNTIMES``), its param is the runtime; otherwise docker."""
+    h = E2E(rig_exclusive, rig_docker, _module_state, tmp_path, runtime=getattr(request, "param", "docker"))
     h.clean()
     yield h
     h.clean()

@@ -13,6 +13,7 @@ import time
 
 import httpx
 import pytest
+from e2e_support import BOTH_RUNTIMES
 
 pytestmark = pytest.mark.rig
 
@@ -22,6 +23,7 @@ def serves(api_url: str, model: str) -> bool:
     return r.status_code == 200 and model in [m["id"] for m in r.json()["data"]]
 
 
+@BOTH_RUNTIMES
 def test_up_serves_on_both_nodes_then_down_leaves_nothing(e2e) -> None:
     cfg = e2e.config()
     p = e2e.cli("up", cfg=cfg)
@@ -29,7 +31,7 @@ def test_up_serves_on_both_nodes_then_down_leaves_nothing(e2e) -> None:
     assert "Traceback" not in p.stderr
     assert "started: tiny serving at http://127.0.0.2:" in p.stdout and "all gates passed" in p.stdout
 
-    for n in e2e.rig.nodes:  # one running, labelled container per node, rank by config order
+    for n in e2e.rig.nodes:  # one running, labelled container (or rank process) per node, rank by config order
         mine = e2e.managed(n.name)
         assert [c.status for c in mine] == ["running"], (n.name, mine)
         assert mine[0].labels["io.sparkserve.rank"] == str(n.index)
@@ -50,6 +52,8 @@ def test_up_serves_on_both_nodes_then_down_leaves_nothing(e2e) -> None:
     assert {k: [x["status"] for x in v] for k, v in st["nodes"].items()} == {"node-a": ["running"],
                                                                              "node-b": ["running"]}
     assert len(st["deployments"]) == 1
+    bench = e2e.json("bench", "--cell", "smoke", cfg=cfg, timeout=120)  # above the seam: the same on both
+    assert bench["requests_ok"] == bench["prompts"] and bench["stream_errors"] == 0 and bench["acceptance_length"]
 
     p = e2e.cli("down", cfg=cfg)
     assert p.returncode == 0, p.stderr

@@ -622,6 +622,37 @@ def sync_models(n: NodeInfo, models: Path) -> None:
     (Path(n.srv_dir) / "home").mkdir(mode=0o700, exist_ok=True)
 
 
+PROCESS_VLLM = NODE_ROOT / "bin" / "vllm"  # runtime: process — the emulator as a host process (serve.vllm)
+
+
+def install_process_engine(n: NodeInfo) -> Path:
+    """The emulator as a host program on the node, for ``runtime: process``: ``/srv/spark/emu/`` (the emulator
+    and vLLM 0.33.0's option list) and ``/srv/spark/bin/vllm``, a launcher that runs it with the node's
+    ``python3`` exactly as the image's ``/usr/local/bin/vllm`` does (same environment as the image's ENV).
+    Idempotent; returns the launcher's node path."""
+    emu = Path(n.srv_dir) / "emu"
+    emu.mkdir(parents=True, exist_ok=True)
+    for src, name in ((EMU_DIR / "vllm_emulator.py", "vllm_emulator.py"), (SERVE_ARGS_JSON, "serve-args.json")):
+        data = src.read_bytes()
+        if not (emu / name).exists() or (emu / name).read_bytes() != data:
+            (emu / f".{name}.tmp").write_bytes(data)
+            os.replace(emu / f".{name}.tmp", emu / name)
+    node_emu = NODE_ROOT / "emu"
+    launcher = (
+        "#!/bin/sh\n# sparkserve engine emulator (not vLLM) as a host process: runtime: process on the rig\n"
+        f"export PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1 SSEMU_SERVE_ARGS={node_emu / 'serve-args.json'}\n"
+        f'exec python3 {node_emu / "vllm_emulator.py"} "$@"\n'
+    )
+    host = n.host_path(PROCESS_VLLM)
+    host.parent.mkdir(parents=True, exist_ok=True)
+    if not host.exists() or host.read_text() != launcher:
+        tmp = host.with_name(".vllm.tmp")
+        tmp.write_text(launcher)
+        os.chmod(tmp, 0o755)
+        os.replace(tmp, host)
+    return PROCESS_VLLM
+
+
 def _mac(i: int, port: int) -> str:
     return f"4c:bb:47:a{i % 10}:{port:02x}:0{i % 10}"
 
@@ -909,6 +940,7 @@ def _up(nnodes: int | None, bare: bool = False) -> dict:
     for n in nodes:
         sync_models(n, models)
         write_fake_sysfs(n)
+        install_process_engine(n)
     rig_yaml = write_rig_yaml(nodes, models)
     info = {
         "rig_dir": str(RIG_DIR),

@@ -49,7 +49,7 @@ def test_parity_names_the_drifted_rank_and_the_flag_that_changed(monkeypatch, cf
     same = {"image_id": "sha256:1", "env": {"A": "1"}, "mounts": ["/m:/m:ro"]}
     FactsEngine.facts = {head: same | {"argv": ["vllm", "serve", "--max-num-seqs", "4"]},
                          follower: same | {"argv": ["vllm", "serve", "--max-num-seqs", "8"]}}
-    monkeypatch.setattr(parity, "Engine", FactsEngine)
+    monkeypatch.setattr(parity, "engine_for", lambda node, how=None: FactsEngine(node))
     with pytest.raises(RemoteFailure) as e:
         parity.check_parity(cfg, {head: head, follower: follower}, {head: "c0", follower: "c1"})  # type: ignore[dict-item]
     assert e.value.node == follower and e.value.step == "rank parity"
@@ -60,7 +60,7 @@ def test_parity_names_the_drifted_rank_and_the_flag_that_changed(monkeypatch, cf
 def test_parity_passes_when_every_rank_matches_the_head(monkeypatch, cfg: Config) -> None:
     facts = {"image_id": "sha256:1", "argv": ["vllm"], "env": {}, "mounts": []}
     FactsEngine.facts = {n.name: facts for n in cfg.nodes}
-    monkeypatch.setattr(parity, "Engine", FactsEngine)
+    monkeypatch.setattr(parity, "engine_for", lambda node, how=None: FactsEngine(node))
     parity.check_parity(cfg, {n.name: n.name for n in cfg.nodes}, {n.name: "c" for n in cfg.nodes})  # type: ignore[misc]
 
 
@@ -96,7 +96,7 @@ def test_wait_running_returns_once_every_follower_logged_its_marker(monkeypatch,
     line = ("(EngineCore pid=77) INFO 11-29 17:51:01 [core.py:93] Launching vLLM (v0.33.0) headless multiproc "
             "executor, with head node address 10.0.0.1:29501 for torch.distributed process group.")
     LogEngine.lines, LogEngine.running = {f: ["starting", line]}, {}
-    monkeypatch.setattr(wait, "Engine", LogEngine)
+    monkeypatch.setattr(wait, "engine_for", lambda node, how=None: LogEngine(node))
     # no timeout to fall back on: only the marker line can end this wait
     wait_running(plan, {f: f}, {f: "c1"}, marker=FOLLOWER_WAITING, timeout_s=3600)  # type: ignore[dict-item]
 
@@ -105,7 +105,7 @@ def test_wait_running_names_the_follower_whose_container_stopped(monkeypatch, cf
     plan = build_plan(cfg)
     f = plan.followers[0].node
     LogEngine.lines, LogEngine.running = {f: ["ValueError: bad flag"]}, {f: False}
-    monkeypatch.setattr(wait, "Engine", LogEngine)
+    monkeypatch.setattr(wait, "engine_for", lambda node, how=None: LogEngine(node))
     with pytest.raises(BootFailure) as e:
         wait_running(plan, {f: f}, {f: "c1"}, marker=FOLLOWER_WAITING, timeout_s=5)  # type: ignore[dict-item]
     assert e.value.node == f and "stopped (exit code 1)" in e.value.what
@@ -116,7 +116,7 @@ def test_wait_running_lets_a_quiet_running_rank_through_after_the_timeout(monkey
     plan = build_plan(cfg)
     f = plan.followers[0].node
     LogEngine.lines, LogEngine.running = {f: ["loading"]}, {}
-    monkeypatch.setattr(wait, "Engine", LogEngine)
+    monkeypatch.setattr(wait, "engine_for", lambda node, how=None: LogEngine(node))
     wait_running(plan, {f: f}, {f: "c1"}, marker=re.compile("never logged"), timeout_s=0.05, poll_s=0.01)  # type: ignore[dict-item]
 
 

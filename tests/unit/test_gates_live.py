@@ -58,7 +58,7 @@ def stack(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
         return SmokeResult(requests=n, requests_ok=n, stream_errors=0, incomplete=0, errors=(), node="spark-a"), {}
 
     FakeEngine.since, FakeEngine.states = {}, {}
-    monkeypatch.setattr(gates_live, "Engine", FakeEngine)
+    monkeypatch.setattr(gates_live, "engine_for", lambda node, how=None: FakeEngine(node))
     monkeypatch.setattr(gates_live, "run_smoke", fake_smoke)
     digest = SimpleNamespace(manifest=SimpleNamespace(digest="d"))
     monkeypatch.setattr(gates_live, "remote_manifest", lambda node, path: digest)
@@ -67,7 +67,8 @@ def stack(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     monkeypatch.setattr(gates_live, "record", lambda kind, **fields: None)
     fp = "f" * 64
     monkeypatch.setattr(
-        gates_live, "managed_on_all", lambda nodes: {n: [SimpleNamespace(id=f"c-{n}", fingerprint=fp)] for n in nodes}
+        gates_live, "managed_on_all",
+        lambda nodes, how=None: {n: [SimpleNamespace(id=f"c-{n}", fingerprint=fp)] for n in nodes}
     )
     return {"cfg": cfg, "nodes": nodes, "smokes": smokes}
 

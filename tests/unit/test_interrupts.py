@@ -75,7 +75,7 @@ def test_an_unusable_state_dir_does_not_stop_the_cleanup(broken: str, tmp_path: 
         def stop_and_remove(self, cid: str, timeout: float) -> None:
             stopped.append(cid)
 
-    monkeypatch.setattr(teardown, "Engine", FakeEngine)
+    monkeypatch.setattr(teardown, "engine_for", lambda node, how=None: FakeEngine(node))
     cfg = _cfg()
     names = [n.name for n in cfg.nodes]
     saved = teardown.teardown(cfg, {n: object() for n in names}, {names[0]: ["c0" * 8], names[1]: ["c1" * 8]},

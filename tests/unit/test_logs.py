@@ -229,7 +229,12 @@ def test_every_pattern_documents_its_versions() -> None:
         ("Failed to load model - not enough GPU memory. Try lowering --gpu-memory-utilization", FaultKind.OOM),
         (
             "ValueError: No available memory for the cache blocks. Try increasing `gpu_memory_utilization`",
-            FaultKind.OOM,
+            FaultKind.OTHER,  # a KV sizing error, not an out-of-memory (issue 13 item 6)
+        ),
+        (
+            "ValueError: To serve at least one request with the model's max seq len (8192), (0.01 GiB KV cache is "
+            "needed, which is larger than the available KV cache memory (0.00 GiB). ",
+            FaultKind.OTHER,
         ),
         (
             "[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST)",

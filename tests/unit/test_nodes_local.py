@@ -176,7 +176,7 @@ def test_verifier_hashes_files_as_they_land_and_stops_on_eof(drafter: Path, tmp_
 def test_a_failed_verification_names_the_files(drafter: Path, tmp_path: Path, local: LocalNode,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from sparkserve.deploy import sync as sync_mod
-    def bad_copy(node: Node, local_dir: Path, remote_dir: str, rels: list[str]) -> None:
+    def bad_copy(node: Node, local_dir: Path, remote_dir: str, rels: list[str], total: int = 0) -> None:
         for rel in rels:
             node.write_bytes(f"{remote_dir}/{rel}", b"not the drafter")
 

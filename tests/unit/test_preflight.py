@@ -73,6 +73,43 @@ def _deep_header(f: Path) -> None:
     f.write_bytes(struct.pack("<Q", len(h)) + h)
 
 
+def drop_tensor(f: Path, name: str, *, into: Path | None = None, take: set[str] | None = None) -> None:
+    """Rewrite safetensors file ``f`` without tensor ``name`` (or move the names in ``take`` to ``into``)."""
+    from safetensors import safe_open
+    from tiny_models import save_f16_with_zeros
+
+    keep: tuple[dict[str, Any], dict[str, Any]] = ({}, {})  # (tensors, big all-zero tensors: shapes)
+    moved: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
+    with safe_open(str(f), "np") as st:
+        for k in st.keys():  # noqa: SIM118 (safe_open has no __iter__)
+            if k == name:
+                continue
+            a = st.get_tensor(k)
+            to = moved if take and k in take else keep
+            if a.size > 2**20 and not a.any():
+                to[1][k] = a.shape
+            else:
+                to[0][k] = a
+    save_f16_with_zeros(f, *keep)
+    if into is not None:
+        save_f16_with_zeros(into, *moved)
+
+
+def _split_target_and_lose_a_shard(t: Path) -> None:
+    """The target as two shards with an index naming both; the second shard is then deleted."""
+    one, two = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    (t / "model.safetensors").rename(t / one)
+    moved = {"lm_head.weight", "model.norm.weight"}
+    drop_tensor(t / one, "", into=t / two, take=moved)
+    from safetensors import safe_open
+
+    with safe_open(str(t / one), "np") as st:
+        names = list(st.keys())
+    index = {"weight_map": {**{n: one for n in names}, **{n: two for n in moved}}}
+    (t / "model.safetensors.index.json").write_text(json.dumps(index))
+    (t / two).unlink()
+
+
 def _mask_hidden(d: Path) -> None:
     import numpy as np
 
@@ -198,6 +235,17 @@ BAD: list[Bad] = [
         mutate=lambda d: (d / "model.safetensors.index.json").write_text('{"weight_map": [1]}')),
     Bad("weights-header-nested-deep", "model.safetensors", "header is not valid JSON: nested more than",
         mutate=lambda d: _deep_header(d / "model.safetensors")),
+    # checkpoint completeness (real vLLM boots and serves each of these without a word)
+    Bad("drafter-decoder-tensor-missing", "drafter.path", "lacks 1 tensor its config.json implies: "
+        "layers.0.mlp.down_proj.weight", mutate=lambda d: drop_tensor(d / "model.safetensors",
+                                                                       "layers.0.mlp.down_proj.weight")),
+    Bad("drafter-fc-missing", "drafter.path", "lacks 1 tensor its config.json implies: fc.weight",
+        mutate=lambda d: drop_tensor(d / "model.safetensors", "fc.weight")),
+    Bad("target-layer-tensor-missing", "model.target", "lacks 1 tensor its config.json implies: "
+        "model.layers.3.mlp.down_proj.weight", mutate_target=lambda t: drop_tensor(
+            t / "model.safetensors", "model.layers.3.mlp.down_proj.weight")),
+    Bad("target-shard-missing-from-index", "model-00002-of-00002.safetensors",
+        "missing (listed in model.safetensors.index.json)", mutate_target=_split_target_and_lose_a_shard),
     # target
     Bad("target-config-nested-100000-deep", "config.json", "not valid JSON: nested more than",
         mutate_target=lambda t: (t / "config.json").write_text("[" * 100000 + "]" * 100000)),
@@ -305,11 +353,12 @@ def test_validate_json_lists_every_error_and_exits_2(tmp_path: Path, good: tuple
     data = json.loads(p.stdout)
     assert data["ok"] is False and [e["where"] for e in data["errors"]] == ["drafter.path", f"{drafter}/config.json"]
     assert data["drafter"]["block_size"] == 8 and data["target"]["num_hidden_layers"] == 4
-    # without --json: the first, one line, with the count of the others
+    # without --json: every problem, one line each; never a hint that points at validate itself
     p = cli("validate", "--drafter", str(drafter), "--target", str(good[1]), "--parser", "list",
             env=clean_env(tmp_path))
-    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1
-    assert "(and 1 more problem; `sparkserve validate` lists them)" in p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert p.returncode == 2 and [ln.split(": ")[1] for ln in lines] == ["drafter.path", f"{drafter}/config.json"]
+    assert all(ln.startswith("error: ") for ln in lines) and "sparkserve validate" not in p.stderr
 
 
 @pytest.mark.parametrize(("over", "drafter", "needle"), [

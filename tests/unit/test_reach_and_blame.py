@@ -79,7 +79,7 @@ def _boot(monkeypatch, cfg: Config, logs: dict[str, list[tuple[str, str]]],
           exited: dict[str, tuple[int, str]]) -> BootFailure:
     plan = build_plan(cfg)
     StampedEngine.logs_of, StampedEngine.exited = logs, exited
-    monkeypatch.setattr(wait, "Engine", StampedEngine)
+    monkeypatch.setattr(wait, "engine_for", lambda node, how=None: StampedEngine(node))
     names = [s.node for s in plan.specs]
     with pytest.raises(BootFailure) as e:
         wait_running(plan, {n: n for n in names}, {n: f"c-{n}" for n in names}, marker=None)  # type: ignore[misc]
@@ -163,7 +163,7 @@ def test_a_docker_daemon_that_stops_under_a_running_container_is_not_an_engine_e
     follower = plan.followers[0].node
     DaemonGoneEngine.inspect_fails = inspect_fails
     StampedEngine.logs_of, StampedEngine.exited = {}, {follower: (0, "2026-12-01T09:53:51Z")}
-    monkeypatch.setattr(wait, "Engine", DaemonGoneEngine)
+    monkeypatch.setattr(wait, "engine_for", lambda node, how=None: DaemonGoneEngine(node))
     with pytest.raises(BootFailure) as e:
         wait_running(plan, {follower: follower}, {follower: "0123456789abcdef"}, marker=None)  # type: ignore[dict-item]
     f = e.value

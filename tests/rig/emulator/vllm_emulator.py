@@ -34,7 +34,8 @@ Environment (emulator knobs are ``SSEMU_*``; real vLLM variables keep their mean
 * ``ssemu-acceptance.json`` in the drafter directory (the mounted drafter dir), when present, is that
   drafter's own profile and wins over ``SSEMU_ACCEPTANCE``: ``{"per_position": [0.8, 0.6, …]}``, optionally
   ``"steps_per_s": S`` to pace each stream by engine steps (S steps/s, each carrying the accepted drafts +
-  1 tokens) instead of by ``SSEMU_TOKEN_RATE`` — so a better profile is faster, as on real hardware.
+  1 tokens) instead of by ``SSEMU_TOKEN_RATE`` — so a better profile is faster, as on real hardware — and
+  ``"seed": N`` for the drafter's own acceptance draws.
 * ``SSEMU_SEED`` (default: ``--seed``): seed of the acceptance sampler and filler text.
 * ``SSEMU_EOS_AFTER``: a natural end of sequence after N tokens (``finish_reason: stop``) unless
   ``ignore_eos`` or ``min_tokens`` says otherwise. Unset: every request runs to ``max_tokens``.
@@ -784,6 +785,8 @@ class Engine:
         self.step_rate = float(own.get("steps_per_s") or 0.0) if own is not None else 0.0
         self.profile = self._fit(base, self.k)
         self.seed = int(os.environ.get("SSEMU_SEED", emu.args.seed or 0))
+        if own is not None and own.get("seed") is not None:
+            self.seed = int(own["seed"])  # two drafters with one profile still draw independently, as real ones do
         self.rate = env_float("SSEMU_TOKEN_RATE", 4000.0)
         eos = os.environ.get("SSEMU_EOS_AFTER")
         self.eos_after = int(eos) if eos and eos.isdigit() else None

@@ -1,0 +1,101 @@
+"""The runtime seam: how a rank runs on a node — in a container (``runtime: docker``) or as a host process
+(``runtime: process``). Everything above (deploy/) holds a :class:`Runtime` and never asks which.
+
+    eng = engine_for(node, cfg)          # or engine_for(node, plan): Engine (docker) or ProcessEngine
+    rid = eng.run(spec)                  # a handle: container id, or a process rank id
+    eng.state(rid).running; eng.logs(rid, tail=40); eng.stop_and_remove(rid, timeout=30)
+    image_id = ensure_same_engine(cfg, [nodes[n.name] for n in cfg.nodes])   # same engine on every node
+
+Implementations: :class:`sparkserve.nodes.engine.Engine` (docker SDK) and
+:class:`sparkserve.nodes.processes.ProcessEngine` (one stdlib program on the node).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Protocol
+
+from sparkserve.nodes.base import Node, NodeError
+from sparkserve.nodes.engine import ContainerState, Engine, ExecResult, ManagedContainer
+from sparkserve.nodes.images import ensure_same_image
+from sparkserve.nodes.parallel import on_all
+from sparkserve.nodes.processes import LABEL_ENGINE_ID, ProcessEngine
+from sparkserve.plan.build import DRAFTER_MOUNT, Plan, drafter_in_argv
+from sparkserve.plan.container import ContainerSpec
+
+if TYPE_CHECKING:
+    from sparkserve.config import Config
+
+__all__ = ["LABEL_ENGINE_ID", "Runtime", "engine_for", "ensure_same_engine", "serving_drafter"]
+
+
+class Runtime(Protocol):
+    """The verbs deploy/ uses on one node's ranks (a rank is named by the handle ``run`` returned)."""
+
+    node: Node
+
+    @property
+    def name(self) -> str: ...
+
+    def run(self, spec: ContainerSpec, *, create_rw_mount_dirs: bool = True) -> str: ...
+
+    def list_managed(self, *, include_stopped: bool = True) -> list[ManagedContainer]: ...
+
+    def managed(self, ref: str) -> ManagedContainer | None: ...
+
+    def state(self, ref: str | ManagedContainer) -> ContainerState: ...
+
+    def daemon_answers(self, *, watch_s: float = 0.0, every_s: float = 0.25) -> bool: ...
+
+    def logs(self, ref: str | ManagedContainer, *, since: datetime | float | int | None = None,
+             follow: bool = False, tail: int | None = None, timestamps: bool = False) -> Iterator[str]: ...
+
+    def log_tail(self, ref: str | ManagedContainer, n: int = 40) -> list[str]: ...
+
+    def stop_and_remove(self, ref: str | ManagedContainer, *, timeout: int) -> None: ...
+
+    def exec(self, ref: str | ManagedContainer, argv: list[str], *, detach: bool = False,
+             to_container_log: bool = False, env: dict[str, str] | None = None) -> ExecResult: ...
+
+    def inspect_spec(self, ref: str | ManagedContainer) -> tuple[ContainerSpec, str]: ...
+
+    def parity_facts(self, ref: str | ManagedContainer) -> dict[str, object]: ...
+
+
+def engine_for(node: Node, how: Config | Plan | None = None) -> Runtime:
+    """The runtime ``how`` (a config or a plan; None: docker) names, on ``node``."""
+    if how is None:
+        return Engine(node)
+    if isinstance(how, Plan):
+        runtime, run_dir, vllm = how.runtime, how.run_dir, how.vllm
+    else:
+        runtime, run_dir, vllm = how.runtime, how.process.run_dir, how.serve.vllm
+    if runtime == "process":
+        return ProcessEngine(node, run_dir=run_dir, vllm=vllm)
+    return Engine(node)
+
+
+def ensure_same_engine(cfg: Config, nodes: Sequence[Node]) -> str:
+    """The engine every node runs, the same on all: docker — the image ID of ``image.ref``; process — the
+    sha256 of ``serve.vllm``'s bytes and ``--version`` output. NodeError naming a node that differs."""
+    if cfg.runtime == "docker":
+        return ensure_same_image(nodes, cfg.image.ref)
+    found = on_all(list(nodes), lambda n: ProcessEngine(n, run_dir=cfg.process.run_dir,
+                                                        vllm=cfg.serve.vllm).identity(), name=lambda n: n.name)
+    names = list(found)
+    want, what = found[names[0]]
+    for name in names[1:]:
+        got, theirs = found[name]
+        if got != want:
+            raise NodeError(name, "engine", f"serve.vllm here is {theirs} ({got[7:19]}) but on {names[0]} it is "
+                            f"{what} ({want[7:19]}); every node must run the same vLLM")
+    return want
+
+
+def serving_drafter(eng: Runtime, ref: str) -> str | None:
+    """The drafter a running rank serves: the source of its drafter bind mount (docker) or the
+    ``--speculative-config`` model of its argv (process)."""
+    spec, _ = eng.inspect_spec(ref)
+    mounted = next((m.source for m in spec.mounts if m.target == DRAFTER_MOUNT), None)
+    return mounted if mounted is not None else drafter_in_argv(spec.serve_argv())

@@ -1,0 +1,116 @@
+"""A stand-in for the pinned vLLM base image, built on a rig node from the rig's offline Debian base image.
+
+    whl = vllm_wheel("x86_64")                  # the real vllm==0.33.0 wheel, cached in $SSRIG_CACHE/wheels
+    image_id = ensure_standin(client, STANDIN_REF, whl)
+
+The stand-in is ``sparkserve-rig/base:bookworm`` + the host's ``git`` (the applier runs ``git apply``; same
+Debian release, so the same libraries) + the real wheel unpacked into ``/usr/local/lib/python3.11/dist-packages``:
+every ``vllm/**/*.py`` file, the wheel's ``dist-info`` (``RECORD``, ``METADATA``) and one real kernel library
+(``_flashmla_C.abi3.so``, 3.9 MB: its ``.nv_fatbin`` holds sm_90a and sm_100a cubins). The other ``.so`` files
+(850 MB) are left out to keep the build seconds long; RECORD then lists them as missing, never as differing.
+No torch: ``import vllm`` fails in it, which the smoke-test refusal test uses.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import shutil
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+RIG_DIR = Path(__file__).resolve().parents[1] / "rig"
+if str(RIG_DIR) not in sys.path:
+    sys.path.insert(0, str(RIG_DIR))
+
+import rig as riglib  # noqa: E402
+
+VLLM_VERSION = "0.33.0"
+STANDIN_REF = "sparkserve-standin/vllm:0.33.0"
+STANDIN_HASH_LABEL = "io.sparkserve.test.standin-hash"
+SITE = "usr/local/lib/python3.11/dist-packages"
+KEEP_SO = "vllm/_flashmla_C.abi3.so"
+PLATFORMS = {"x86_64": "manylinux_2_28_x86_64", "aarch64": "manylinux_2_28_aarch64"}
+
+
+def wheel_dir() -> Path:
+    d = riglib.CACHE_DIR / "wheels"
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def vllm_wheel(arch: str) -> Path:
+    """The real ``vllm==0.33.0`` wheel for ``arch`` (x86_64 | aarch64): downloaded once with pip into the
+    rig cache (``$SSRIG_CACHE/wheels``, kept by ``scripts/rig down``), reused by every later run."""
+    plat = PLATFORMS[arch]
+    found = sorted(wheel_dir().glob(f"vllm-{VLLM_VERSION}-*-{plat}.whl"))
+    if found:
+        return found[0]
+    argv = [sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", str(wheel_dir()), "--platform", plat,
+            "--python-version", "3.12", "--only-binary", ":all:", f"vllm=={VLLM_VERSION}"]
+    res = subprocess.run(argv, capture_output=True, text=True)
+    found = sorted(wheel_dir().glob(f"vllm-{VLLM_VERSION}-*-{plat}.whl"))
+    if res.returncode or not found:
+        raise RuntimeError(f"pip download of vllm=={VLLM_VERSION} ({plat}) failed: {res.stderr.strip()[-400:]}")
+    return found[0]
+
+
+def unpacked(arch: str, members: str = "all") -> Path:
+    """The wheel for ``arch`` unpacked (once) under the cache: ``members="so"`` only its ``.so`` files and
+    ``_version.py`` (what the arch census reads), ``"all"`` everything."""
+    whl = vllm_wheel(arch)
+    out = wheel_dir() / f"unpacked-{arch}-{members}"
+    if (out / ".done").is_file():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    with zipfile.ZipFile(whl) as z:
+        names = [n for n in z.namelist()
+                 if members == "all" or n.endswith(".so") or n.endswith("/_version.py") or n.endswith("/RECORD")]
+        z.extractall(out, names)
+    (out / ".done").write_text("ok\n")
+    return out
+
+
+def _wanted(name: str) -> bool:
+    return (name.startswith("vllm/") and name.endswith(".py")) or name == KEEP_SO or ".dist-info/" in name
+
+
+def standin_context(whl: Path) -> tuple[bytes, str]:
+    """The stand-in's build context (a tar) and its content hash."""
+    buf = io.BytesIO()
+    h = hashlib.sha256()
+    dockerfile = (f"FROM {riglib.BASE_REF}\nCOPY git /usr/bin/git\nCOPY site/ /{SITE}/\n").encode()
+    git = Path(shutil.which("git") or "/usr/bin/git").read_bytes()
+    with tarfile.open(fileobj=buf, mode="w") as tf, zipfile.ZipFile(whl) as z:
+        for name, data, mode in (("Dockerfile", dockerfile, 0o644), ("git", git, 0o755)):
+            ti = tarfile.TarInfo(name)
+            ti.size, ti.mode = len(data), mode
+            tf.addfile(ti, io.BytesIO(data))
+            h.update(name.encode() + hashlib.sha256(data).digest())
+        for info in sorted(z.infolist(), key=lambda i: i.filename):
+            if info.is_dir() or not _wanted(info.filename):
+                continue
+            data = z.read(info)
+            ti = tarfile.TarInfo(f"site/{info.filename}")
+            ti.size, ti.mode = len(data), 0o644
+            tf.addfile(ti, io.BytesIO(data))
+            h.update(info.filename.encode() + hashlib.sha256(data).digest())
+    return buf.getvalue(), h.hexdigest()[:16]
+
+
+def ensure_standin(client, ref: str = STANDIN_REF, whl: Path | None = None) -> str:
+    """Build the stand-in on the node ``client`` talks to unless it is there from the same inputs; its ID."""
+    whl = whl or vllm_wheel("x86_64")
+    ctx, digest = standin_context(whl)
+    try:
+        img = client.images.get(ref)
+        if (img.attrs.get("Config") or {}).get("Labels", {}).get(STANDIN_HASH_LABEL) == digest:
+            return str(img.id)
+    except Exception:  # noqa: BLE001 (docker.errors.ImageNotFound: not built yet)
+        pass
+    img, _ = client.images.build(fileobj=io.BytesIO(ctx), custom_context=True, tag=ref, rm=True, forcerm=True,
+                                 network_mode="none", labels={STANDIN_HASH_LABEL: digest})
+    return str(img.id)

@@ -1,0 +1,106 @@
+"""The A/B campaign's pure core: interleaved order, cell sizes, bootstrap intervals, deltas, verdicts, the
+honest read and the table of record (text, Markdown, JSON, plot) — on synthetic banked waves."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from _ab_waves import campaign
+
+from sparkserve.errors import BadInput
+from sparkserve.measure.ab_records import Boot, CellSpec, interleaved_order, parse_size
+from sparkserve.measure.ab_report import build_report, card_rows, markdown, plot
+from sparkserve.measure.ab_stats import analyze
+
+
+def test_order_interleaves_abba_every_drafter_once_per_round_and_is_seeded() -> None:
+    order = interleaved_order(["A", "B", "C"], 4, seed=3)
+    rounds = [[s.drafter for s in order if s.round == r] for r in range(4)]
+    assert all(sorted(r) == ["A", "B", "C"] for r in rounds)
+    assert rounds[1] == rounds[0][::-1] and rounds[3] == rounds[2][::-1]
+    assert interleaved_order(["A", "B", "C"], 4, seed=3) == order
+    assert len({tuple(s.drafter for s in interleaved_order(["A", "B", "C"], 2, seed=s)) for s in range(20)}) > 1
+
+
+def test_size_parses_and_refuses_with_the_option_named() -> None:
+    assert parse_size("c16=8x16x128") == CellSpec(name="c16", prompts=8, concurrency=16, max_tokens=128)
+    for bad in ("c99=1x1x1", "c16=8x16", "c16=0x1x1", "smoke"):
+        with pytest.raises(BadInput) as e:
+            parse_size(bad)
+        assert e.value.where == "--size"
+
+
+def test_better_profile_keeps_identical_profile_ties_worse_reverts() -> None:
+    sp, waves = campaign(["A", "B", "C", "D"])
+    a = analyze(sp, waves, [])
+    v = {x.drafter: x for x in a.verdicts}
+    assert v["B"].verdict == "KEEP" and v["B"].rel.lo > 0
+    assert v["C"].verdict == "TIE" and v["C"].rel.lo <= 0 <= v["C"].rel.hi
+    assert v["D"].verdict == "REVERT" and v["D"].rel.hi < 0
+    # the point delta is the ratio of the headline figures (mean over boots)
+    fa = next(f for f in a.figures if f.drafter == "A" and f.cell == "c16")
+    fb = next(f for f in a.figures if f.drafter == "B" and f.cell == "c16")
+    assert v["B"].rel.point == pytest.approx(fb.tok_s.point / fa.tok_s.point - 1, rel=1e-4)
+    for f in a.figures:
+        assert f.tok_s.lo < f.tok_s.point < f.tok_s.hi
+        assert f.acceptance_length.lo < f.acceptance_length.point < f.acceptance_length.hi
+        assert f.boots == 2 and len(f.per_position) == 7 and f.per_position[0].lo is not None
+        assert f.ttft_ms.p50 <= f.ttft_ms.p90 <= f.ttft_ms.p99 and f.tpot_ms.p50 > 0
+    assert "B wins" in a.honest_read and "B KEEP" in a.honest_read and "D loses" in a.honest_read
+
+
+def test_intervals_are_seeded_and_one_boot_has_no_per_position_interval() -> None:
+    sp, waves = campaign(["A", "B"], rounds=1)
+    one, two = analyze(sp, waves, []), analyze(sp, waves, [])
+    assert one == two
+    assert all(f.per_position[0].lo is None and f.tok_s.lo is not None for f in one.figures)
+    other = analyze(sp.model_copy(update={"seed": sp.seed + 1}), waves, [])
+    assert other.figures[0].tok_s.lo != one.figures[0].tok_s.lo
+
+
+def test_excluded_boots_and_waves_are_named_and_not_counted() -> None:
+    sp, waves = campaign(["A", "B", "C"])
+    c_waves = [w for w in waves if w.drafter == "C"]
+    rest = [w for w in waves if w.drafter != "C"]
+    bad = rest[0].model_copy(update={"excluded": "bench guard: contaminated", "id": 999})
+    boots = [Boot(slot=c_waves[0].slot, round=0, drafter="C", ok=False, excluded="gates failed: graphs"),
+             Boot(slot=c_waves[-1].slot, round=1, drafter="C", ok=False, excluded="gates failed: graphs")]
+    a = analyze(sp, [*rest, bad], boots)
+    assert {f.drafter for f in a.figures} == {"A", "B"}
+    assert [v.drafter for v in a.verdicts] == ["B"]
+    assert any("C round 1: boot excluded — gates failed: graphs" in e for e in a.excluded)
+    assert any("wave excluded — bench guard: contaminated" in e for e in a.excluded)
+    assert any(e.startswith("C: no counted wave") for e in a.excluded)
+    assert all(999 not in f.waves for f in a.figures)
+    assert "C left without figures" in a.honest_read
+
+
+def test_markdown_reproduces_the_card_table_shape() -> None:
+    sp, waves = campaign(["A", "B", "C"])
+    r = build_report(4, "done", sp, waves, [])
+    header, rows = card_rows(r)
+    assert header == ["Cell (accept / tok/s)", "A", "B", "C"]
+    assert [row[0] for row in rows] == ["smoke 12×c1×256", "c16 32×c16×256", "Per-position acceptance (c16)"]
+    fa = next(f for f in r.analysis.figures if f.drafter == "A" and f.cell == "smoke")
+    assert rows[0][1] == f"{fa.acceptance_length.point:.2f} / {fa.tok_s.point:,.1f}"
+    assert len(rows[2][1].split()) == 7
+    md = markdown(r)
+    assert "| Cell (accept / tok/s) | A | B | C |" in md and "|---|---|---|---|" in md
+    assert "### Verdicts" in md and "KEEP" in md and "### Honest read" in md
+    assert "temperature 1.0, top_p 0.95" in md and "forced output length on" in md
+    assert "TTFT ms p50/p90/p99" in md
+    js = r.model_dump(mode="json")
+    assert js["analysis"]["verdicts"][0]["drafter"] == "B" and js["waves"][0]["pins"]["boot_id"]
+
+
+def test_plot_writes_a_png_and_names_the_extra_when_matplotlib_is_missing(tmp_path, monkeypatch) -> None:
+    sp, waves = campaign(["A", "B"])
+    r = build_report(1, "done", sp, waves, [])
+    out = tmp_path / "ab.png"
+    plot(r, out)
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    with pytest.raises(BadInput) as e:
+        plot(r, tmp_path / "b.png")
+    assert "sparkserve[plot]" in e.value.what and e.value.where == "--plot"
