@@ -1,10 +1,9 @@
 """The `sparkserve` command. Commands live in sparkserve/commands/*, each a thin Typer wrapper.
 
 Command modules are imported lazily: `sparkserve --help` (and a mistyped command) imports none of them, and
-`sparkserve status` imports only sparkserve.commands.deploy. :data:`COMMANDS` names every top-level command,
-the module whose ``register(app)`` defines it and its one-line help (tests/unit/test_cli_app.py keeps the
-table equal to what the modules register). A command a module registers that the table does not name yet
-still runs — every module is imported to find it — it is only missing from `--help` until it is added.
+`sparkserve status` imports only sparkserve.commands.deploy. Which module registers which top-level command,
+and its one-line help, is read from the modules' source (:mod:`sparkserve.commands._index`, cached), so a
+command a module's ``register(app)`` adds appears here without editing this file.
 """
 
 from __future__ import annotations
@@ -12,6 +11,7 @@ from __future__ import annotations
 import importlib
 import io
 import json
+import os
 import sys
 from typing import Annotated, Any, TextIO
 
@@ -20,6 +20,7 @@ from typer import _click
 from typer.core import TyperCommand, TyperGroup
 
 from sparkserve import __version__
+from sparkserve.commands import _index
 from sparkserve.commands.jsonschema import JSON_SCHEMA
 from sparkserve.errors import SparkserveError
 from sparkserve.nodes import interrupts
@@ -27,33 +28,7 @@ from sparkserve.nodes import interrupts
 #: The exit code of a run ended by Ctrl-C, SIGTERM or SIGHUP (after it cleaned up what it started).
 INTERRUPTED_EXIT = 3
 
-#: top-level command → (module under sparkserve.commands, one-line help), in `--help` order
-COMMANDS: dict[str, tuple[str, str]] = {
-    "init": ("core", "Write the embedded production default as a commented sparkserve.yaml (fill in the hosts)."),
-    "validate": ("core", "Config + drafter + target + every rendered argv through vLLM 0.33's parser."),
-    "render": ("core", "The exact per-node container spec (docker run) — or the launcher script. Nothing runs."),
-    "plan": ("core", "What `sparkserve up` would do with this config, step by step. Nothing runs."),
-    "drafter": ("core", "Drafter tools."),
-    "up": ("deploy", "Preflight, sync the drafter, start every rank (followers, then head), wait, check parity "
-                     "and gates."),
-    "down": ("deploy", "Stop (gracefully) and remove every sparkserve container on every node; logs are saved "
-                       "first."),
-    "status": ("deploy", "What runs where: every node's containers, the drafter serving, the API."),
-    "doctor": ("deploy", "ssh, docker, disk, UMA memory headroom, ports, stale containers, paths, CX-7 fabric — "
-                         "every node."),
-    "swap-drafter": ("deploy", "Validate PATH, sync it to every node, restart with the new bind mount, run the "
-                               "gates; roll back to the drafter that was serving if anything fails."),
-    "logs": ("observe", "Both nodes' engine logs (live), or `logs analyze FILE…` for saved logs."),
-    "gates": ("observe", "The production gates across every node: pool, graphs, mask, smoke, faults, runner, "
-                         "identity."),
-    "bench": ("measure", "Run one cell of the model card's bench protocol and record it in the journal."),
-    "history": ("measure", "What ran: deployments, gate runs, banked pools and bench results from the journal, "
-                           "newest first."),
-    "ab": ("measure", "A/B table of record: output tok/s, acceptance length and per-position acceptance vs the "
-                      "first file."),
-    "image": ("image", "The engine image on every node: ship it, verify the same ID everywhere."),
-}
-MODULES = ("core", "deploy", "observe", "measure", "image")
+MODULES = _index.MODULES
 
 EXIT_CODES = ("Exit codes: 0 ok · 1 a gate or check failed · 2 bad input (config, drafter, usage) · "
               "3 a node unreachable, a remote step failed, or interrupted · 4 a swap and its rollback failed")
@@ -73,8 +48,14 @@ class LazyGroup(TyperGroup):
     def __init__(self, **attrs: Any) -> None:
         super().__init__(**attrs)
         self._loaded: set[str] = set()
-        for name, (_, help_line) in COMMANDS.items():
-            self.commands[name] = _Placeholder(name, help_line)
+        self._where: dict[str, str] = {}  # command → its module
+        for module, (_, cmds) in _index.command_index().items():
+            if cmds is None:  # its register() is not plain: import it to know
+                self.load(module)
+                continue
+            for name, help_line in cmds:
+                self._where[name] = module
+                self.commands.setdefault(name, _Placeholder(name, help_line))
 
     def list_commands(self, ctx: _click.Context) -> list[str]:
         return list(self.commands)
@@ -95,11 +76,11 @@ class LazyGroup(TyperGroup):
             self.load(m)
 
     def get_command(self, ctx: _click.Context, cmd_name: str) -> _click.Command | None:
-        entry = COMMANDS.get(cmd_name)
-        if entry is not None:
-            self.load(entry[0])
+        module = self._where.get(cmd_name)
+        if module is not None:
+            self.load(module)
         elif cmd_name not in self.commands and not _looks_like_option(cmd_name):
-            self.load_all()  # a command a module registers that COMMANDS does not name (yet)
+            self.load_all()  # not found in the source: import every module before saying it does not exist
         cmd = self.commands.get(cmd_name)
         return None if isinstance(cmd, _Placeholder) else cmd
 
@@ -143,8 +124,13 @@ app = typer.Typer(
 def _root(
     version: Annotated[bool, typer.Option("--version", callback=_version, is_eager=True,
                                           help="print the version and exit")] = False,
+    accept_new: Annotated[bool, typer.Option(
+        "--accept-new-host-keys", help="for any command: add unknown SSH host keys to known_hosts, hashed "
+                                       "(OpenSSH's accept-new; a changed key is still refused)")] = False,
 ) -> None:
     """Run a DFlash2 speculative-decoding vLLM stack across DGX Spark nodes."""
+    if accept_new:  # every config this run loads sees it (the same as the commands' own flag)
+        os.environ["SPARKSERVE_SSH__ACCEPT_NEW_HOST_KEYS"] = "true"
 
 
 def main() -> None:

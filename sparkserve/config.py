@@ -12,6 +12,7 @@ import hashlib
 import ipaddress
 import json
 import os
+import re
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -139,8 +140,27 @@ def _host_path(v: Path) -> Path:
 HostPath = Annotated[Path, AfterValidator(_host_path)]
 
 
+# a Hugging Face repo id, `org/name` or `org/name@revision` (resolved on the nodes by deploy/hf_models)
+_REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
+                      r"(@[A-Za-z0-9][A-Za-z0-9._/-]{0,199})?")
+
+
+def _model_target(v: Path) -> Path:
+    if not v.is_absolute() and _REPO_ID.fullmatch(str(v)):
+        return v
+    try:
+        return _host_path(v)
+    except ValueError:
+        raise ValueError(f"{str(v)!r} must be an absolute path (it is bind-mounted on every node) or a Hugging "
+                         "Face repo id, org/name[@revision], found in each node's cache") from None
+
+
+ModelTarget = Annotated[Path, AfterValidator(_model_target)]
+
+
 class ModelConfig(Strict):
-    target: HostPath = Field(description="host path of the target model, same on every node, mounted ro")
+    target: ModelTarget = Field(description="host path of the target model (a Hugging Face cache snapshot "
+                                "path works), same on every node, mounted ro; or org/name[@revision]")
     served_name: str = Field(min_length=1)
 
 

@@ -141,6 +141,25 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
+HISTORY_KINDS = ("deployment", "gates", "pool", "bench", "campaign")
+
+
+def since_time(since: str, *, now: datetime | None = None) -> str:
+    """``30m`` / ``2h`` / ``7d`` ago, or an ISO date or time, as the journal's ISO time (UTC) to compare
+    with; ValueError on anything else."""
+    from datetime import timedelta
+
+    units = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+    s = since.strip()
+    if s and s[-1] in units and s[:-1].replace(".", "", 1).isdigit():
+        t = (now or datetime.now(UTC)) - timedelta(seconds=float(s[:-1]) * units[s[-1]])
+    else:
+        t = datetime.fromisoformat(s)
+        if t.tzinfo is None:
+            t = t.replace(tzinfo=UTC)
+    return t.astimezone(UTC).isoformat(timespec="seconds")
+
+
 def sha256_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
@@ -401,6 +420,17 @@ class Journal:
             return self._history(limit)
         except (sqlite3.DatabaseError, ValueError, TypeError, AttributeError) as e:
             raise BadInput(str(self.path), f"the journal is damaged ({e})") from None
+
+    def history_where(self, limit: int = 50, *, kinds: list[str] | None = None,
+                      since: str | None = None) -> list[HistoryEntry]:
+        """:meth:`history`, only entries of ``kinds`` (deployment, gates, pool, bench, campaign) recorded at
+        or after ``since`` (an ISO time, as :func:`since_time` gives), newest ``limit`` of those."""
+        try:
+            entries = self._history(1 << 31)
+        except (sqlite3.DatabaseError, ValueError, TypeError, AttributeError) as e:
+            raise BadInput(str(self.path), f"the journal is damaged ({e})") from None
+        picked = [e for e in entries if (not kinds or e.kind in kinds) and (since is None or e.time >= since)]
+        return picked[:limit]
 
     def _history(self, limit: int) -> list[HistoryEntry]:
         c = self._conn

@@ -24,6 +24,9 @@ RIG_DIR = Path(__file__).resolve().parent / "rig"
 if str(RIG_DIR) not in sys.path:
     sys.path.insert(0, str(RIG_DIR))
 
+# tests/real drives real vLLM on a GPU machine (scripts/real-engine); CI has none, so it is never collected here
+collect_ignore = ["real"]
+
 
 @pytest.fixture(scope="session")
 def rig():

@@ -83,12 +83,15 @@ def validate(
     # --drafter/--target name directories on this machine
     local = tuple(k for k, v in (("drafter", drafter), ("target", target)) if v is not None)
     if offline or not needs_head(cfg, local=local):
+        cfg = _local_hf_target(cfg)
         report, where = check_inputs(cfg, None, parser=parser, local=local)
     else:
+        from sparkserve.deploy.hf_models import resolve_target
         from sparkserve.nodes.factory import open_nodes
 
         try:
             with open_nodes(cfg, names=[cfg.head.name]) as nodes:
+                cfg = resolve_target(cfg, nodes)  # org/name[@rev] → the head's snapshot path
                 report, where = check_inputs(cfg, nodes[cfg.head.name], parser=parser, local=local)
         except RemoteFailure as e:
             e.details.append(f"the {_not_here(cfg, local)} not on this machine: validate reads them on the head; "
@@ -124,6 +127,26 @@ def validate(
     lines.append(f"argv ok: {report.argvs_checked} `vllm serve` argv(s) accepted by {report.argv_judge}")
     for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _local_hf_target(cfg: Config) -> Config:
+    """``--offline`` with ``model.target: org/name[@rev]``: this machine's Hugging Face cache, when it holds it."""
+    import os
+
+    from sparkserve.models.hf_cache import DEFAULT_HUB, parse_repo_id, resolve_local
+
+    ref = parse_repo_id(str(cfg.model.target))
+    if ref is None:
+        return cfg
+    hub = os.environ.get("HF_HUB_CACHE") or (os.path.join(os.environ["HF_HOME"], "hub")
+                                              if os.environ.get("HF_HOME") else DEFAULT_HUB)
+    try:
+        snap = resolve_local(ref, Path(hub).expanduser())
+    except BadInput:
+        return cfg  # not here either: reported as not read
+    new = cfg.model_copy(deep=True)
+    new.model = new.model.model_copy(update={"target": snap})
+    return new
 
 
 def _not_here(cfg: Config, local: tuple[str, ...]) -> str:

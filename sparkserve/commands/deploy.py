@@ -1,74 +1,31 @@
 """`up`, `down`, `status`, `doctor`, `swap-drafter`: parse, open the nodes, call one deploy function, print.
 
 Nodes are opened here, by the commands layer, with :func:`sparkserve.nodes.factory.open_nodes`; every
-deploy function takes them open.
+deploy function takes them open. Progress (bars, the live boot view, heartbeats when piped) goes to stderr
+through :class:`sparkserve.commands.progress.Progress`. The deploy modules are imported inside each command,
+so `sparkserve status` pays only for what status uses.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.live import Live
 from rich.table import Table
 
-from sparkserve.commands._common import AcceptNew, ConfigOpt, JsonOpt, config_from, console, emit_json, err_console
-from sparkserve.config import Config
-from sparkserve.deploy.stack import DOWN_LEFT, STATUS_LEFT, StackStatus, down, status, unreachable_error
-from sparkserve.deploy.swap import swap_drafter
-from sparkserve.deploy.up import up
-from sparkserve.deploy.wait import NodeView
+from sparkserve.commands._common import AcceptNew, ConfigOpt, JsonOpt, config_from, console, emit_json
+from sparkserve.commands.progress import Progress
+from sparkserve.config import Config, find_config_path
 from sparkserve.errors import GateFailed, RemoteFailure, RollbackFailed
-from sparkserve.nodes.factory import open_nodes, open_reachable
+
+if TYPE_CHECKING:
+    from sparkserve.deploy.serving import Serving
+    from sparkserve.deploy.stack import StackStatus
 
 BreakLock = Annotated[bool, typer.Option("--break-lock", help="remove a lock left by a run that is gone")]
-
-
-def _say(json_out: bool):  # noqa: ANN202
-    """The progress reporter deploy functions get: dim lines on stderr, nothing with --json."""
-    def say(msg: str) -> None:
-        if not json_out:
-            err_console.print(f"[dim]·[/dim] {msg}", highlight=False)
-    return say
-
-
-class _BootView:
-    """A live per-node table (phase, last log line, elapsed) on a terminal; phase changes otherwise."""
-
-    def __init__(self, enabled: bool) -> None:
-        self.enabled = enabled
-        self.live: Live | None = None
-        self.phases: dict[str, str] = {}
-
-    def __enter__(self) -> _BootView:
-        if self.enabled and err_console.is_terminal:
-            self.live = Live(console=err_console, refresh_per_second=4, transient=True)
-            self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.live is not None:
-            self.live.__exit__(None, None, None)
-
-    def update(self, views: list[NodeView], elapsed: float) -> None:
-        if not self.enabled:
-            return
-        if self.live is not None:
-            t = Table(title=f"booting — {elapsed:.0f}s", expand=True)
-            for col in ("node", "rank", "phase", "free mem", "last log line"):
-                t.add_column(col, overflow="ellipsis", no_wrap=col == "last log line")
-            for v in views:
-                mem = f"{v.available / 2**30:.1f} GiB" if v.available is not None else "-"
-                t.add_row(v.node, str(v.rank), v.phase.value, mem, v.last_line)
-            self.live.update(t)
-            return
-        for v in views:
-            if self.phases.get(v.node) != v.phase.value:
-                self.phases[v.node] = v.phase.value
-                err_console.print(f"[dim]·[/dim] {v.node} (rank {v.rank}): {v.phase.value} after {elapsed:.1f}s",
-                                  highlight=False)
 
 
 def up_cmd(
@@ -77,17 +34,41 @@ def up_cmd(
     no_gates: Annotated[bool, typer.Option("--no-gates", help="do not run the gates after boot")] = False,
     accept_new: AcceptNew = False,
     break_lock: BreakLock = False,
+    config_drafter: Annotated[bool, typer.Option(
+        "--config-drafter", help="boot the config file's drafter, not one `swap-drafter --no-write` left active "
+                                 "(and forget that one)")] = False,
 ) -> None:
     """Preflight, sync the drafter, start every rank (followers, then head), wait, check parity and gates.
 
     On any failure or Ctrl-C every container this run started is stopped and removed on every node. A
     stack already running this deployment is "already up" only once its gates passed for this boot (run
     now when the journal holds no verdict for it; a failure stops it, exit 1). After the gates, every rank
-    is watched for gates.settle_s before "serving" (a rank dying then: exit 3)."""
+    is watched for gates.settle_s before "serving" (a rank dying then: exit 3). A drafter that
+    `swap-drafter --no-write` left active for this config is kept, and `up` says so."""
+    from sparkserve.deploy.active_drafter import forget, kept_drafter
+    from sparkserve.deploy.hf_models import resolve_target
+    from sparkserve.deploy.serving import usage_example
+    from sparkserve.deploy.sync import progress_to
+    from sparkserve.deploy.up import up
+    from sparkserve.nodes.factory import open_nodes
+
     cfg = config_from(config, accept_new=accept_new, check=True)
-    with open_nodes(cfg) as nodes, _BootView(not json_out) as view:
-        result = up(cfg, nodes, run_gates=not no_gates, break_lock=break_lock, say=_say(json_out),
-                    on_update=view.update)
+    with Progress(enabled=not json_out) as p:
+        if config_drafter:
+            forget(cfg)
+            run_cfg = cfg
+        else:
+            run_cfg, kept = kept_drafter(cfg)
+            if kept is not None:
+                p.say(f"drafter: keeping {kept.path} ({kept.digest[:12]}), which `swap-drafter --no-write` left "
+                      f"active at {kept.time[:19]}; the config names {cfg.drafter.path} (`up --config-drafter` "
+                      "boots that one)")
+        with open_nodes(run_cfg) as nodes, progress_to(p.copy):
+            run_cfg = resolve_target(run_cfg, nodes)  # org/name[@rev]: the same snapshot on every node
+            if str(run_cfg.model.target) != str(cfg.model.target):
+                p.say(f"model: {cfg.model.target} is {run_cfg.model.target} on every node")
+            result = up(run_cfg, nodes, run_gates=not no_gates, break_lock=break_lock, say=p.say,
+                        on_update=p.boot)
     if json_out:
         emit_json(result.to_json())
         return
@@ -99,6 +80,7 @@ def up_cmd(
         boot = f" in {result.boot_seconds:.1f}s" if result.boot_seconds is not None else ""
         gates = "" if result.gates is None else " — all gates passed"
         print(f"{result.status}: {result.served_name} serving at {result.api_url}{boot}{gates}")
+    print(usage_example(run_cfg, result.api_url))
 
 
 def down_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: AcceptNew = False,
@@ -106,9 +88,12 @@ def down_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: Ac
     """Stop (gracefully) and remove every sparkserve container on every node; logs are saved first.
 
     A node that cannot be reached is named and the others are still taken down (exit 3)."""
+    from sparkserve.deploy.stack import DOWN_LEFT, down, unreachable_error
+    from sparkserve.nodes.factory import open_reachable
+
     cfg = config_from(config, accept_new=accept_new)
-    with open_reachable(cfg) as (nodes, unreachable):
-        result = down(cfg, nodes, unreachable=unreachable, break_lock=break_lock, say=_say(json_out))
+    with Progress(enabled=not json_out) as p, open_reachable(cfg) as (nodes, unreachable):
+        result = down(cfg, nodes, unreachable=unreachable, break_lock=break_lock, say=p.say)
     if json_out:
         emit_json(result.to_json())
     elif result.removed:
@@ -119,27 +104,81 @@ def down_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: Ac
         raise unreachable_error(result.unreachable, DOWN_LEFT)
 
 
-def status_cmd(config: ConfigOpt = None, json_out: JsonOpt = False) -> None:
-    """What runs where: every node's sparkserve containers (liveness per node) and the head's API.
+def status_cmd(
+    config: ConfigOpt = None,
+    json_out: JsonOpt = False,
+    accept_new: AcceptNew = False,
+    watch: Annotated[float | None, typer.Option(
+        "--watch", min=1.0, help="redraw every SECONDS until Ctrl-C (which exits 0)", metavar="SECONDS")] = None,
+) -> None:
+    """What runs where: every node's containers, the drafter serving, the API.
 
-    Exit 1 when the stack is not fully up; 3 when a node cannot be reached (the others are still shown)."""
-    cfg = config_from(config)
-    with open_reachable(cfg) as (nodes, unreachable):
-        st = status(cfg, nodes, unreachable=unreachable)
+    Shows since when the stack serves, the model, the drafter serving (path, digest, and whether it is the
+    config's), the image and the endpoint. Exit 1 when the stack is not fully up; 3 when a node cannot be
+    reached (the others are still shown)."""
+    from sparkserve.deploy.stack import STATUS_LEFT, unreachable_error
+
+    cfg = config_from(config, accept_new=accept_new)
+    if watch is not None:
+        _watch(cfg, watch, json_out)
+        return
+    st, serving = _status_once(cfg)
     if json_out:
-        emit_json(st.to_json())
+        emit_json({**st.to_json(), "serving": serving.to_json() if serving else None})
     else:
-        _print_status(cfg, st)
+        _print_status(cfg, st, serving)
     if st.unreachable:
         raise unreachable_error(st.unreachable, STATUS_LEFT)
     if not st.ok:
         raise typer.Exit(1)
 
 
-def _print_status(cfg: Config, st: StackStatus) -> None:
+def _status_once(cfg: Config) -> tuple[StackStatus, Serving | None]:
+    from sparkserve.deploy.serving import serving
+    from sparkserve.deploy.stack import status
+    from sparkserve.nodes.factory import open_reachable
+
+    with open_reachable(cfg) as (nodes, unreachable):
+        st = status(cfg, nodes, unreachable=unreachable)
+        return st, serving(cfg, nodes) if cfg.head.name in nodes else None
+
+
+def _watch(cfg: Config, every: float, json_out: bool) -> None:
+    """``status`` again every ``every`` seconds (a live view on a terminal) until Ctrl-C: exit 0."""
+    from rich.live import Live
+
+    live = Live(console=console, auto_refresh=False) if console.is_terminal and not json_out else None
+    try:
+        if live is not None:
+            live.start()
+        while True:
+            st, serving = _status_once(cfg)
+            if json_out:
+                emit_json({**st.to_json(), "serving": serving.to_json() if serving else None})
+                sys.stdout.flush()
+            elif live is not None:
+                live.update(_status_renderable(cfg, st, serving), refresh=True)
+            else:
+                print(time.strftime("%H:%M:%S"))
+                _print_status(cfg, st, serving)
+                sys.stdout.flush()
+            time.sleep(every)
+    except KeyboardInterrupt:
+        return
+    finally:
+        if live is not None:
+            live.stop()
+
+
+def _status_renderable(cfg: Config, st: StackStatus, serving: Serving | None) -> object:
+    from rich.console import Group
+    from rich.text import Text
+
+    from sparkserve.deploy.serving import human_duration
+
     t = Table(title="sparkserve status")
     for col in ("node", "container", "rank", "role", "status", "deployment", "image"):
-        t.add_column(col)
+        t.add_column(col, no_wrap=col in ("node", "status", "role"))
     for n in cfg.nodes:
         if n.name in st.unreachable:
             t.add_row(n.name, "?", "-", "-", "[red]unreachable[/red]", "-", "-")
@@ -150,19 +189,40 @@ def _print_status(cfg: Config, st: StackStatus) -> None:
             color = "green" if c.status == "running" else "red"
             t.add_row(n.name, c.name, str(c.rank), c.role, f"[{color}]{c.status}[/{color}]", c.deployment,
                       c.image_id)
-    console.print(t)
-    print(f"api {st.api.url}: {'serving' if st.api.serving else 'not serving'}")
+    lines = [f"api {st.api.url}: {'serving' if st.api.serving else 'not serving'}"]
+    if serving is not None:
+        digest = serving.drafter_digest[:12] if serving.drafter_digest else "digest not in the journal"
+        if serving.differs:
+            which = f" — NOT the config's drafter ({serving.config_drafter})"
+        elif serving.differs is False:
+            which = " (the config's)"
+        else:
+            which = ""
+        lines += [f"up {human_duration(serving.uptime_s)} (since {serving.started_at or '?'})",
+                  f"model {serving.model} ({serving.target})",
+                  f"drafter {serving.drafter_path or '?'} ({digest}){which}",
+                  f"image {serving.image_ref} ({(serving.image_id or '?')[:19]})",
+                  f"endpoint {serving.endpoint}"]
+    return Group(t, *(Text(x) for x in lines))
+
+
+def _print_status(cfg: Config, st: StackStatus, serving: Serving | None) -> None:
+    console.print(_status_renderable(cfg, st, serving))
 
 
 def doctor_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: AcceptNew = False) -> None:
     """ssh, docker, disk, UMA memory headroom, ports, stale containers, paths, CX-7 fabric — every node.
 
-    Exit 1 when a check fails; 3 when a node (its ssh or its docker) cannot be reached: every node that
-    can be is still checked."""
+    Every node it can reach is checked in full; the others are reported. Exit 1 when a check fails; 3 when
+    a node (its ssh or its docker) cannot be reached. --json prints one document in every case."""
     from sparkserve.deploy.doctor import as_json, check_all, unreachable_checks
+    from sparkserve.deploy.hf_models import is_hf_target, resolve_target
+    from sparkserve.nodes.factory import open_reachable
 
     cfg = config_from(config, accept_new=accept_new)
     with open_reachable(cfg) as (nodes, unreachable):
+        if is_hf_target(cfg) and not unreachable:
+            cfg = resolve_target(cfg, nodes)
         checks = check_all(cfg, nodes, None, check_ports=True, unreachable=unreachable)
     out = as_json(checks)
     if json_out:
@@ -189,23 +249,59 @@ def swap_drafter_cmd(
     config: ConfigOpt = None,
     json_out: JsonOpt = False,
     break_lock: BreakLock = False,
+    accept_new: AcceptNew = False,
+    no_write: Annotated[bool, typer.Option(
+        "--no-write", help="leave the config file as it is: the journal keeps the new drafter active for it, "
+                           "and `up` keeps it")] = False,
 ) -> None:
     """Validate PATH, sync it to every node, restart with the new bind mount, run the gates; roll back
     to the drafter that was serving if anything fails.
 
+    After a swap the config file names the new drafter (drafter.path on the nodes, drafter.source here),
+    comments kept — or, with --no-write or no config file, the journal does and `up` keeps it.
     Exit 0 swapped · 1 swap failed, rolled back (the previous drafter serves) · 2 bad drafter (nothing
     changed) · 4 ROLLBACK FAILED: nothing runs on any node."""
-    cfg = config_from(config)
-    with open_nodes(cfg) as nodes:
-        result = swap_drafter(cfg, nodes, path, break_lock=break_lock, say=_say(json_out))
+    from sparkserve.deploy.active_drafter import remember, write_config_drafter
+    from sparkserve.deploy.hf_models import resolve_target
+    from sparkserve.deploy.swap import swap_drafter
+    from sparkserve.deploy.sync import progress_to
+    from sparkserve.nodes.factory import open_nodes
+
+    cfg = config_from(config, accept_new=accept_new)
+    with Progress(enabled=not json_out) as p, open_nodes(cfg) as nodes, progress_to(p.copy):
+        result = swap_drafter(resolve_target(cfg, nodes), nodes, path, break_lock=break_lock, say=p.say)
+    kept = None
+    if result.ok and result.drafter_path and result.drafter_digest:
+        source = path.expanduser().resolve()
+        file = find_config_path(config)
+        if no_write or file is None:
+            remember(cfg, result.drafter_path, str(source), result.drafter_digest)
+            why = "--no-write" if no_write else "no config file to write (the embedded default)"
+            kept = (f"{why}: the journal keeps {result.drafter_path} active for this config; `up` keeps it "
+                    "(`up --config-drafter` boots the config's)")
+        else:
+            write_config_drafter(file, result.drafter_path, source)
+            kept = f"{file}: drafter.path is now {result.drafter_path}, drafter.source {source} (comments kept)"
+            if any(k.startswith("SPARKSERVE_DRAFTER") for k in _env()):
+                kept += "; SPARKSERVE_DRAFTER__* in the environment still overrides the file"
     if json_out:
-        emit_json(result.to_json())
+        emit_json({**result.to_json(), "kept": kept})
+    elif result.ok:
+        print(f"swapped: {cfg.model.served_name} now drafts with {result.drafter_path} "
+              f"({(result.drafter_digest or '')[:12]})")
+        print(kept)
     else:
         print(result.message)
     if not result.ok and not result.rolled_back:
         raise RollbackFailed("swap-drafter", result.message)
     if not result.ok:
         raise GateFailed("swap-drafter", result.message)
+
+
+def _env() -> list[str]:
+    import os
+
+    return list(os.environ)
 
 
 def register(app: typer.Typer) -> None:

@@ -95,15 +95,29 @@ def _print_result(r: BenchResult, bench_id: int | None) -> None:
 def history(
     json_out: JsonOpt = False,
     limit: Annotated[int, typer.Option("--limit", min=1, help="newest N records")] = 30,
+    kind: Annotated[list[str] | None, typer.Option(
+        "--kind", help="only this kind (repeatable): deployment gates pool bench campaign")] = None,
+    since: Annotated[str | None, typer.Option("--since", help="only since: 30m, 2h, 7d, or an ISO date/time")
+                     ] = None,
 ) -> None:
     """What ran: deployments, gate runs, banked pools and bench results from the journal, newest first.
 
     A damaged journal is one `error:` line (exit 2, as for any unusable input file) naming the fallback file
     that holds the records it could not take."""
+    from sparkserve.journal import HISTORY_KINDS, since_time
+
+    bad = [k for k in kind or [] if k not in HISTORY_KINDS]
+    if bad:
+        raise BadInput("--kind", f"{bad[0]!r} is not one of {', '.join(HISTORY_KINDS)}")
+    try:
+        since_iso = since_time(since) if since else None
+    except ValueError:
+        raise BadInput("--since", f"{since!r} is not a duration like 2h or an ISO date/time") from None
     path = default_path()
     try:
         with Journal.open(path) as journal:
-            entries = journal.history(limit)
+            entries = (journal.history_where(limit, kinds=kind, since=since_iso) if kind or since_iso
+                       else journal.history(limit))
     except BadInput as e:
         raise BadInput(e.where, e.what + fallback_note(path)) from None
     if json_out:

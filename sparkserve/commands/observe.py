@@ -14,7 +14,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from sparkserve.commands._common import ConfigOpt, JsonOpt, config_from, console, emit_json
+from sparkserve.commands._common import AcceptNew, ConfigOpt, JsonOpt, config_from, console, emit_json
 from sparkserve.deploy.gates_live import run_gates
 from sparkserve.deploy.stack import stream_logs
 from sparkserve.errors import BadInput
@@ -37,13 +37,22 @@ def logs_live(
     node: Annotated[str | None, typer.Option("--node", help="only this node")] = None,
     follow: Annotated[bool, typer.Option("--follow", "-f", help="keep streaming")] = False,
     since: Annotated[str | None, typer.Option("--since", help="e.g. 10m, 2h, or an RFC 3339 time")] = None,
+    tail: Annotated[int | None, typer.Option("--tail", "-n", min=1, help="only each container's last N lines")
+                    ] = None,
+    accept_new: AcceptNew = False,
 ) -> None:
-    """Every node's engine container logs, each line prefixed with its node."""
+    """Every node's engine container logs, each line prefixed with its node. With -f, Ctrl-C ends the
+    stream (exit 0)."""
     if ctx.invoked_subcommand is not None:
         return
-    cfg = config_from(config)
-    with open_nodes(cfg) as nodes:
-        stream_logs(cfg, nodes, node=node, follow=follow, since=since)
+    cfg = config_from(config, accept_new=accept_new)
+    try:
+        with open_nodes(cfg) as nodes:
+            stream_logs(cfg, nodes, node=node, follow=follow, since=since, tail=tail)
+    except KeyboardInterrupt:
+        if not follow:
+            raise
+        # following is ended by Ctrl-C: that is how it is used, not a failure
 
 
 def _log_files(items: list[str], option: str) -> list[LogFile]:
@@ -132,13 +141,14 @@ def gates_cmd(
             "--skip", help="a gate not to judge (repeatable): pool graphs mask smoke faults runner identity"
         ),
     ] = None,
+    accept_new: AcceptNew = False,
 ) -> None:
     """The production gates across every node: pool, graphs, mask, smoke, faults, runner, identity."""
     skips = list(skip or [])
     bad = [s for s in skips if s not in GATE_NAMES]
     if bad:
         raise BadInput("--skip", f"unknown gate {bad[0]!r}; gates are {', '.join(GATE_NAMES)}")
-    cfg = config_from(config)
+    cfg = config_from(config, accept_new=accept_new)
     if from_log:
         if bank:
             raise BadInput(

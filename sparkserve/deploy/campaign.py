@@ -347,7 +347,7 @@ def _slots(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, cl
         where = f"round {slot.round + 1}/{spec.rounds} · boot {i + 1}/{len(order)} · drafter {slot.drafter}"
         say(f"ab: {where} · booting · {clock.eta(len(left), cells_left)}")
         _one_slot(cfg, nodes, cid, spec, i, slot, _done_cells(waves, i), prompt_set, clock, where=where, say=say,
-                  progress=progress)
+                  progress=progress, boots_left=len(left) - 1, cells_left=cells_left)
 
 
 def _boot(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, i: int, slot: Slot, clock: _Clock,
@@ -379,7 +379,9 @@ def _boot(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, i: 
 
 def _one_slot(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, i: int, slot: Slot,
               done: set[str], prompt_set: PromptSet, clock: _Clock, *, where: str, say: Reporter,
-              progress: bool) -> None:
+              progress: bool, boots_left: int, cells_left: dict[str, int]) -> None:
+    """Boot slot ``i`` and run its cells not yet banked (``done``); ``boots_left`` / ``cells_left``: what
+    remains of the campaign after this boot (cells: including this slot's), for the ETA."""
     boot, res = _boot(cfg, nodes, cid, spec, i, slot, clock, say)
     if res is None:
         say(f"ab: {where}: excluded — {boot.excluded}")
@@ -389,7 +391,8 @@ def _one_slot(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec,
     for cs in spec.cells:
         if cs.name in done:
             continue
-        say(f"ab: {where} · cell {cs.name} {cs.shape()}")
+        say(f"ab: {where} · cell {cs.name} {cs.shape()} · {clock.eta(boots_left, cells_left)}")
+        cells_left[cs.name] -= 1
         t = time.monotonic()
         try:
             result, outcomes = asyncio.run(run_cell_outcomes_async(

@@ -98,3 +98,29 @@ def human_duration(s: float | None) -> str:
     if h:
         return f"{h}h {m}m"
     return f"{m}m {s}s" if m else f"{s}s"
+
+
+def usage_example(cfg: Config, api_url: str) -> str:
+    """A ready-to-paste `curl` and OpenAI-client call against the served model. The API key is named (its
+    env var or file), never printed."""
+    import json
+    import shlex
+
+    base = api_url.rstrip("/") + "/v1"
+    body = json.dumps({"model": cfg.model.served_name, "max_tokens": 64,
+                       "messages": [{"role": "user", "content": "Say hello in five words."}]})
+    s = cfg.serve
+    if s.api_key_env:
+        header, key_py = f' -H "Authorization: Bearer ${s.api_key_env}"', f'os.environ["{s.api_key_env}"]'
+    elif s.api_key_file:
+        f = shlex.quote(str(s.api_key_file))
+        header = f' -H "Authorization: Bearer $(cat {f})"'
+        key_py = f'open("{s.api_key_file}").read().strip()'
+    else:
+        header, key_py = "", '"EMPTY"'
+    curl = (f"curl -s {shlex.quote(base + '/chat/completions')} -H 'Content-Type: application/json'{header} "
+            f"-d {shlex.quote(body)}")
+    py = (f"python3 -c 'import os; from openai import OpenAI; c = OpenAI(base_url=\"{base}\", api_key={key_py}); "
+          f"print(c.chat.completions.create(model=\"{cfg.model.served_name}\", max_tokens=64, messages=[{{\"role\": "
+          "\"user\", \"content\": \"Say hello in five words.\"}]).choices[0].message.content)'")
+    return f"try it:\n  {curl}\n  {py}"

@@ -191,9 +191,9 @@ def status(cfg: Config, nodes: dict[str, Node], *,
 
 
 def stream_logs(cfg: Config, nodes: dict[str, Node], *, node: str | None = None, follow: bool = False,
-                since: str | None = None, out: Callable[[str], None] = print) -> None:
+                since: str | None = None, out: Callable[[str], None] = print, tail: int | None = None) -> None:
     """Every node's sparkserve container logs (or one node's), each line prefixed with its node;
-    ``follow`` streams every node at once until interrupted."""
+    ``follow`` streams every node at once until interrupted; ``tail``: only each container's last N lines."""
     names = [n.name for n in cfg.nodes if node is None or n.name == node]
     if node is not None and not names:
         raise BadInput("--node", f"no node named {node!r} (nodes: {', '.join(n.name for n in cfg.nodes)})")
@@ -204,7 +204,7 @@ def stream_logs(cfg: Config, nodes: dict[str, Node], *, node: str | None = None,
     def stream(name: str) -> None:
         eng = engine_for(nodes[name], cfg)
         for c in eng.list_managed():
-            for line in eng.logs(c.id, follow=follow, since=since_v):
+            for line in eng.logs(c.id, follow=follow, since=since_v, tail=tail):
                 with lock_out:
                     out(f"{name:<{width}} | {line}")
 

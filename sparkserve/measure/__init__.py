@@ -9,9 +9,12 @@ A cell's path, top-down::
     └─ summary.py  outcomes + two snapshots → BenchResult, with the guards that refuse a cell
     records.py     Cell, CELLS, Sampling, RequestOutcome, BenchResult (the ``bench --json`` record)
     prompts.py     prompt sets (JSONL, or the built-in smoke set)
-    ab.py          bench records against a baseline (``sparkserve ab``)
+    ab.py          bench records against a baseline (``sparkserve ab diff``)
+    ab_records.py  an A/B campaign's spec (drafters, cells, rounds, seeded ABBA order), waves, boots, pins
+    ab_stats.py    bootstrap intervals over prompts and boots, deltas, KEEP/REVERT/TIE, the honest read
+    ab_report.py   the table of record (``sparkserve ab report``): text, Markdown, JSON, ``--plot``
 
 May import: ground (errors, config, journal, units), models/, plan/, observe/ and itself; never nodes/,
 deploy/ or commands/. Network I/O lives only in run, scrape, client and httpstream; metrics, stream,
-summary, records and ab are pure.
+summary, records, ab and ab_* are pure (``ab_report.plot`` writes the one file it is given).
 """

@@ -124,6 +124,8 @@ def image_fingerprints(nodes: Sequence[Node], ref: str) -> dict[str, str | None]
 def identity_of(node: Node, image: str) -> str:
     """The content fingerprint of the image ``image`` (an ID or ref) names on ``node``; ``image`` itself when
     the node's docker has no such image (a process-runtime engine identity). The identity gate's value."""
+    if not callable(getattr(node, "docker", None)):  # a node kind without a docker daemon
+        return image
     try:
         found = image_identity(node, image)
     except NodeError:

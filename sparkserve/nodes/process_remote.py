@@ -9,11 +9,13 @@ Verbs (each answers one JSON object on stdout):
   open the rank's log (truncated: one log per boot), fork a supervisor that calls ``setsid()`` (its own
   session and process group, so the engine outlives the SSH session) and forks the engine with the given
   argv and env (plus :data:`MARKER_ENV`, which every process of the rank inherits), then write the manifest
-  beside the log and answer it. The supervisor ignores SIGINT/SIGTERM/SIGHUP, waits for the engine and
-  writes its exit status (``rank<R>.exit``). An exec failure is answered as an error; nothing stays behind.
+  beside the log and answer it. The supervisor ignores SIGINT/SIGTERM/SIGHUP, relays the engine's output
+  into the log, noting when each chunk arrived (``rank<R>.stamps``: per-line times, as docker has), and
+  writes the engine's exit status (``rank<R>.exit``). An exec failure is answered as an error; nothing
+  stays behind.
 * ``look`` — for each id: the manifest, whether the engine lives (pid alive, not a zombie, the same start
   time from ``/proc/<pid>/stat``, the same boot id: a reused pid is not ours), its exit status, and (with
-  ``offsets``) the log bytes from an offset, base64.
+  ``offsets``) the log and stamps bytes from the offsets given, base64.
 * ``list`` — every manifest under the root, as ``look`` answers it.
 * ``stop`` — SIGINT, then SIGTERM, then SIGKILL (each after ``timeout_s``) to the rank's processes: its
   process group when the recorded supervisor still is the group's leader, and every process carrying the
@@ -108,8 +110,9 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
         out = []
         if m.get("boot_id") != boot_id():
             return out
-        if lives(int(m["pgid"]), int(m.get("leader_start_time", -1))):
-            out.append(int(m["pgid"]))
+        for pid, start in ((m["pgid"], m.get("leader_start_time", -1)), (m["pid"], m["start_time"])):
+            if lives(int(pid), int(start)):  # by stat: a dying process's environ reads empty
+                out.append(int(pid))
         for d in os.listdir("/proc"):
             if not d.isdigit() or int(d) == os.getpid() or int(d) in out:
                 continue
@@ -123,20 +126,53 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
                 out.append(int(d))
         return sorted(out)
 
-    def look(rank_id: str, offset: int | None) -> dict[str, Any]:
+    def relay(eng: int, out: int, log: int, stamps: int, exit_path: str) -> None:
+        """The supervisor's loop: the engine's output into its log, with when each chunk arrived (the
+        ``.stamps`` file: ``<log bytes so far> <unix time>`` per chunk); its exit status when it exits."""
+        import select
+
+        written, code = 0, None
+
+        def reaped(block: bool) -> int | None:
+            pid, status = os.waitpid(eng, 0 if block else os.WNOHANG)
+            if pid == 0:
+                return None
+            c = os.waitstatus_to_exitcode(status)
+            c = c if c >= 0 else 128 - c  # as a shell (and docker) reports it: 128 + N for a death by signal N
+            write_json(exit_path, {"exit_code": c, "at": time.time()})
+            return c
+
+        while True:
+            ready, _, _ = select.select([out], [], [], 0.5)
+            if ready:
+                chunk = os.read(out, 1 << 16)
+                if not chunk:  # every writer (the engine and its children) closed it
+                    break
+                view = memoryview(chunk)
+                while view:
+                    view = view[os.write(log, view):]
+                written += len(chunk)
+                os.write(stamps, f"{written} {time.time():.6f}\n".encode())
+            if code is None:
+                code = reaped(False)
+        if code is None:
+            reaped(True)
+
+    def look(rank_id: str, offsets: list[int] | None) -> dict[str, Any]:
         base = base_of(rank_id)
         m = read_json(base + ".json")
         if m is None:
             return {"id": rank_id, "manifest": None}
         out: dict[str, Any] = {"id": rank_id, "manifest": m, "running": running(m), "exit": read_json(base + ".exit")}
-        if offset is not None:
-            try:
-                with open(base + ".log", "rb") as f:
-                    f.seek(offset)
-                    data = f.read(q.get("max_bytes", 64 << 20))
-            except OSError:
-                data = b""
-            out["log"] = base64.b64encode(data).decode()
+        if offsets is not None:  # [log offset, stamps offset]: what the caller has read of each
+            for key, suffix, at in (("log", ".log", offsets[0]), ("stamps", ".stamps", offsets[1])):
+                try:
+                    with open(base + suffix, "rb") as f:
+                        f.seek(at)
+                        data = f.read(q.get("max_bytes", 64 << 20))
+                except OSError:
+                    data = b""
+                out[key] = base64.b64encode(data).decode()
         return out
 
     verb = q["verb"]
@@ -183,7 +219,7 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
         if not exe or not os.access(exe, os.X_OK) or os.path.isdir(exe):
             return {"error": f"{q['exe']}: no such executable on this node (serve.vllm)"}
         os.makedirs(os.path.dirname(base), mode=0o700, exist_ok=True)
-        for suffix in (".exit", ".json"):
+        for suffix in (".exit", ".json", ".stamps"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(base + suffix)
         log = os.open(base + ".log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -201,13 +237,19 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
                 os.dup2(null, 0)
                 os.dup2(log, 1)
                 os.dup2(log, 2)
+                out_r, out_w = os.pipe()
                 eng = os.fork()
                 if eng == 0:
                     try:
+                        os.close(out_r)
+                        os.dup2(out_w, 1)
+                        os.dup2(out_w, 2)
+                        os.close(out_w)
                         os.execve(exe, argv, env)
                     except BaseException as e:  # noqa: BLE001 - reported to the starter, then gone
                         os.write(err_w, f"{type(e).__name__}: {e}".encode())
                     os._exit(127)
+                os.close(out_w)
                 os.close(err_w)
                 st = stat(eng)
                 os.write(info_w, json.dumps({"pid": eng, "start": st[3] if st else -1,
@@ -215,10 +257,8 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
                 os.close(info_w)
                 for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
                     signal.signal(sig, signal.SIG_IGN)
-                _, status = os.waitpid(eng, 0)
-                code = os.waitstatus_to_exitcode(status)
-                # as a shell (and docker) reports it: 128 + N for a death by signal N
-                write_json(base + ".exit", {"exit_code": code if code >= 0 else 128 - code, "at": time.time()})
+                relay(eng, out_r, log, os.open(base + ".stamps", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600),
+                      base + ".exit")
             finally:
                 os._exit(0)
         os.close(info_w)
@@ -229,7 +269,7 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
         with os.fdopen(err_r, "rb") as f:
             failed = f.read().decode(errors="replace")
         if failed or not info:
-            for suffix in (".exit", ".log"):
+            for suffix in (".exit", ".log", ".stamps"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(base + suffix)
             return {"error": f"cannot run {exe}: {failed or 'the supervisor did not start'}"}
@@ -252,12 +292,15 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
                 break
             sent.append(sig.name)
             leader = int(m["pgid"])
-            if leader in pids:
+            grouped = leader in pids
+            if grouped:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(leader, sig)
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, sig)
+            for pid in pids:  # each process once: a second SIGINT is a second Ctrl-C (vLLM then quits hard)
+                st = stat(pid)
+                if st is not None and not (grouped and st[1] == leader):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, sig)
             deadline = time.monotonic() + (timeout if sig != signal.SIGKILL else 10.0)
             while time.monotonic() < deadline and members(m):
                 time.sleep(0.05)
@@ -271,7 +314,7 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
         m = read_json(base + ".json")
         if m is not None and (running(m) or [p for p in members(m) if p != int(m["pgid"])]):
             return {"error": "running"}
-        for suffix in (".json", ".exit", ".log"):
+        for suffix in (".json", ".exit", ".log", ".stamps"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(base + suffix)
         with contextlib.suppress(OSError):

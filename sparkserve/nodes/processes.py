@@ -12,13 +12,14 @@ Everything on the node is done by one program (:mod:`sparkserve.nodes.process_re
 verb. Only processes a manifest names (its pid, its verified group leader, the processes carrying its
 marker) are ever signalled.
 
-A host process has no per-line log timestamps: a line's stamp is the node's clock when a look first saw it
-(a poll every 0.2 s during a boot). ``logs(since=…)`` is the whole log of this boot (one log per boot).
+Log lines are stamped as docker stamps them: the rank's supervisor notes when each chunk of output arrived
+(``rank<R>.stamps``); a line takes the time of the chunk that ended it. One log per boot.
 """
 
 from __future__ import annotations
 
 import base64
+import contextlib
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -50,9 +51,13 @@ class _Seen:
     """What this engine has read of one rank's log: bytes consumed, whole lines and when each was first seen."""
 
     offset: int = 0
+    stamp_offset: int = 0
     lines: list[str] = field(default_factory=list)
     stamps: list[str] = field(default_factory=list)
+    times: list[float] = field(default_factory=list)
     pending: bytes = b""
+    chunks: list[tuple[int, float]] = field(default_factory=list)  # (log bytes so far, arrival) not yet used
+    stamp_pending: bytes = b""
     looked: float = 0.0
     reply: dict[str, Any] = field(default_factory=dict)
 
@@ -124,19 +129,37 @@ class ProcessEngine:
         """One look at a rank: its manifest, liveness, exit status and the log bytes not read yet."""
         key = self._key(ref)
         seen = self._seen.setdefault(key, _Seen())
-        reply = self._ask({"verb": "look", "ids": [key], "offsets": {key: seen.offset}}, step)
+        consumed = seen.offset + len(seen.pending)
+        offsets = [consumed, seen.stamp_offset + len(seen.stamp_pending)]
+        reply = self._ask({"verb": "look", "ids": [key], "offsets": {key: offsets}}, step)
         r = reply["ranks"][0]
         if r.get("manifest") is None:
             raise NoSuchContainer(self.name, step, f"no process {key}")
-        data = seen.pending + base64.b64decode(r.pop("log", "") or "")
-        *whole, seen.pending = data.split(b"\n")
-        stamp = _iso(float(reply["now"]))
-        for line in whole:
-            seen.lines.append(line.decode(errors="replace").rstrip("\r"))
-            seen.stamps.append(stamp)
-            seen.offset += len(line) + 1
+        self._take(seen, base64.b64decode(r.pop("log", "") or ""), base64.b64decode(r.pop("stamps", "") or ""),
+                   float(reply["now"]))
         seen.looked, seen.reply = time.monotonic(), r
         return r
+
+    @staticmethod
+    def _take(seen: _Seen, log: bytes, stamps: bytes, now: float) -> None:
+        """New log and stamps bytes → whole lines, each stamped with the arrival of the chunk that ended it
+        (``now`` when its stamp is not written yet)."""
+        *entries, seen.stamp_pending = (seen.stamp_pending + stamps).split(b"\n")
+        seen.stamp_offset += sum(len(e) + 1 for e in entries)
+        for e in entries:
+            end, _, at = e.decode(errors="replace").partition(" ")
+            with contextlib.suppress(ValueError):
+                seen.chunks.append((int(end), float(at)))
+        *whole, seen.pending = (seen.pending + log).split(b"\n")
+        for line in whole:
+            end = seen.offset + len(line) + 1
+            while seen.chunks and seen.chunks[0][0] < end:  # chunks that ended before this line did
+                seen.chunks.pop(0)
+            at = seen.chunks[0][1] if seen.chunks else now
+            seen.lines.append(line.decode(errors="replace").rstrip("\r"))
+            seen.stamps.append(_iso(at))
+            seen.times.append(at)
+            seen.offset = end
 
     def managed(self, ref: str) -> ManagedContainer | None:
         try:
@@ -163,17 +186,21 @@ class ProcessEngine:
 
     def logs(self, ref: str | ManagedContainer, *, since: datetime | float | int | None = None,
              follow: bool = False, tail: int | None = None, timestamps: bool = False) -> Iterator[str]:
-        """The rank's log of this boot as lines without newline (``since`` is this boot: one log per boot);
-        ``timestamps`` prefixes each with when it was first seen; ``follow`` streams until the rank ends."""
-        del since
+        """The rank's log of this boot as lines without newline (one log per boot; ``since``: the lines that
+        arrived from then on); ``timestamps`` prefixes each with its arrival (RFC 3339, as docker's);
+        ``follow`` streams until the rank ends."""
         key = self._key(ref)
         seen = self._seen.get(key)
         if seen is None or time.monotonic() - seen.looked > FRESH_S:
             self._look(key, "logs")
         seen = self._seen[key]
+        start = 0
+        if since is not None:
+            t = since.timestamp() if isinstance(since, datetime) else float(since)
+            start = next((i for i, x in enumerate(seen.times) if x >= t), len(seen.times))
         if not follow:
-            return iter(self._render(seen, 0, tail, timestamps, partial=True))
-        return self._follow(key, tail, timestamps)
+            return iter(self._render(seen, start, tail, timestamps, partial=True))
+        return self._follow(key, start, tail, timestamps)
 
     @staticmethod
     def _render(seen: _Seen, start: int, tail: int | None, timestamps: bool, *, partial: bool) -> list[str]:
@@ -185,9 +212,9 @@ class ProcessEngine:
             lines, stamps = lines[-tail:], stamps[-tail:]
         return [f"{s} {x}" for s, x in zip(stamps, lines, strict=True)] if timestamps else lines
 
-    def _follow(self, key: str, tail: int | None, timestamps: bool) -> Iterator[str]:
+    def _follow(self, key: str, start: int, tail: int | None, timestamps: bool) -> Iterator[str]:
         seen = self._seen[key]
-        yield from self._render(seen, 0, tail, timestamps, partial=False)
+        yield from self._render(seen, start, tail, timestamps, partial=False)
         done = len(seen.lines)
         while True:
             time.sleep(FOLLOW_POLL_S)

@@ -31,6 +31,9 @@ def _send_main(args: dict) -> int:
     import threading
     import time
 
+    # the tar end is two zero blocks; tarfile would pad the stream to 10 KiB records on top (bytes on the
+    # wire for nothing: a one-layer change of a few KB would cost 10 KB more)
+    tarfile.RECORDSIZE = tarfile.BLOCKSIZE
     workdir = args["workdir"]
     os.makedirs(workdir, exist_ok=True)
     layers = args["layers"]  # the source image's diff_ids, in order
@@ -99,6 +102,7 @@ def _send_main(args: dict) -> int:
     threading.Thread(target=progress, daemon=True).start()
     save = subprocess.Popen([args["docker"], "save", args["ref"]], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     layer_set = set(layers)
+    unseen = set(layers)
     try:
         assert save.stdout is not None
         with tarfile.open(fileobj=save.stdout, mode="r|") as src:
@@ -117,18 +121,45 @@ def _send_main(args: dict) -> int:
                     for w in writers.values():
                         w.addfile(m, _bytes_io(data))
                     continue
-                with tempfile.TemporaryFile(dir=workdir) as spool:
+                known = "sha256:" + base if m.name.startswith("blobs/sha256/") else None  # OCI: named by digest
+                # a target that lacks every layer not seen yet needs this one whatever it is: stream it now;
+                # the rest wait for the hash (legacy saves name layers by v1 ID) and get the spool
+                if known is not None:
+                    sure = [n for n in writers if known not in drop[n]]
+                else:
+                    sure = [n for n in writers if not drop[n] & unseen]
+                later = [n for n in writers if n not in sure]
+                spool = tempfile.NamedTemporaryFile(dir=workdir) if later and known is None else None  # noqa: SIM115
+                try:
+                    for n in sure:
+                        _header(writers[n], m)
                     h = hashlib.sha256()
                     for block in iter(lambda: f.read(1 << 20), b""):  # noqa: B023 (f is this member's)
-                        h.update(block)
-                        spool.write(block)
-                    diff = "sha256:" + h.hexdigest()
-                    for name, w in writers.items():
-                        if diff in drop[name]:
-                            skipped[name] += m.size
-                            continue
-                        spool.seek(0)
-                        w.addfile(m, spool)
+                        if known is None:
+                            h.update(block)
+                        for n in sure:
+                            writers[n].fileobj.write(block)
+                        if spool is not None:
+                            spool.write(block)
+                    for n in sure:
+                        _end(writers[n], m.size)
+                    diff = known or "sha256:" + h.hexdigest()
+                    unseen.discard(diff)
+                    if spool is not None:
+                        spool.flush()
+                    sends = []
+                    for n in later:
+                        if diff in drop[n]:
+                            skipped[n] += m.size
+                        else:
+                            sends.append(threading.Thread(target=_send_spool, args=(writers[n], m, spool.name)))
+                    for t in sends:
+                        t.start()
+                    for t in sends:
+                        t.join()
+                finally:
+                    if spool is not None:
+                        spool.close()
         for w in writers.values():
             w.close()
     finally:
@@ -149,6 +180,27 @@ def _send_main(args: dict) -> int:
     time.sleep(0)
     print(json.dumps({"save_rc": rc, "save_err": err, "sent": sent, "skipped": skipped}))
     return 0 if rc == 0 else 1
+
+
+def _header(w, m) -> None:
+    """Write member ``m``'s tar header into stream-mode TarFile ``w`` (its data follows, then :func:`_end`)."""
+    buf = m.tobuf(w.format, w.encoding, w.errors)
+    w.fileobj.write(buf)
+    w.offset += len(buf)
+
+
+def _end(w, size: int) -> None:
+    import tarfile
+
+    pad = -size % tarfile.BLOCKSIZE
+    if pad:
+        w.fileobj.write(b"\0" * pad)
+    w.offset += size + pad
+
+
+def _send_spool(w, m, path: str) -> None:
+    with open(path, "rb") as f:
+        w.addfile(m, f)
 
 
 def _bytes_io(data: bytes):
@@ -199,6 +251,6 @@ def recv_program(args: dict) -> list[str]:
 
 
 def _program(main, args: dict) -> list[str]:
-    src = "\n\n".join(inspect.getsource(f) for f in (_bytes_io, main))
+    src = "\n\n".join(inspect.getsource(f) for f in (_header, _end, _send_spool, _bytes_io, main))
     src += f"\n\nimport json, sys\nsys.exit({main.__name__}(json.loads(sys.argv[1])))\n"
     return ["python3", "-c", src, json.dumps(args)]

@@ -63,6 +63,9 @@ def _pool(an: Analysis, ex: Expectations) -> Verdict:
     if not observed:
         blocks = an.events(Kind.GPU_BLOCKS)
         extra = " (only V0 `# GPU blocks` lines, which are blocks, not tokens)" if blocks else ""
+        if an.failed_boot_kv_cache_tokens:
+            extra = (" (the pool line of " + ", ".join(f"{n:,}" for n in an.failed_boot_kv_cache_tokens)
+                     + " tokens belongs to a boot that failed after printing it)")
         return Verdict(
             "pool",
             False,

@@ -20,6 +20,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from sparkserve.config import API_KEY_ENV, Config, NodeConfig
+from sparkserve.models.hf_cache import mount_for
 from sparkserve.plan.container import (
     LABEL_FINGERPRINT,
     LABEL_MANAGED,
@@ -128,7 +129,8 @@ def model_paths(cfg: Config) -> tuple[str, str]:
     host paths themselves."""
     if cfg.runtime == "process":
         return str(cfg.model.target), str(cfg.drafter.path)
-    return TARGET_MOUNT, DRAFTER_MOUNT
+    # a Hugging Face cache snapshot is mounted with its repo dir (its links into blobs/ must resolve)
+    return mount_for(str(cfg.model.target), TARGET_MOUNT)[1], DRAFTER_MOUNT
 
 
 def drafter_in_argv(argv: list[str]) -> str | None:
@@ -274,7 +276,7 @@ def build_plan(
     fp = fingerprint or cfg.fingerprint()
     c = cfg.container
     mounts = [
-        Mount(source=str(cfg.model.target), target=TARGET_MOUNT, read_only=True),
+        Mount(source=mount_for(str(cfg.model.target), TARGET_MOUNT)[0], target=TARGET_MOUNT, read_only=True),
         Mount(source=str(cfg.drafter.path), target=DRAFTER_MOUNT, read_only=True),
     ]
     mounts += [

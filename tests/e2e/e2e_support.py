@@ -255,10 +255,12 @@ class E2E:
                 m = json.loads(p.read_text())
                 named.add(m["pid"])
                 out.append(SimpleNamespace(name=m["name"], id=m["id"], pid=m["pid"], labels=m["labels"],
+                                           argv=m["argv"],
                                            status="running" if _lives(m["pid"], m["start_time"]) else "exited"))
         for pid in self._marked_pids(node):
             if pid not in named:
-                out.append(SimpleNamespace(name=f"pid {pid}", id=str(pid), pid=pid, labels={}, status="running"))
+                out.append(SimpleNamespace(name=f"pid {pid}", id=str(pid), pid=pid, labels={}, argv=[],
+                                           status="running"))
         return out
 
     def kill_rank(self, node: str) -> None:

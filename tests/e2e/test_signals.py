@@ -153,6 +153,18 @@ def test_up_interrupted(e2e, phase: str, sig: signal.Signals) -> None:
         assert "stopped and removed" in text
 
 
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+@pytest.mark.parametrize("e2e", ["process"], indirect=True)
+def test_up_interrupted_during_boot_leaves_no_process(e2e, sig: signal.Signals) -> None:
+    """runtime process: Ctrl-C or SIGTERM while the head boots stops every rank's process and removes its
+    manifest on every node (the docker cells above cover containers)."""
+    overrides, marker = UP_PHASES["head-boot"]
+    cfg = e2e.config(overrides)
+    p, _ = interrupt(e2e, ("up",), cfg, marker, sig)
+    text = assert_interrupted(e2e, p, cfg, sig)
+    assert "stopped and removed" in text and e2e.leftovers() == {}
+
+
 @pytest.mark.parametrize("sig", SIGNALS, ids=SIG_IDS)
 def test_up_interrupted_during_drafter_sync(e2e, scratch, big_drafter: Path, sig: signal.Signals) -> None:
     node_dir = f"{scratch}/drafter"

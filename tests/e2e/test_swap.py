@@ -9,6 +9,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from e2e_support import BOTH_RUNTIMES
 
 pytestmark = pytest.mark.rig
 
@@ -33,10 +34,16 @@ def stack(e2e):
 
 
 def drafter_mounts(e2e) -> dict[str, str]:
-    """node → host path bind-mounted as the drafter in its running sparkserve container."""
+    """node → host path bind-mounted as the drafter in its running sparkserve container (runtime process:
+    the drafter its running engine's argv names)."""
+    from sparkserve.plan.build import drafter_in_argv
+
     out = {}
     for n in e2e.rig.nodes:
         (c,) = [c for c in e2e.managed(n.name) if c.status == "running"]
+        if e2e.runtime == "process":
+            out[n.name] = drafter_in_argv(c.argv)
+            continue
         (src,) = [m["Source"] for m in c.attrs["Mounts"] if m["Source"].startswith(E2E_DIR)]
         out[n.name] = src
     return out
@@ -55,6 +62,7 @@ def local_drafter(e2e, tmp_path: Path, name: str, variant: str = "drafter") -> P
     return d
 
 
+@BOTH_RUNTIMES
 def test_good_drafter_swaps_with_a_new_bind_mount(e2e, stack, tmp_path) -> None:
     new = local_drafter(e2e, tmp_path, "dflash2-next")
     w = new / "model.safetensors"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 import rig as riglib
-from e2e_support import kill_pid
+from e2e_support import BOTH_RUNTIMES, kill_pid
 
 pytestmark = pytest.mark.rig
 
@@ -202,11 +202,13 @@ def test_unknown_host_key_refused_then_accepted_with_the_flag(e2e, tmp_path) -> 
 # -- during boot ------------------------------------------------------------------------------------------
 
 
+@BOTH_RUNTIMES
 def test_engine_crash_at_boot_on_rank_1(e2e) -> None:
     cfg = e2e.config({"serve": {"env": {"SSEMU_FAULTS": "crash_boot@rank=1"}}})
     up_fails(e2e, cfg, node="node-b", step="boot", says=("rank 1", "WorkerProc failed to start"))
 
 
+@BOTH_RUNTIMES
 def test_follower_crash_during_capture_names_the_follower(e2e) -> None:
     """Rank 1 raises while capturing CUDA graphs; the head relays it and exits, the follower's worker logs
     the root cause and stays up. The failure is the follower's, and its root-cause line is quoted."""
@@ -234,6 +236,7 @@ def test_memory_floor_crossed_during_boot(e2e) -> None:
     assert "stopped every rank" in text
 
 
+@BOTH_RUNTIMES
 def test_ctrl_c_during_boot_stops_everything(e2e) -> None:
     cfg = e2e.config({"serve": {"env": {"SSEMU_BOOT_SECONDS": "60"}}})
     proc = e2e.popen("up", cfg=cfg)

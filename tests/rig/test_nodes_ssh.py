@@ -167,3 +167,29 @@ def test_connect_is_fast(rig_cfg: Config) -> None:
     node.connect()
     assert node.connect_seconds is not None and node.connect_seconds < 2.0
     node.close()
+
+
+def test_an_interrupt_stops_put_mid_file_within_a_second_and_leaves_no_temp_file(
+        node_b: SSHNode, node_scratch: str, tmp_path: Path) -> None:
+    import threading
+
+    from sparkserve.nodes import interrupts
+
+    big = tmp_path / "big.bin"
+    with big.open("wb") as f:
+        f.truncate(8 * 2**30)  # sparse: read fast here, far more than a second to send
+    remote = f"{node_scratch}/big.bin"
+    seen: list[int] = []
+    timer = threading.Timer(0.5, lambda: interrupts.note(KeyboardInterrupt()))
+    try:
+        timer.start()
+        t0 = time.monotonic()
+        with pytest.raises(NodeError, match="interrupted: the copy of .* was stopped"):
+            node_b.put(big, remote, on_bytes=seen.append)
+        stopped_after = time.monotonic() - t0 - 0.5
+    finally:
+        timer.cancel()
+        interrupts.reset()
+    assert 0 < seen[-1] < big.stat().st_size and stopped_after < 1.5
+    left = node_b.run(["ls", "-A", node_scratch]).stdout.split()
+    assert left == [], left

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -237,7 +238,34 @@ def test_live_logs_stream_every_node(monkeypatch, capsys, no_nodes) -> None:
     calls = []
     monkeypatch.setattr(observe_cmd, "stream_logs", lambda cfg, nodes, **kw: calls.append(kw))
     rc, _, _ = main(monkeypatch, capsys, "logs", "--node", "spark-b", "--follow", "--since", "10m")
-    assert rc == 0 and calls == [{"node": "spark-b", "follow": True, "since": "10m"}]
+    assert rc == 0 and calls == [{"node": "spark-b", "follow": True, "since": "10m", "tail": None}]
+
+
+def test_live_logs_tail_n_reaches_the_stream(monkeypatch, capsys, no_nodes) -> None:
+    calls = []
+    monkeypatch.setattr(observe_cmd, "stream_logs", lambda cfg, nodes, **kw: calls.append(kw))
+    rc, _, _ = main(monkeypatch, capsys, "logs", "--tail", "50")
+    assert rc == 0 and calls[0]["tail"] == 50 and calls[0]["follow"] is False
+
+
+def test_ctrl_c_ends_logs_follow_quietly_with_exit_0(monkeypatch, capsys, no_nodes) -> None:
+    import signal
+
+    from sparkserve.nodes import interrupts
+
+    def stream(cfg, nodes, **kw):  # a real SIGINT while streaming, as a person's Ctrl-C
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(5)
+
+    monkeypatch.setattr(observe_cmd, "stream_logs", stream)
+    try:
+        rc, out, err = main(monkeypatch, capsys, "logs", "-f")
+        assert (rc, err) == (0, "")
+        interrupts.reset()
+        rc, out, err = main(monkeypatch, capsys, "logs")  # not following: an interrupt is still exit 3
+        assert rc == 3 and err == "error: interrupted (SIGINT)\n"
+    finally:
+        interrupts.reset()
 
 
 def test_logs_analyze_reads_stdin(env: dict[str, str]) -> None:

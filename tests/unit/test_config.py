@@ -106,8 +106,16 @@ def test_unreadable_config_file_is_named(tmp_path: Path) -> None:
 def test_host_paths_must_be_absolute(tmp_path: Path, field: str) -> None:
     section, key = field.split(".")
     with pytest.raises(BadInput) as e:
-        load_config(config_file(tmp_path / "c.yaml", {section: {key: "relative/dir"}}))
+        load_config(config_file(tmp_path / "c.yaml", {section: {key: "relative/deeper/dir"}}))
     assert e.value.where == field and "absolute" in e.value.what
+
+
+def test_model_target_may_be_a_hugging_face_repo_id(tmp_path: Path) -> None:
+    for ref in ("zai-org/GLM-5.3-Flash", "zai-org/GLM-5.3-Flash@main", "a/b@0123456789abcdef0123456789abcdef01234567"):
+        assert str(load_config(config_file(tmp_path / "c.yaml", {"model": {"target": ref}})).model.target) == ref
+    with pytest.raises(BadInput) as e:  # a repo id is only for the target model: the drafter is synced as a dir
+        load_config(config_file(tmp_path / "c.yaml", {"drafter": {"path": "a/b"}}))
+    assert e.value.where == "drafter.path"
 
 
 def test_api_key_from_env_or_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

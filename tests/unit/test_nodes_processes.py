@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -228,3 +229,16 @@ def test_the_node_program_signals_nothing_without_a_manifest(tmp_path: Path) -> 
     finally:
         other.kill()
         other.wait()
+
+
+def test_each_line_is_stamped_when_it_arrived_not_when_it_was_read(eng) -> None:
+    program = ("import time\nprint('first', flush=True)\ntime.sleep(1.0)\nprint('second', flush=True)\n"
+               "time.sleep(60)\n")
+    rid = eng.run(spec(program))
+    time.sleep(1.6)  # one look after both lines were written
+    fresh = ProcessEngine(eng.node, run_dir=eng.run_dir, vllm=eng.vllm)
+    (a, b) = [line.partition(" ") for line in fresh.logs(rid, timestamps=True)]
+    assert (a[2], b[2]) == ("first", "second")
+    ta, tb = (datetime.fromisoformat(x[0].rstrip("Z") + "+00:00").timestamp() for x in (a, b))
+    assert 0.8 < tb - ta < 1.5
+    assert list(fresh.logs(rid, since=(ta + tb) / 2)) == ["second"]

@@ -16,6 +16,9 @@ from pathlib import Path
 import pytest
 
 from sparkserve.observe.analyze import analyze_texts
+from sparkserve.observe.gate_inputs import Expectations
+from sparkserve.observe.gates import judge
+from sparkserve.observe.logs import parse_log
 
 REAL = Path(__file__).resolve().parents[1] / "fixtures" / "logs" / "real-0.25.1"
 HEAD = (REAL / "A-head.log").read_text().splitlines()
@@ -115,6 +118,13 @@ def test_a_failed_boot_does_not_report_the_pool_it_printed_before_dying() -> Non
     assert j["kv_cache_tokens"] == [] and a.failed_boot_kv_cache_tokens == [234374992]
     assert all(r["kv_cache_tokens"] is None for r in j["ranks"].values())
     assert j["faults"][0]["kind"] == "oom" and "Tried to allocate 55.88 GiB" in j["faults"][0]["text"]
+
+
+def test_the_pool_gate_of_a_failed_boot_says_whose_pool_line_it_saw() -> None:
+    log = parse_log(_oom_after_the_pool(), file="head.log")
+    report = judge({"gpu": log}, Expectations(ranks=("0",), pool_tokens=None))
+    [pool] = [v for v in report.gates if v.name == "pool"]
+    assert not pool.ok and "234,374,992 tokens belongs to a boot that failed after printing it" in pool.reason
 
 
 def test_the_healthy_real_boot_still_reports_its_pool() -> None:

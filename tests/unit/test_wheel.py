@@ -20,7 +20,10 @@ def test_wheel_ships_templates_and_renders_from_an_installed_copy(tmp_path: Path
     (wheel,) = dist.glob("sparkserve-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("sparkserve/templates/launch_dflash2_tp2.sh.j2", "sparkserve/data/default.yaml",
-                   "sparkserve/data/vllm-0.33.0-serve-args.json", "sparkserve/plan/_vllm_parser_worker.py"):
+                   "sparkserve/data/vllm-0.33.0-serve-args.json", "sparkserve/plan/_vllm_parser_worker.py",
+                   "sparkserve/docker/Dockerfile", "sparkserve/docker/recipe.yaml",
+                   "sparkserve/docker/recipe.lock.json", "sparkserve/docker/tools/apply_series.py",
+                   "sparkserve/docker/patches/vllm/series"):
         assert needed in names, needed
 
     venv = tmp_path / "venv"

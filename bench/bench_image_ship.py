@@ -1,0 +1,178 @@
+#!/usr/bin/env python3
+"""`image ship` (only the layers a target lacks, node to node) against `docker save | ssh docker load`.
+
+    flock /tmp/rig.lock .venv/bin/python bench/bench_image_ship.py [--mb 200] [--change-mb 1]
+
+Brings up its own four-node rig (own SSRIG_DIR, 127.0.0.40-43, port 2226; the session's rig is untouched)
+and builds on the head, ``FROM scratch``: a random ``--mb`` MB layer, a random 30 MB layer and a random
+``--change-mb`` MB layer (v1); v2 replaces only the last layer. Cases, each from a clean target:
+
+* cold: v1 into a node with none of it — throughput, goal ≥ 0.9× the pipe's;
+* unchanged: v1 again — goal 0 bytes in < 1 s (the pipe re-sends everything);
+* one-layer change: v2 into a node with v1 — goal ≤ 1.1× the changed layer's bytes;
+* three targets in parallel, cold — goal ≤ 1.2× the time of one target.
+
+The anchor is the pipe users run by hand (eugr/spark-vllm-docker ``build-and-copy.sh``): ``docker save`` on
+the head piped into ``ssh <node> docker load`` (bytes counted in the pipe), in parallel for three nodes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "rig"))
+
+import docker  # noqa: E402
+import rig as riglib  # noqa: E402
+
+from sparkserve.config import load_config  # noqa: E402
+from sparkserve.nodes.factory import open_nodes  # noqa: E402
+from sparkserve.nodes.images import ship_layers  # noqa: E402
+
+RIG_PY = Path(riglib.__file__).resolve()
+REPO_NAME = "sparkserve-bench/ship"
+
+
+def rigcmd(env: dict[str, str], *args: str) -> None:
+    p = subprocess.run([sys.executable, str(RIG_PY), *args], capture_output=True, text=True, env=env, timeout=1800)
+    if p.returncode:
+        raise SystemExit(f"rig {' '.join(args)} failed: {p.stderr.strip()[-2000:]}")
+
+
+def build(client: docker.DockerClient, tag: str, parent: str | None, files: dict[str, bytes]) -> str:
+    buf = io.BytesIO()
+    lines = [f"FROM {parent or 'scratch'}"] + [f"COPY {name} /{name}" for name in files]
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, data in {"Dockerfile": "\n".join(lines).encode() + b"\n", **files}.items():
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    buf.seek(0)
+    img, _ = client.images.build(fileobj=buf, custom_context=True, tag=tag, rm=True, network_mode="none")
+    return str(img.id)
+
+
+def clear(client: docker.DockerClient) -> None:
+    for img in client.images.list(name=REPO_NAME):
+        for t in img.tags:
+            client.images.remove(t, force=True)
+    client.images.prune(filters={"dangling": False})
+
+
+def pipe(head, node, ssh_base: list[str], ref: str) -> tuple[int, float]:  # type: ignore[no-untyped-def]
+    """`docker save ref` on the head | `ssh node docker load`, bytes counted in the pipe."""
+    t0 = time.monotonic()
+    save = subprocess.Popen(["docker", "-H", head.docker_url, "save", ref], stdout=subprocess.PIPE)
+    load = subprocess.Popen([*ssh_base, "-p", str(node.port), f"root@{node.host}", "docker", "load", "-q"],
+                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL)
+    n = 0
+    assert save.stdout is not None and load.stdin is not None
+    for chunk in iter(lambda: save.stdout.read(1 << 20), b""):
+        n += len(chunk)
+        load.stdin.write(chunk)
+    load.stdin.close()
+    if save.wait() or load.wait():
+        raise SystemExit("the pipe failed")
+    return n, time.monotonic() - t0
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--mb", type=int, default=200)
+    ap.add_argument("--change-mb", type=float, default=1.0)
+    args = ap.parse_args()
+    d = Path(tempfile.mkdtemp(prefix="ssrig-bi-", dir="/var/tmp"))  # not /tmp: nodes mount a private one
+    env = {**os.environ, "SSRIG_DIR": str(d), "SSRIG_NODE_ROOT": "/srv/spark-bi", "SSRIG_IP_BASE": "40",
+           "SSRIG_SSH_PORT": "2226", "SSRIG_CACHE": str(riglib.CACHE_DIR)}
+    try:
+        print("bringing up a four-node bench rig …", file=sys.stderr)
+        rigcmd(env, "up", "--nodes", "4")
+        handle = riglib.RigHandle.from_info(json.loads((d / "rig.json").read_text()))
+        clients = {n.name: docker.DockerClient(base_url=n.docker_url, version="1.41", timeout=600)
+                   for n in handle.nodes}
+        head, targets = handle.nodes[0], handle.nodes[1:]
+        hc = clients[head.name]
+        build(hc, f"{REPO_NAME}:base", None, {"big": os.urandom(args.mb * 10**6), "mid": os.urandom(30 * 10**6)})
+        change = int(args.change_mb * 10**6)
+        build(hc, f"{REPO_NAME}:v1", f"{REPO_NAME}:base", {"stamp": os.urandom(change)})
+        build(hc, f"{REPO_NAME}:v2", f"{REPO_NAME}:base", {"stamp": os.urandom(change)})
+        v1, v2 = f"{REPO_NAME}:v1", f"{REPO_NAME}:v2"
+        size = int(hc.images.get(v1).attrs["Size"])
+        changed_layer = int(hc.api.history(v2)[0]["Size"])
+        ssh_base = ["ssh", "-i", str(handle.identity_file), "-o", f"UserKnownHostsFile={handle.known_hosts}",
+                    "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes"]
+        cfg = load_config(Path(handle.rig_yaml))
+        rows: list[tuple[str, int, float, int, float]] = []
+        with open_nodes(cfg) as nodes:
+            src = nodes[head.name]
+
+            def thin(ref: str, names: list[str]) -> tuple[int, float]:
+                t0 = time.monotonic()
+                got = ship_layers(src, [nodes[n] for n in names], ref, source_ip=head.fabric_ip)
+                return sum(r.bytes for r in got.values()), time.monotonic() - t0
+
+            one = targets[0]
+            clear(clients[one.name])
+            p_cold = pipe(head, one, ssh_base, v1)
+            p_same = pipe(head, one, ssh_base, v1)
+            p_change = pipe(head, one, ssh_base, v2)
+            clear(clients[one.name])
+            t_cold = thin(v1, [one.name])
+            t_same = thin(v1, [one.name])
+            t_change = thin(v2, [one.name])
+            rows += [("cold", *p_cold, *t_cold), ("unchanged", *p_same, *t_same),
+                     ("one-layer change", *p_change, *t_change)]
+            for t in targets:
+                clear(clients[t.name])
+            results: dict[str, tuple[int, float]] = {}
+            t0 = time.monotonic()
+            threads = [threading.Thread(target=lambda t=t: results.__setitem__(t.name, pipe(head, t, ssh_base, v1)))
+                       for t in targets]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            p_par = (sum(b for b, _ in results.values()), time.monotonic() - t0)
+            for t in targets:
+                clear(clients[t.name])
+            t_par = thin(v1, [t.name for t in targets])
+            rows.append((f"cold, {len(targets)} targets in parallel", *p_par, *t_par))
+        print(f"image: {size / 1e6:.1f} MB in 3 layers; changed layer {changed_layer / 1e6:.3f} MB "
+              f"({changed_layer} B)")
+        print(f"{'case':34} {'pipe bytes':>13} {'pipe s':>7} {'ship bytes':>13} {'ship s':>7}")
+        for name, pb, ps, tb, ts in rows:
+            print(f"{name:34} {pb:13,d} {ps:7.2f} {tb:13,d} {ts:7.2f}")
+        cold_ratio = (rows[0][3] / rows[0][4]) / (rows[0][1] / rows[0][2])
+        print("goals:")
+        print(f"  unchanged: {rows[1][3]} bytes in {rows[1][4]:.2f}s (goal 0 bytes, < 1 s): "
+              f"{'PASS' if rows[1][3] == 0 and rows[1][4] < 1 else 'FAIL'}")
+        ratio = rows[2][3] / changed_layer
+        print(f"  one-layer change: {ratio:.3f}× the changed layer's bytes (goal ≤ 1.1×): "
+              f"{'PASS' if ratio <= 1.1 else 'FAIL'}")
+        print(f"  cold throughput: {cold_ratio:.2f}× the pipe's (goal ≥ 0.9×; ship {rows[0][3] / 1e6 / rows[0][4]:.1f}"
+              f" MB/s, pipe {rows[0][1] / 1e6 / rows[0][2]:.1f} MB/s): {'PASS' if cold_ratio >= 0.9 else 'FAIL'}")
+        par = rows[3][4] / rows[0][4]
+        print(f"  {len(targets)} targets in parallel: {par:.2f}× the time of one (goal ≤ 1.2×; the pipe: "
+              f"{rows[3][2] / rows[0][2]:.2f}×): {'PASS' if par <= 1.2 else 'FAIL'}")
+        for c in clients.values():
+            c.close()
+    finally:
+        subprocess.run([sys.executable, str(RIG_PY), "down", "--purge"], capture_output=True, env=env, timeout=600)
+        shutil.rmtree(d, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
