@@ -82,6 +82,9 @@ def main() -> int:
         out = run_campaign(cfg, nodes, req)
         wall = time.monotonic() - t0
         down(cfg, nodes)
+    for n in nodes_info:  # the drafter copies the campaign synced to every node
+        for arm in out.report.spec.drafters:
+            shutil.rmtree(Path(n.srv_dir) / Path(arm.node_path).relative_to(info["node_root"]), ignore_errors=True)
     t = out.timings
     swap_path = t["boots"] + t["sync"] + t["restore"]
     overhead = wall - swap_path - t["requests"]

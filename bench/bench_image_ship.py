@@ -149,6 +149,30 @@ def main() -> int:
                 clear(clients[t.name])
             t_par = thin(v1, [t.name for t in targets])
             rows.append((f"cold, {len(targets)} targets in parallel", *p_par, *t_par))
+            # the machine's own floor: the same image loaded from a local file into 1, then N daemons at once
+            # (no network, no save): on a VM whose cores host every node, N loads compete for the same cores
+            tar = d / "v1.tar"
+            subprocess.run(["docker", "-H", head.docker_url, "save", "-o", str(tar), v1], check=True)
+
+            def load(t) -> None:  # type: ignore[no-untyped-def]
+                subprocess.run(["docker", "-H", t.docker_url, "load", "-q", "-i", str(tar)], check=True,
+                               stdout=subprocess.DEVNULL)
+
+            for t in targets:
+                clear(clients[t.name])
+            t0 = time.monotonic()
+            load(one)
+            floor_one = time.monotonic() - t0
+            for t in targets:
+                clear(clients[t.name])
+            t0 = time.monotonic()
+            threads = [threading.Thread(target=load, args=(t,)) for t in targets]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
+            floor_par = time.monotonic() - t0
+            tar.unlink()
         print(f"image: {size / 1e6:.1f} MB in 3 layers; changed layer {changed_layer / 1e6:.3f} MB "
               f"({changed_layer} B)")
         print(f"{'case':34} {'pipe bytes':>13} {'pipe s':>7} {'ship bytes':>13} {'ship s':>7}")
@@ -166,6 +190,9 @@ def main() -> int:
         par = rows[3][4] / rows[0][4]
         print(f"  {len(targets)} targets in parallel: {par:.2f}× the time of one (goal ≤ 1.2×; the pipe: "
               f"{rows[3][2] / rows[0][2]:.2f}×): {'PASS' if par <= 1.2 else 'FAIL'}")
+        print(f"  this machine's floor: `docker load -i` of the same tar into 1 daemon {floor_one:.2f}s, into "
+              f"{len(targets)} at once {floor_par:.2f}s = {floor_par / floor_one:.2f}× ({os.cpu_count()} cores "
+              "host every node)")
         for c in clients.values():
             c.close()
     finally:

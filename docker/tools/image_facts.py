@@ -49,13 +49,15 @@ IMAGE_LOCK = "/opt/sparkserve/lock.json"
 SM121 = 121
 
 
-def find_site(explicit: str | None) -> Path:
+def find_site(explicit: str | None) -> Path | None:
+    """``--site``, else the sys.path entry holding ``vllm/_version.py``; None when there is none (an image
+    without vLLM: its facts say so instead of failing)."""
     if explicit:
         return Path(explicit)
     for p in sys.path:
         if p and (Path(p) / "vllm" / "_version.py").is_file():
             return Path(p)
-    raise SystemExit("image_facts: no vllm/_version.py on sys.path (pass --site DIR)")
+    return None
 
 
 def vllm_version(site: Path) -> dict[str, str | None]:
@@ -242,8 +244,12 @@ def _defines(path: Path, cls: str) -> bool:
     return False
 
 
-def facts(site: Path, *, archs: bool = True, applied: str = APPLIED_MANIFEST) -> dict[str, object]:
+def facts(site: Path | None, *, archs: bool = True, applied: str = APPLIED_MANIFEST) -> dict[str, object]:
     manifest = Path(applied)
+    if site is None or not (site / "vllm" / "_version.py").is_file():
+        return {"site": None, "python": platform.python_version(), "machine": platform.machine(),
+                "vllm": {"version": None, "commit": None, "metadata_version": None}, "record": None,
+                "archs": None, "dflash2": {}, "applied": None, "lock": None, "cuda_arch_env": {}}
     return {
         "site": str(site),
         "python": platform.python_version(),

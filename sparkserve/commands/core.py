@@ -213,7 +213,10 @@ def render(
         for s in specs:
             order = [x.node for x in plan.start_order()].index(s.node) + 1
             out.append(f"# {s.node} ({s.host}): rank {s.rank}, {s.role}; starts {order} of {len(plan.specs)}")
-            out.append(_shell(s.docker_run_argv()))
+            if plan.runtime == "process":  # a host process in its own session: env + argv (secrets stay out)
+                out.append(_shell(["env", *(f"{k}={v}" for k, v in s.env.items()), *plan.process_argv(s)]))
+            else:
+                out.append(_shell(s.docker_run_argv()))
             if s.exec_after_join:
                 out.append("# then, once every Ray worker has joined:")
                 out.append(_shell(["docker", "exec", s.name, *s.exec_after_join]))

@@ -145,7 +145,11 @@ def _status_once(cfg: Config) -> tuple[StackStatus, Serving | None]:
 
 def _watch(cfg: Config, every: float, json_out: bool) -> None:
     """``status`` again every ``every`` seconds (a live view on a terminal) until Ctrl-C: exit 0."""
+    import json
+
     from rich.live import Live
+
+    from sparkserve.commands.jsonschema import JSON_SCHEMA
 
     live = Live(console=console, auto_refresh=False) if console.is_terminal and not json_out else None
     try:
@@ -153,8 +157,9 @@ def _watch(cfg: Config, every: float, json_out: bool) -> None:
             live.start()
         while True:
             st, serving = _status_once(cfg)
-            if json_out:
-                emit_json({**st.to_json(), "serving": serving.to_json() if serving else None})
+            if json_out:  # one compact document per line (JSON Lines), "schema" in each
+                doc = {"schema": JSON_SCHEMA, **st.to_json(), "serving": serving.to_json() if serving else None}
+                sys.stdout.write(json.dumps(doc, default=str) + "\n")
                 sys.stdout.flush()
             elif live is not None:
                 live.update(_status_renderable(cfg, st, serving), refresh=True)

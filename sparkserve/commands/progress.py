@@ -91,7 +91,7 @@ class Progress:
             if self.tty:
                 self.console.print(f"[dim]·[/dim] {text}", highlight=False, markup=True, soft_wrap=True)
             else:
-                self.console.print(f"{_stamp()} {text}", highlight=False, markup=False, soft_wrap=True)
+                self.console.print(f"{_stamp()} · {text}", highlight=False, markup=False, soft_wrap=True)
 
     def say(self, msg: str) -> None:
         """A step began or ended (the deploy functions' reporter)."""

@@ -49,6 +49,7 @@ from sparkserve.measure.ab_records import (
     Samples,
     Slot,
     Wave,
+    wave_exclusion,
 )
 from sparkserve.measure.ab_report import Report, build_report
 from sparkserve.measure.prompts import BUILTIN_NAME, PromptSet, builtin_prompts, load_prompts
@@ -277,7 +278,7 @@ def _drive(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, *,
            progress: bool) -> CampaignOutcome:
     clock = _Clock()
     head = nodes[cfg.head.name]
-    ran_before = any(c.running for c in managed_on_all({cfg.head.name: head}).get(cfg.head.name, []))
+    ran_before = any(c.running for c in managed_on_all({cfg.head.name: head}, cfg).get(cfg.head.name, []))
     before = serving_config(cfg, nodes) if ran_before else None
     try:
         t = time.monotonic()
@@ -371,7 +372,7 @@ def _boot(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, i: 
                 seconds=round(clock.boots[-1], 3))
     if res is not None:
         boot.fingerprint, boot.image_id, boot.drafter_digest = res.fingerprint, res.image_id, res.drafter_digest
-        boot.boot_id = boot_id(nodes, res.containers)
+        boot.boot_id = boot_id(nodes, res.containers, cfg)
     with _journal() as j:
         boot.id = j.record_campaign_boot(cid, i, boot.ok, boot.model_dump_json())
     return boot, (res if excluded is None else None)
@@ -406,13 +407,7 @@ def _one_slot(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec,
             continue  # nothing measured: the slot stays unfinished, a resume runs it again
         clock.cells.setdefault(cs.name, []).append(time.monotonic() - t)
         clock.requests += result.duration_s
-        excluded = None
-        if result.refused:
-            excluded = "bench guard: " + "; ".join(result.refused)
-        elif first_metrics_boot is not None and result.boot_id != first_metrics_boot:
-            excluded = "the server restarted since this boot's first cell (process_start_time_seconds changed)"
-        elif boot_id(nodes, res.containers) != boot.boot_id:
-            excluded = "a container of this boot restarted during the cell"
+        excluded = wave_exclusion(result, first_metrics_boot, boot.boot_id, boot_id(nodes, res.containers, cfg))
         if first_metrics_boot is None:
             first_metrics_boot = result.boot_id
         pins = Pins(config_sha256=spec.config_sha256, fingerprint=res.fingerprint, image_id=res.image_id,

@@ -39,6 +39,7 @@ from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.engine import ManagedContainer
 from sparkserve.nodes.parallel import on_all
+from sparkserve.nodes.processes import rank_id
 from sparkserve.nodes.runtime import LABEL_ENGINE_ID, engine_for, ensure_same_engine
 from sparkserve.observe.gate_report import GateReport, Verdict
 from sparkserve.observe.logpatterns import FOLLOWER_WAITING
@@ -320,8 +321,11 @@ def _start(plan: Plan, nodes: dict[str, Node], started: dict[str, list[str]], sa
         spec = plan.spec_for(node)
         if plan.runtime == "process":
             spec = spec.model_copy(update={"labels": {**spec.labels, LABEL_ENGINE_ID: image_id}})
+            # a process rank's id is known before it starts: a start cut short is still torn down
+            started.setdefault(node, []).append(rank_id(plan.fingerprint, spec.rank))
         cid = engine_for(nodes[node], plan).run(spec, create_rw_mount_dirs=False)  # the preflight made them
-        started.setdefault(node, []).append(cid)
+        if cid not in started.get(node, []):
+            started.setdefault(node, []).append(cid)
         containers[node] = cid
         return cid
 

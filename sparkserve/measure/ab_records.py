@@ -181,6 +181,20 @@ class Wave(BaseModel):
         return self.excluded is None
 
 
+def wave_exclusion(result: BenchResult, first_metrics_boot: float | None, boot_id: str,
+                   boot_id_now: str) -> str | None:
+    """Why a wave must not count, or None: a bench guard refused it (restart, contamination, short forced
+    length, failed requests, no drafts), vLLM's ``process_start_time_seconds`` moved since the boot's first
+    cell, or a rank of the boot restarted (its boot id, from the containers or processes, changed)."""
+    if result.refused:
+        return "bench guard: " + "; ".join(result.refused)
+    if first_metrics_boot is not None and result.boot_id != first_metrics_boot:
+        return "the server restarted since this boot's first cell (process_start_time_seconds changed)"
+    if boot_id_now != boot_id:
+        return "a rank of this boot restarted during the cell"
+    return None
+
+
 class Boot(BaseModel):
     """One boot of one drafter, as banked: its gates and pins, or why it did not count."""
 

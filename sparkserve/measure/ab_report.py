@@ -72,6 +72,14 @@ def _rel(i: Interval) -> str:
     return s
 
 
+def _absent(r: Report, drafter: str, cell: str) -> str:
+    """Why a drafter has no figure for a cell: its boots or waves were excluded, or it has not run it yet."""
+    if any(b.drafter == drafter and b.excluded for b in r.boots) or any(
+            w["drafter"] == drafter and w["cell"] == cell and w["excluded"] for w in r.waves):
+        return "excluded"
+    return "not run"
+
+
 def card_rows(r: Report) -> tuple[list[str], list[list[str]]]:
     """The card's table: header ``Cell (accept / tok/s)`` + drafters, one row per cell, then the per-position
     row of the primary cell."""
@@ -82,7 +90,7 @@ def card_rows(r: Report) -> tuple[list[str], list[list[str]]]:
         row = [f"{cs.name} {cs.shape()}"]
         for n in names:
             f = _fig(r, n, cs.name)
-            row.append("excluded" if f is None else
+            row.append(_absent(r, n, cs.name) if f is None else
                        f"{_num(f.acceptance_length.point, '.2f')} / {_num(f.tok_s.point, ',.1f')}")
         rows.append(row)
     primary = r.spec.rule.primary
@@ -159,7 +167,7 @@ def markdown(r: Report) -> str:
     out += [f"- **{a.name}**: `{a.source}` (manifest sha256 `{a.digest[:12]}`)" for a in r.spec.drafters]
     out += ["", _protocol(r), ""]
     if r.status != "done":
-        out.insert(1, f"\n> campaign status: **{r.status}** — figures so far\n")
+        out[2:2] = [f"> campaign status: **{r.status}** — figures so far", ""]
     return "\n".join(out)
 
 

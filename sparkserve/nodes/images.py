@@ -326,6 +326,9 @@ def _stream(src: Node, streams: list[tuple[Node, set[str]]], ref: str, layers: l
         send_res = sender.wait(check=False)
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP: docker discards a load whose stream ends early
         interrupts.note(e)
+        with contextlib.suppress(NodeError, OSError, ValueError):  # stop the sender: every stream ends early
+            src.run(["kill", "--", str(int(src.read_text(f"{job}/pid").strip()))], timeout=20, step="ship",
+                    check=False)
         raise RemoteFailure("image ship", f"interrupted ({interrupts.signal_name()}) while shipping {ref}; "
                             "partial loads were discarded, the targets are as they were",
                             node=src.name, step="interrupted") from None

@@ -225,6 +225,13 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
         log = os.open(base + ".log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         env = {**os.environ, **q["env"], marker: q["id"]}
         argv = [exe, *q["argv"]]
+        m = {"id": q["id"], "fingerprint": q["fingerprint"], "rank": q["rank"], "role": q["role"],
+             "node": q["node"], "name": q["name"], "labels": q.get("labels", {}), "pid": -1, "pgid": -1,
+             "start_time": -1, "leader_start_time": -1, "started_at": "", "argv": argv,
+             "env_names": sorted(q["env"]), "log": base + ".log", "boot_id": boot_id(), "exe": exe}
+        # before anything forks: a start cut short (the starter interrupted) still leaves a manifest naming the
+        # rank, so `stop` finds its processes by their marker
+        write_json(base + ".json", m)
         info_r, info_w = os.pipe()
         err_r, err_w = os.pipe()  # close-on-exec: EOF with no data = the engine exec'd
         sup = os.fork()
@@ -269,15 +276,12 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
         with os.fdopen(err_r, "rb") as f:
             failed = f.read().decode(errors="replace")
         if failed or not info:
-            for suffix in (".exit", ".log", ".stamps"):
+            for suffix in (".exit", ".log", ".stamps", ".json"):
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(base + suffix)
             return {"error": f"cannot run {exe}: {failed or 'the supervisor did not start'}"}
-        m = {"id": q["id"], "fingerprint": q["fingerprint"], "rank": q["rank"], "role": q["role"],
-             "node": q["node"], "name": q["name"], "labels": q.get("labels", {}), "pid": info["pid"],
-             "pgid": sup, "start_time": info["start"], "leader_start_time": info["leader"],
-             "started_at": utc(info["start"]) if info["start"] >= 0 else "", "argv": argv,
-             "env_names": sorted(q["env"]), "log": base + ".log", "boot_id": boot_id(), "exe": exe}
+        m.update({"pid": info["pid"], "pgid": sup, "start_time": info["start"], "leader_start_time": info["leader"],
+                  "started_at": utc(info["start"]) if info["start"] >= 0 else ""})
         write_json(base + ".json", m)
         return {"manifest": m}
     if verb == "stop":

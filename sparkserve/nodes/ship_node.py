@@ -36,6 +36,8 @@ def _send_main(args: dict) -> int:
     tarfile.RECORDSIZE = tarfile.BLOCKSIZE
     workdir = args["workdir"]
     os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "pid"), "w") as f:  # the controller stops this process by it on Ctrl-C
+        f.write(str(os.getpid()))
     layers = args["layers"]  # the source image's diff_ids, in order
     chains: list[str] = []
     for d in layers:
@@ -116,10 +118,19 @@ def _send_main(args: dict) -> int:
                 base = m.name.rsplit("/", 1)[-1]
                 is_layer = m.name.endswith("/layer.tar") or (
                     m.name.startswith("blobs/sha256/") and "sha256:" + base in layer_set)
-                if not is_layer:
+                if not is_layer and m.size <= 1 << 20:  # manifest, config, json, VERSION
                     data = f.read()
                     for w in writers.values():
                         w.addfile(m, _bytes_io(data))
+                    continue
+                if not is_layer:  # a blob that is no layer diff (a compressed layer of the containerd store)
+                    for w in writers.values():
+                        _header(w, m)
+                    for block in iter(lambda: f.read(1 << 20), b""):  # noqa: B023 (f is this member's)
+                        for w in writers.values():
+                            w.fileobj.write(block)
+                    for w in writers.values():
+                        _end(w, m.size)
                     continue
                 known = "sha256:" + base if m.name.startswith("blobs/sha256/") else None  # OCI: named by digest
                 # a target that lacks every layer not seen yet needs this one whatever it is: stream it now;

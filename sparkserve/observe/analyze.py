@@ -18,6 +18,7 @@ a shared-memory broadcast stall the engine outlived (it got ready after it) is n
 
 from __future__ import annotations
 
+import bisect
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -133,6 +134,7 @@ class _Events:
     """The events of several logs, by kind, each with its log."""
 
     def __init__(self, logs: Sequence[ParsedLog]) -> None:
+        self.logs = list(logs)
         self.all = [(log, e) for log in logs for e in log.events]
         self._by_kind: dict[Kind, list[tuple[ParsedLog, Event]]] = {}
         for pair in self.all:
@@ -208,11 +210,17 @@ def _kv_pool(
 def _died_before_ready(log: ParsedLog, at: int, fault_lines: list[int]) -> bool:
     """A fault after position ``at`` of ``log`` with no sign of readiness between the two (the readiness
     line, or requests visibly served: the evidence ``ready`` reads)."""
-    ready = [e.sort_line for e in log.of(Kind.READY, Kind.SERVED, Kind.SPEC_METRICS)
+    later = [f for f in fault_lines if f > at]
+    if not later:
+        return False
+    ready = [e.sort_line for e in log.of(Kind.READY, Kind.SERVED)
              if e.sort_line > at and (e.kind is not Kind.SERVED or e.data.get("prompt") is None
                                       or float(e.data["prompt"]) + float(e.data["gen"]) > 0)]
+    k = bisect.bisect_right(log.spec_at, at)  # SpecDecoding lines: requests were served
+    if k < len(log.spec_at):
+        ready.append(log.spec_at[k])
     first_ready = min(ready, default=None)
-    return any(f > at and (first_ready is None or f < first_ready) for f in fault_lines)
+    return any(first_ready is None or f < first_ready for f in later)
 
 
 def _rank_states(ev: _Events) -> dict[str, RankState]:
@@ -311,7 +319,7 @@ def _spec(ev: _Events, cfg: EngineConfig, ranks: dict[str, RankState]) -> Spec:
         spec.mask_embedding_loaded = all(ranks[r].mask for r in finished)
     elif dflash and finished:
         spec.mask_embedding_loaded = False
-    spec.mean_acceptance_length = [float(e.data["al"]) for _, e in ev.of(Kind.SPEC_METRICS)]
+    spec.mean_acceptance_length = [float(al) for log in ev.logs for al in log.spec_al]
     return spec
 
 

@@ -114,3 +114,92 @@ def ensure_standin(client, ref: str = STANDIN_REF, whl: Path | None = None) -> s
     img, _ = client.images.build(fileobj=io.BytesIO(ctx), custom_context=True, tag=ref, rm=True, forcerm=True,
                                  network_mode="none", labels={STANDIN_HASH_LABEL: digest})
     return str(img.id)
+
+
+# -- arm64 (built and run under qemu user emulation) ------------------------------------------------------
+
+ARM64_BASE_REF = "sparkserve-standin/base-arm64:bookworm"
+ARM64_STANDIN_REF = "sparkserve-standin/vllm-arm64:0.33.0"
+#: the arm64 stand-in's vLLM subset: what the series and the checks touch, the registry, the version (the
+#: RECORD check then hashes a few hundred files, not 5,800 — seconds under qemu, not minutes)
+ARM64_SUBSET = ("vllm/_version.py", "vllm/config/", "vllm/model_executor/models/", "vllm/v1/core/",
+                "vllm/v1/worker/gpu/spec_decode/eagle/", "vllm/v1/worker/gpu/model_states/")
+
+
+def ensure_binfmt_aarch64() -> None:
+    """Register qemu-aarch64 with binfmt_misc (mounting it first); RuntimeError saying why when it cannot."""
+    handler = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
+    if handler.exists() and "enabled" in handler.read_text():
+        return
+    mnt = Path("/proc/sys/fs/binfmt_misc")
+    if not (mnt / "register").exists():
+        r = subprocess.run(["mount", "-t", "binfmt_misc", "binfmt_misc", str(mnt)], capture_output=True, text=True)
+        if r.returncode:
+            raise RuntimeError(f"cannot mount binfmt_misc: {r.stderr.strip()}")
+    r = subprocess.run(["update-binfmts", "--enable", "qemu-aarch64"], capture_output=True, text=True)
+    if r.returncode or not handler.exists():
+        raise RuntimeError(f"cannot enable qemu-aarch64 (qemu-user-static, binfmt-support): {r.stderr.strip()}")
+
+
+def arm64_base_tarball() -> Path:
+    """An arm64 Debian bookworm rootfs with python3 and git (debootstrap under qemu; once, cached)."""
+    tar = riglib.CACHE_DIR / "basefs-bookworm-arm64.tar"
+    if tar.exists():
+        return tar
+    ensure_binfmt_aarch64()
+    tmp = riglib.CACHE_DIR / "basefs-arm64.tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    argv = ["debootstrap", "--arch=arm64", "--variant=minbase", "--include=python3,git", "bookworm", str(tmp)]
+    r = subprocess.run(argv, capture_output=True, text=True)
+    if r.returncode:
+        raise RuntimeError(f"debootstrap arm64 failed: {r.stdout.strip()[-1000:]} {r.stderr.strip()[-1000:]}")
+    for sub in ("var/cache/apt/archives", "var/lib/apt/lists", "var/log"):
+        for f in (tmp / sub).glob("*"):
+            if f.is_file():
+                f.unlink()
+    subprocess.run(["tar", "-C", str(tmp), "--numeric-owner", "-cf", f"{tar}.part", "."], check=True)
+    Path(f"{tar}.part").replace(tar)
+    shutil.rmtree(tmp, ignore_errors=True)
+    return tar
+
+
+def arm64_standin_context(whl: Path) -> bytes:
+    """``FROM scratch`` + the arm64 rootfs + the aarch64 wheel's subset (ARM64_SUBSET) and its dist-info."""
+    buf = io.BytesIO()
+    dockerfile = f"FROM scratch\nADD rootfs.tar /\nCOPY site/ /{SITE}/\nCMD [\"/bin/bash\"]\n".encode()
+    with tarfile.open(fileobj=buf, mode="w") as tf, zipfile.ZipFile(whl) as z:
+        ti = tarfile.TarInfo("Dockerfile")
+        ti.size = len(dockerfile)
+        tf.addfile(ti, io.BytesIO(dockerfile))
+        tf.add(str(arm64_base_tarball()), arcname="rootfs.tar")
+        for info in sorted(z.infolist(), key=lambda i: i.filename):
+            n = info.filename
+            if info.is_dir() or not (".dist-info/" in n or (n.endswith(".py") and n.startswith(ARM64_SUBSET))
+                                     or n == ARM64_SUBSET[0]):
+                continue
+            data = z.read(info)
+            ti = tarfile.TarInfo(f"site/{n}")
+            ti.size, ti.mode = len(data), 0o644
+            tf.addfile(ti, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def ensure_arm64_standin(docker_url: str, ref: str = ARM64_STANDIN_REF) -> str:
+    """Build the arm64 stand-in with BuildKit ``--platform linux/arm64`` on the daemon at ``docker_url``
+    (the legacy builder cannot build for another platform); its image ID."""
+    import json
+
+    ensure_binfmt_aarch64()
+    cli = shutil.which("docker", path="/usr/bin") or "/usr/bin/docker"  # Debian's 20.10 CLI carries BuildKit
+    inspect = subprocess.run([cli, "-H", docker_url, "image", "inspect", ref], capture_output=True, text=True)
+    if inspect.returncode == 0 and json.loads(inspect.stdout)[0].get("Architecture") == "arm64":
+        return str(json.loads(inspect.stdout)[0]["Id"])
+    ctx = arm64_standin_context(vllm_wheel("aarch64"))
+    r = subprocess.run([cli, "-H", docker_url, "build", "--platform", "linux/arm64", "--network", "host",
+                        "-t", ref, "-"], input=ctx, capture_output=True, env={**__import__("os").environ,
+                                                                                "DOCKER_BUILDKIT": "1"})
+    if r.returncode:
+        raise RuntimeError(f"arm64 stand-in build failed: {r.stderr.decode(errors='replace')[-1500:]}")
+    out = subprocess.run([cli, "-H", docker_url, "image", "inspect", "-f", "{{.Id}}", ref], capture_output=True,
+                         text=True, check=True)
+    return out.stdout.strip()

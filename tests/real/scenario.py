@@ -305,6 +305,7 @@ class Scenario:
         if not ranks:
             self.say("kill", "no rank manifest under the run dir", ok=False)
             return
+        (self.results / "manifests.json").write_text(json.dumps(ranks, indent=1))
         rank = psutil.Process(ranks[-1]["pid"])
         got: dict[str, Any] = {"status": None, "error_event": False, "done": False, "chunks": 0}
         started = threading.Event()
@@ -403,15 +404,20 @@ class Scenario:
     def collect(self) -> None:
         logs = self.results / "logs"
         logs.mkdir(exist_ok=True)
-        for f in (self.work / "run").glob("*/*"):
-            shutil.copy2(f, logs / f"{f.parent.name}-{f.name}")
+        saved = self.work / "state" / "sparkserve" / "logs"  # what sparkserve saved at each replace / down
+        for i, d in enumerate(sorted(p for p in saved.glob("*") if p.is_dir()) if saved.exists() else [], 1):
+            why = d.name.split("-", 2)[-1]  # boot1 = `up` (replaced by swap-drafter), boot2 = the one killed
+            for f in sorted(d.glob("*.log")):
+                shutil.copy2(f, logs / f"boot{i}-{why}-{f.name}")
+        for m in self.manifests():  # still running (an aborted run): its live log
+            if Path(m["log"]).exists():
+                shutil.copy2(m["log"], logs / f"live-rank{m['rank']}.log")
         if self.cfg.exists():
             shutil.copy2(self.cfg, self.results / "sparkserve.yaml")
-        state_logs = self.work / "state" / "sparkserve" / "logs"
         with tarfile.open(self.out / "results.tar.gz", "w:gz") as tar:
             tar.add(self.results, arcname="results")
-            if state_logs.exists():
-                tar.add(state_logs, arcname="saved-logs")
+            if saved.exists():
+                tar.add(saved, arcname="saved-logs")
         self.summary["wall_s"] = round(time.monotonic() - self.t0, 1)
         (self.out / "summary.json").write_text(json.dumps(self.summary, indent=1))
         shutil.copy2(self.work / "scenario.log", self.out / "scenario.log")
@@ -466,31 +472,35 @@ def main() -> int:
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--probes", action="store_true", help="run the three failing boots instead of the scenario")
+    ap.add_argument("--deadline", type=float, default=0, help="epoch seconds the run must be done by (0: none)")
     args = ap.parse_args()
     if args.engine == "real" and not args.site:
         ap.error("--engine real needs --site")
     s = Scenario(args)
+    # (name, step, seconds it may take): a step that would run past --deadline is skipped, so that `down` and
+    # the collection of results still happen inside the device call
+    steps = [("facts", s.facts, 30), ("models", s.make_models, 60)]
+    if args.probes:
+        steps += [("probes", s.probes, 300)]
+    else:
+        steps += [("config", s.write_config, 5), ("up", s.up, 240),
+                  ("gates", lambda: s.gates("gates", want_ok=True), 60), ("metrics", lambda: s.metrics("before"), 5),
+                  ("bench", s.bench, 150), ("metrics", lambda: s.metrics("after"), 5), ("swaps", s.swaps, 240),
+                  ("kill", s.kill_engine_core, 40),
+                  ("gates-after-kill", lambda: s.gates("gates-after-kill", want_ok=False, must_fail="faults"), 40)]
     try:
-        s.facts()
-        s.make_models()
-        if args.probes:
-            s.probes()
-        else:
-            s.write_config()
-            s.up()
-            s.gates("gates", want_ok=True)
-            s.metrics("before")
-            s.bench()
-            s.metrics("after")
-            s.swaps()
-            s.kill_engine_core()
-            s.gates("gates-after-kill", want_ok=False, must_fail="faults")
-            s.down()
+        for name, step, takes in steps:
+            if args.deadline and time.time() + takes + 40 > args.deadline:
+                s.say(name, f"skipped: it may take {takes}s and the call ends in {args.deadline - time.time():.0f}s",
+                      ok=False)
+                continue
+            step()
     except Abort as e:
         s.say("abort", str(e), ok=False)
-        with contextlib.suppress(Exception):
-            s.down()
     finally:
+        if not args.probes:
+            with contextlib.suppress(Exception):
+                s.down()
         s.collect()
     return 1 if s.summary["failed"] else 0
 

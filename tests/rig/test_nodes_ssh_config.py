@@ -136,3 +136,8 @@ def test_the_readme_quick_start_runs_with_aliases_and_the_agent(operator: Operat
     assert set(ssh) == set(by_name) and all(c["status"] == "ok" for c in ssh.values()), p.stdout
     assert doc["schema"] == 1
     assert p.returncode in (0, 1), p.stderr  # 1: a node check (ports/memory on a busy rig) may fail; ssh did not
+    p = subprocess.run([sys.executable, "-m", "sparkserve", "validate", "--parser", "list"], capture_output=True,
+                       text=True, env=env, cwd=tmp_path, timeout=120)
+    assert p.returncode == 0, p.stderr
+    head = data["nodes"][0]["name"]
+    assert f"[on {head} (head): {data['drafter']['path']}]" in p.stdout  # the laptop has no model: the head does

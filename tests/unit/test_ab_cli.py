@@ -21,7 +21,7 @@ from sparkserve.measure.ab_records import Boot
 REPO = Path(__file__).parents[2]
 
 
-def sparkserve(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def sparkserve(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "sparkserve", *args], capture_output=True, text=True,
                           timeout=timeout, env=env, cwd=env["HOME"])
 
@@ -60,13 +60,29 @@ def dirs(tmp_path: Path) -> tuple[str, str]:
     (["--resume", "9"], "campaign", "no A/B campaign 9"),
     (["--resume", "9", "--seed", "3"], "--resume", "give none of"),
 ])
-def test_ab_run_bad_input_is_one_line_exit_2_before_any_node(env, dirs, extra, where, says) -> None:
+def test_ab_run_bad_input_is_bad_input_before_any_node(env, dirs, extra, where, says, monkeypatch) -> None:
+    """In-process (fast): the command raises BadInput (exit 2) naming the option, and no node is opened."""
+    from typer.testing import CliRunner
+
+    import sparkserve.nodes.factory as factory
+    from sparkserve.cli import app
+    from sparkserve.errors import BadInput
+
+    monkeypatch.setenv("SSJOURNAL_PATH", env["SSJOURNAL_PATH"])
+    monkeypatch.setenv("HOME", env["HOME"])
+    monkeypatch.setattr(factory, "open_nodes", lambda *a, **k: pytest.fail("a node was opened"))
     a, b = dirs
-    p = sparkserve("ab", "run", *[x.format(a=a, b=b) for x in extra], env=env)
+    r = CliRunner().invoke(app, ["ab", "run", *[x.format(a=a, b=b) for x in extra]])
+    e = r.exception
+    assert isinstance(e, BadInput), f"{e!r} {r.output}"
+    assert e.exit_code == 2 and e.where.startswith(where) and says in e.what, e.line()
+
+
+def test_ab_run_bad_input_prints_one_line_and_exits_2(env, dirs) -> None:
+    a, _ = dirs
+    p = sparkserve("ab", "run", "--drafter", f"A={a}", "--drafter", "B=/no/such/dir", env=env)
     assert p.returncode == 2, p.stdout + p.stderr
-    lines = p.stderr.strip().splitlines()
-    assert lines[0].startswith(f"error: {where}") and says in lines[0], p.stderr
-    assert "Traceback" not in p.stderr and "ssh" not in p.stderr
+    assert p.stderr.strip().splitlines() == ["error: --drafter B: /no/such/dir is not a directory"], p.stderr
 
 
 def banked(env: dict[str, str], names: list[str], boots: list[Boot] | None = None, status: str = "done") -> int:
@@ -123,3 +139,15 @@ def test_campaign_rows_round_trip_in_the_journal(tmp_path) -> None:
     assert status == "interrupted" and spec == sp
     assert [b.id for b in boots] == [waves[0].boot_row] and waves[0].id is not None
     assert waves[0].excluded == "bench guard: restart" and waves[0].samples == w.samples
+
+
+def test_a_slot_is_finished_once_its_cells_are_banked_or_its_boot_was_excluded() -> None:
+    from sparkserve.deploy.campaign import _slot_finished
+
+    sp, waves = campaign(["A", "B"], rounds=1)
+    first = [w for w in waves if w.slot == 0]
+    assert _slot_finished(sp, [], waves, 0) and _slot_finished(sp, [], waves, 1)
+    assert not _slot_finished(sp, [], first[:1], 0)  # c16 missing: a resume boots it again for c16 alone
+    failed = Boot(slot=1, round=0, drafter="B", ok=False, excluded="gates failed: graphs")
+    assert _slot_finished(sp, [failed], first, 1)  # a failed boot is the slot's result, not retried
+    assert not _slot_finished(sp, [], first, 1)

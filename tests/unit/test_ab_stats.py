@@ -104,3 +104,17 @@ def test_plot_writes_a_png_and_names_the_extra_when_matplotlib_is_missing(tmp_pa
     with pytest.raises(BadInput) as e:
         plot(r, tmp_path / "b.png")
     assert "sparkserve[plot]" in e.value.what and e.value.where == "--plot"
+
+
+def test_a_wave_is_excluded_for_a_guard_a_restart_or_a_replaced_container() -> None:
+    from sparkserve.measure.ab_records import wave_exclusion
+
+    _, waves = campaign(["A", "B"], rounds=1)
+    r = waves[0].result.model_copy(update={"boot_id": 100.0})
+    assert wave_exclusion(r, None, "b1", "b1") is None
+    assert wave_exclusion(r, 100.0, "b1", "b1") is None
+    refused = r.model_copy(update={"refused": ["contaminated: the server finished 9 requests, the cell sent 8"]})
+    assert wave_exclusion(refused, None, "b1", "b1") == "bench guard: contaminated: the server finished 9 " \
+        "requests, the cell sent 8"
+    assert "restarted since this boot's first cell" in wave_exclusion(r, 99.0, "b1", "b1")
+    assert "rank of this boot restarted" in wave_exclusion(r, 100.0, "b1", "b2")

@@ -14,7 +14,7 @@ from rich.console import Console
 from sparkserve.commands.progress import Progress
 from sparkserve.deploy.watchdog import Phase
 
-STAMP = re.compile(r"^\d\d:\d\d:\d\d ")
+STAMP = re.compile(r"^\d\d:\d\d:\d\d · ")
 
 
 @dataclass
@@ -60,7 +60,7 @@ def test_piped_every_phase_change_is_one_timestamped_line_and_a_quiet_phase_gets
     assert all(STAMP.match(ln) for ln in lines), lines
     assert lines[0].endswith("preflight: every node")
     changes = [ln for ln in lines if "(rank" in ln]
-    assert [c.split(" ", 1)[1] for c in changes] == [
+    assert [c.split(" · ", 1)[1] for c in changes] == [
         "node-a (rank 0): start after 1.0s", "node-b (rank 1): start after 1.0s", "node-a (rank 0): load after 3.0s"]
     beats = [ln for ln in lines if "still working" in ln]
     assert beats and "since: preflight: every node" in beats[0] and "node-a load; node-b start" in beats[0]

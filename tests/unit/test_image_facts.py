@@ -140,3 +140,11 @@ def test_the_program_prints_json_with_a_python_that_has_no_vllm_or_torch(tmp_pat
     facts = json.loads(res.stdout)
     assert facts["vllm"]["version"] == "0.33.0" and facts["record"]["checked"] == 3
     assert facts["archs"]["libraries"] == {} and facts["applied"] is None
+
+
+def test_an_image_without_vllm_reports_it_instead_of_failing(tmp_path: Path) -> None:
+    from sparkserve.plan.image_identity import facts_problems
+
+    facts = facts_tool.facts(None)
+    assert facts["vllm"]["version"] is None and facts["record"] is None
+    assert facts_problems(facts, None)[0] == "no vLLM in the image (vllm/_version.py not found)"

@@ -109,11 +109,13 @@ def test_shipped_locks_agree_with_their_recipes_but_the_base_is_unresolved() -> 
 def test_image_build_refuses_the_unresolved_lock_before_touching_a_node(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("nodes: [{name: a, host: 192.0.2.1, fabric_ip: 192.0.2.1}]\n")  # unreachable if touched
-    res = subprocess.run([str(REPO / ".venv/bin/sparkserve"), "image", "build", "-c", str(cfg)],
-                         capture_output=True, text=True, timeout=60)
-    assert res.returncode == 2
-    assert res.stderr.startswith("error: ") and "recipe.lock.json: the lock disagrees with recipe.yaml" in res.stderr
-    assert "Traceback" not in res.stderr
+    for extra in ([], ["--local", "--lane", "source"]):  # the second: the workflow's source-arm64 step
+        res = subprocess.run([str(REPO / ".venv/bin/sparkserve"), "image", "build", "-c", str(cfg), *extra],
+                             capture_output=True, text=True, timeout=60)
+        assert res.returncode == 2
+        assert res.stderr.startswith("error: ")
+        assert "recipe.lock.json: the lock disagrees with recipe.yaml" in res.stderr
+        assert "Traceback" not in res.stderr
 
 
 ATTRS = {"Id": "sha256:" + "1" * 64, "Os": "linux", "Architecture": "arm64", "Variant": "v8",
@@ -217,3 +219,45 @@ def test_identity_gate_value_is_the_fingerprint_where_docker_has_the_image() -> 
     assert identity_of(_FakeNode(containerd), containerd["Id"]) == identity_of(_FakeNode(ATTRS), ATTRS["Id"])
     assert identity_of(_FakeNode(None), "sha256:" + "3" * 64) == "sha256:" + "3" * 64  # not a docker image
     assert identity_of(SimpleNamespace(name="p"), "vllm-engine-digest") == "vllm-engine-digest"
+
+
+class _RunNode:
+    """A node whose commands answer from a table (argv[0] → (exit code, stdout))."""
+
+    name = "head"
+
+    def __init__(self, answers: dict[str, tuple[int, str]]) -> None:
+        self.answers = answers
+
+    def run(self, argv, *, timeout=60.0, step="run", check=True, stdin=None):  # type: ignore[no-untyped-def]
+        from sparkserve.nodes.base import CommandResult
+
+        code, out = self.answers.get(" ".join(argv), self.answers.get(argv[0], (127, "")))
+        return CommandResult(list(argv), code, out, "")
+
+
+def test_a_foreign_platform_without_a_qemu_handler_fails_loudly() -> None:
+    from sparkserve.deploy.image_build import _check_platform
+    from sparkserve.nodes.base import NodeError
+
+    no_handler = _RunNode({"uname": (0, "x86_64\n"), "cat": (1, "")})
+    with pytest.raises(NodeError) as e:
+        _check_platform(no_handler, "linux/arm64")  # type: ignore[arg-type]
+    assert "--platform linux/arm64 on a x86_64 node needs qemu user emulation" in e.value.what
+    assert "/proc/sys/fs/binfmt_misc/qemu-aarch64 is not registered" in e.value.what
+    _check_platform(_RunNode({"uname": (0, "x86_64\n"), "cat": (0, "enabled\n")}), "linux/arm64")  # type: ignore[arg-type]
+    _check_platform(_RunNode({"uname": (0, "aarch64\n")}), "linux/arm64")  # type: ignore[arg-type]  # native
+
+
+def test_builder_is_buildx_else_an_old_cli_with_buildkit_else_a_clear_refusal() -> None:
+    from sparkserve.deploy.image_build import builder_argv
+    from sparkserve.nodes.base import NodeError
+
+    assert builder_argv(_RunNode({"docker buildx version": (0, "v0.19")})) == ["docker", "buildx", "build", "--load"]  # type: ignore[arg-type]
+    old = _RunNode({"docker buildx version": (1, ""), "docker version --format {{.Client.Version}}": (0, "28.2.2"),
+                    "/usr/bin/docker version --format {{.Client.Version}}": (0, "20.10.24+dfsg1")})
+    assert builder_argv(old) == ["env", "DOCKER_BUILDKIT=1", "/usr/bin/docker", "build"]  # type: ignore[arg-type]
+    new_only = _RunNode({"docker buildx version": (1, ""), "docker version --format {{.Client.Version}}": (0, "28.2.2"),
+                         "/usr/bin/docker version --format {{.Client.Version}}": (0, "28.2.2")})
+    with pytest.raises(NodeError, match="install the docker-buildx plugin"):
+        builder_argv(new_only)  # type: ignore[arg-type]

@@ -122,6 +122,19 @@ def test_spec_fast_path_agrees_with_the_table_regex(msg: str) -> None:
     fast = logs_mod._spec_groups(line)
     m = logs_mod._SPEC_PATTERN.regex.search(line)
     assert fast is None or (m is not None and fast == m.groupdict())
+    al = logs_mod._spec_al(line.encode())  # the bytes path every SpecDecoding line after the first takes
+    assert al is None or (m is not None and al == m.group("al"))
+
+
+def test_every_spec_line_counts_though_only_the_first_is_an_event() -> None:
+    lines = [f"(APIServer pid=3003) INFO 11-29 16:38:{i:02d} [metrics.py:120] {SPEC.replace('3.21', f'3.{i:02d}')}"
+             for i in range(5)]
+    lines.insert(2, "(APIServer pid=3003) INFO 11-29 16:38:02 [metrics.py:120] "
+                 + SPEC.replace("3.21,", "3.21 ,"))  # one the table decides (a space before the comma)
+    log = parse_log(("\n".join(lines) + "\n").encode(), file="x")
+    assert log.spec_al == ["3.00", "3.01", "3.21", "3.02", "3.03", "3.04"]
+    assert log.spec_at == [0, 1, 2, 3, 4, 5]
+    assert [e.line for e in log.of(Kind.SPEC_METRICS)] == [1, 3]  # the first, and the one the table read
 
 
 def test_stdin_like_streams_are_read_whole() -> None:
@@ -134,7 +147,7 @@ def test_the_collector_is_paused_only_while_parsing(monkeypatch: pytest.MonkeyPa
     import gc
 
     seen = []
-    monkeypatch.setattr(logs_mod, "_scan", lambda r: seen.append(gc.isenabled()) or ([], {}))
+    monkeypatch.setattr(logs_mod, "_scan", lambda r: seen.append(gc.isenabled()) or ([], {}, []))
     assert gc.isenabled()
     parse_log(b"x\n", file="x")
     assert seen == [False] and gc.isenabled()
@@ -148,7 +161,7 @@ def test_the_collector_is_paused_only_while_parsing(monkeypatch: pytest.MonkeyPa
     assert gc.isenabled()  # restored after a failure too
     gc.disable()
     try:
-        monkeypatch.setattr(logs_mod, "_scan", lambda r: ([], {}))
+        monkeypatch.setattr(logs_mod, "_scan", lambda r: ([], {}, []))
         parse_log(b"x\n", file="x")
         assert not gc.isenabled()  # a caller that turned it off keeps it off
     finally:

@@ -242,3 +242,46 @@ def test_each_line_is_stamped_when_it_arrived_not_when_it_was_read(eng) -> None:
     ta, tb = (datetime.fromisoformat(x[0].rstrip("Z") + "+00:00").timestamp() for x in (a, b))
     assert 0.8 < tb - ta < 1.5
     assert list(fresh.logs(rid, since=(ta + tb) / 2)) == ["second"]
+
+
+def test_engine_for_picks_the_runtime_the_config_or_plan_names(tmp_path: Path) -> None:
+    from _fixtures import config_file
+
+    from sparkserve.config import load_config
+    from sparkserve.nodes.engine import Engine
+    from sparkserve.nodes.runtime import engine_for
+    from sparkserve.plan.build import build_plan
+
+    node = LocalNode("local")
+    docker_cfg = load_config(config_file(tmp_path / "d.yaml"))
+    proc_cfg = load_config(config_file(tmp_path / "p.yaml", {"runtime": "process", "serve": {"vllm": "/v"},
+                                                             "process": {"run_dir": "/r"}}))
+    assert type(engine_for(node, docker_cfg)) is Engine and type(engine_for(node, None)) is Engine
+    assert type(engine_for(node, build_plan(docker_cfg))) is Engine
+    for how in (proc_cfg, build_plan(proc_cfg)):
+        e = engine_for(node, how)
+        assert isinstance(e, ProcessEngine) and (e.run_dir, e.vllm) == ("/r", "/v")
+
+
+def test_a_start_cut_short_is_still_stopped_by_its_manifest(tmp_path: Path) -> None:
+    """The manifest is written before anything forks; a start that never recorded its pid (the starter was
+    interrupted) still has its processes found by their marker and stopped."""
+    rid = f"{FP[:16]}-r0"
+    orphan = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"],
+                              env={**os.environ, MARKER_ENV: rid})
+    try:
+        d = tmp_path / "run" / FP[:16]
+        d.mkdir(parents=True)
+        (d / "rank0.json").write_text(json.dumps({
+            "id": rid, "fingerprint": FP, "rank": 0, "role": "head", "node": "local", "name": "t-r0-local",
+            "labels": {}, "pid": -1, "pgid": -1, "start_time": -1, "leader_start_time": -1, "argv": [],
+            "env_names": [], "boot_id": Path("/proc/sys/kernel/random/boot_id").read_text().strip()}))
+        e = ProcessEngine(LocalNode("local"), run_dir=str(tmp_path / "run"), vllm=sys.executable)
+        assert [c.status for c in e.list_managed()] == ["exited"]  # not running: `up` replaces it
+        assert e.stop_graceful(rid, 1) == ["SIGINT"]
+        orphan.wait(5)
+        e.remove(rid)
+        assert e.list_managed() == []
+    finally:
+        orphan.kill()
+        orphan.wait()

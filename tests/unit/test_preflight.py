@@ -149,7 +149,7 @@ BAD: list[Bad] = [
         {"serve": {"compilation": {"cudagraph_capture_sizes": [0, 1, 2]}}}),
     Bad("cudagraph-mode-unknown", "serve.compilation.cudagraph_mode", "FULL_AND_PIECEWISE",
         {"serve": {"compilation": {"cudagraph_mode": "ALWAYS"}}}),
-    Bad("one-node", "nodes", "at least 2", {"nodes": [{"name": "a", "host": "a", "fabric_ip": "10.0.0.1"}]}),
+    Bad("no-node", "nodes", "at least 1", {"nodes": []}),
     Bad("node-name-repeats", "nodes.1.name", "repeats nodes[0]",
         {"nodes": [{"name": "a", "host": "a", "fabric_ip": "10.0.0.1"}, {"name": "a", "host": "b",
                 "fabric_ip": "10.0.0.2"}]}),

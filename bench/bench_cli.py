@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""What the operator waits for at the command line: `--help`, `status`, and warm `up` overhead on 2/3/4 nodes.
+
+    .venv/bin/python bench/bench_cli.py [--runs 5] [--up-runs 3] [--no-up]
+
+* ``--help``: wall time of ``sparkserve --help`` (a fresh interpreter each run), median; anchors: the
+  0.25 s goal, and ``python -c pass``.
+* ``status``: wall time of ``sparkserve status --json`` against the shared two-node rig (nothing running:
+  it connects to both nodes, lists their containers, asks the head's API).
+* warm ``up`` overhead for 2, 3 and 4 nodes: a separate four-node rig is brought up for this (its own
+  SSRIG_DIR, 127.0.0.40-43, port 2226, node root /srv/spark-bc; the shared rig is not touched) and removed
+  after. For N nodes the config is that rig's first N nodes at TP=N; each run is ``down`` (not timed), then
+  ``up --no-gates --json`` timed as a subprocess. overhead = wall − the emulator's own boot (head container
+  start → ``Application startup complete.``, docker log timestamps); ``gates.settle_s`` is 0 (the settle
+  window is a configured watch, not overhead). Anchors: the 1.5 s goal, and the 2-node overhead (goal: 4
+  nodes ≤ 1.1× of it). The first run of each N warms caches and is not counted.
+The timed parts hold the shared rig's test lock, so no test runs beside them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests" / "rig"))
+sys.path.insert(0, str(REPO / "bench"))
+
+import rig as riglib  # noqa: E402
+from bench_up_overhead import head_boot_seconds  # noqa: E402
+
+SPARKSERVE = REPO / ".venv" / "bin" / "sparkserve"
+PYTHON = REPO / ".venv" / "bin" / "python"
+HELP_GOAL_S = 1 / 4
+UP_GOAL_S = 1.5
+FLAT_GOAL = 1.1
+RIG4_ENV = {"SSRIG_NODE_ROOT": "/srv/spark-bc", "SSRIG_IP_BASE": "40", "SSRIG_SSH_PORT": "2226"}
+
+
+def wall(argv: list[str], env: dict[str, str], runs: int) -> tuple[float, float]:
+    """(median wall seconds, median CPU seconds: user + sys of the child) of ``argv``. The CPU figure holds
+    on a busy machine (this one has 2 cores shared by everyone); the wall one is what a person waits."""
+    times, cpus = [], []
+    for _ in range(runs):
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.monotonic()
+        subprocess.run(argv, env=env, capture_output=True, timeout=300)
+        times.append(time.monotonic() - t0)
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        cpus.append(r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime)
+    return statistics.median(times), statistics.median(cpus)
+
+
+def rigcmd(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, str(Path(riglib.__file__).resolve()), *args], capture_output=True,
+                          text=True, env=env, timeout=1200)
+
+
+def up_overhead(info: dict, n: int, runs: int, tmp: Path, env: dict[str, str]) -> tuple[float, float, float]:
+    """(median overhead, median wall, median emulator boot) of warm `up` on the first ``n`` nodes."""
+    import docker
+
+    data = yaml.safe_load(Path(info["rig_yaml"]).read_text())
+    data["nodes"] = data["nodes"][:n]
+    data["serve"]["tensor_parallel_size"] = n
+    data["serve"]["env"] = {**(data["serve"].get("env") or {}), "SSEMU_BOOT_SECONDS": "1.5"}
+    data["serve"]["gpu_memory_utilization"] = 0.1
+    data.setdefault("watchdog", {})["memory_floor_bytes"] = "1GiB"
+    data.setdefault("gates", {})["settle_s"] = 0
+    cfg = tmp / f"up{n}.yaml"
+    cfg.write_text(yaml.safe_dump(data, sort_keys=False))
+    head = riglib.nodes_from_info(info)[0]
+    client = docker.DockerClient(base_url=head.docker_url, version="1.41", timeout=60)
+    up = [str(SPARKSERVE), "up", "--no-gates", "--json", "-c", str(cfg)]
+    down = [str(SPARKSERVE), "down", "-c", str(cfg)]
+    rows = []
+    try:
+        for i in range(runs + 1):
+            subprocess.run(down, env=env, capture_output=True, check=True, timeout=300)
+            t0 = time.monotonic()
+            p = subprocess.run(up, env=env, capture_output=True, text=True, timeout=300)
+            w = time.monotonic() - t0
+            if p.returncode != 0:
+                raise RuntimeError(f"up on {n} nodes failed:\n{p.stderr[-3000:]}")
+            boot = head_boot_seconds(client, json.loads(p.stdout)["containers"][head.name])
+            if i:
+                rows.append((w - boot, w, boot))
+        subprocess.run(down, env=env, capture_output=True, check=True, timeout=300)
+    finally:
+        client.close()
+    return tuple(statistics.median(r[k] for r in rows) for k in range(3))  # type: ignore[return-value]
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--runs", type=int, default=7, help="runs of --help and status")
+    ap.add_argument("--up-runs", type=int, default=3, help="warm `up` runs per node count")
+    ap.add_argument("--no-up", action="store_true", help="skip the 2/3/4-node `up` part (no second rig)")
+    a = ap.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="bench-cli-"))
+    env = {**os.environ, "XDG_STATE_HOME": str(tmp / "state"), "XDG_CACHE_HOME": str(tmp / "cache")}
+    env.pop("SPARKSERVE_CONFIG", None)
+    shared = riglib.load_info()
+
+    subprocess.run([str(SPARKSERVE), "--help"], env=env, capture_output=True)  # fills the command index cache
+    results: dict[str, tuple[float, float]] = {}
+    with riglib.exclusive_use():
+        results["pass"] = wall([str(PYTHON), "-c", "pass"], env, a.runs)
+        results["help"] = wall([str(SPARKSERVE), "--help"], env, a.runs)
+        results["status"] = wall([str(SPARKSERVE), "status", "--json", "-c", shared["rig_yaml"]], env, a.runs)
+    load = os.getloadavg()[0]
+    (hw, hc), (pw, _), (sw, sc) = results["help"], results["pass"], results["status"]
+    print(f"(load average {load:.1f} on {os.cpu_count()} cores)")
+    print(f"`sparkserve --help`: wall {hw:.3f} s = {hw / HELP_GOAL_S:.2f}x the 0.25 s goal; CPU {hc:.3f} s = "
+          f"{hc / HELP_GOAL_S:.2f}x ({hw / pw:.1f}x `python -c pass`, {pw:.3f} s)")
+    print(f"`sparkserve status --json` (2 rig nodes, nothing running): wall {sw:.3f} s, CPU {sc:.3f} s")
+    if a.no_up:
+        return 0
+
+    # short (the daemons' unix sockets live below it), and not under /tmp (each node has a private /tmp)
+    d = Path(tempfile.mkdtemp(prefix="ssrigbc-", dir="/var/tmp"))
+    renv = {**os.environ, **RIG4_ENV, "SSRIG_DIR": str(d), "SSRIG_CACHE": str(riglib.CACHE_DIR)}
+    try:
+        t0 = time.monotonic()
+        p = rigcmd(renv, "up", "--nodes", "4")
+        if p.returncode != 0:
+            print(f"the four-node rig cannot come up:\n{p.stderr[-3000:]}", file=sys.stderr)
+            return 1
+        print(f"(four-node bench rig up in {time.monotonic() - t0:.0f} s)")
+        info = json.loads((d / "rig.json").read_text())
+        over: dict[int, tuple[float, float, float]] = {}
+        with riglib.exclusive_use():
+            for n in (2, 3, 4):
+                over[n] = up_overhead(info, n, a.up_runs, tmp, env)
+                o, w, b = over[n]
+                print(f"warm `up` on {n} nodes: wall {w:.2f} s, emulator boot {b:.2f} s -> overhead {o:.2f} s = "
+                      f"{o / UP_GOAL_S:.2f}x the 1.5 s goal", flush=True)
+        ratio = over[4][0] / over[2][0]
+        print(f"overhead 4 nodes / 2 nodes: {ratio:.2f}x (goal <= {FLAT_GOAL}x)")
+    finally:
+        rigcmd(renv, "down", "--purge")
+        shutil.rmtree(d, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
