@@ -70,7 +70,11 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
             ver = node.docker().version()
             add("docker", "ok", f"docker {ver.get('Version', '?')} (API {ver.get('ApiVersion', '?')})")
         except SparkserveError as e:
-            add("docker", "fail", e.what)
+            hint = ""
+            if "permission denied" in e.what.lower():  # a non-root SSH user outside the docker group
+                who = node.address.split("@")[0] if "@" in node.address else node_cfg.user  # after ~/.ssh/config
+                hint = f" — add {who} to the docker group on {name} (`sudo usermod -aG docker {who}`, log in again)"
+            add("docker", "fail", e.what + hint)
     ports = head_ports(cfg) if check_ports and rank == 0 else []
     target, drafter = str(cfg.model.target), str(cfg.drafter.path)
     sysfs = str(cfg.fabric.sysfs_root)

@@ -283,8 +283,10 @@ def builder_argv(node: Node) -> list[str]:
                     "CLI is >= 23 (it needs buildx for BuildKit); install the docker-buildx plugin")
 
 
-def _check_platform(node: Node, platform: str | None) -> None:
-    """A --platform other than the node's own needs a registered qemu binfmt handler there; fail loudly."""
+def _check_platform(node: Node, platform: str | None, probe_image: str | None = None) -> None:
+    """A --platform other than the node's own needs qemu user emulation there (a binfmt_misc handler); fail
+    loudly without it. The handler is read from /proc/sys/fs/binfmt_misc, or — where binfmt_misc is not
+    mounted in the node's view but registered in the kernel — proven by running ``true`` in ``probe_image``."""
     if not platform:
         return
     arch = platform.split("/", 1)[-1].split("/")[0]
@@ -294,10 +296,18 @@ def _check_platform(node: Node, platform: str | None) -> None:
         return
     qemu = {"arm64": "qemu-aarch64", "amd64": "qemu-x86_64"}.get(arch, f"qemu-{arch}")
     res = node.run(["cat", f"/proc/sys/fs/binfmt_misc/{qemu}"], timeout=20, check=False, step="build")
-    if not res.ok or "enabled" not in res.stdout:
-        raise NodeError(node.name, "build", f"--platform {platform} on a {machine} node needs qemu user "
-                        f"emulation: /proc/sys/fs/binfmt_misc/{qemu} is not registered (mount binfmt_misc and "
-                        "`update-binfmts --enable " + qemu + "`, or build on an arm64 node)")
+    if res.ok and "enabled" in res.stdout:
+        return
+    if probe_image is not None:
+        try:
+            rc, _out, _err = run_in_image(node, probe_image, ["true"], step="build", timeout=120)
+        except NodeError:
+            rc = 1
+        if rc == 0:
+            return
+    raise NodeError(node.name, "build", f"--platform {platform} on a {machine} node needs qemu user "
+                    f"emulation: /proc/sys/fs/binfmt_misc/{qemu} is not registered (mount binfmt_misc and "
+                    "`update-binfmts --enable " + qemu + "`, or build on an arm64 node)")
 
 
 def _state_dir() -> Path:
@@ -355,7 +365,7 @@ def build_image(node: Node, files: RecipeFiles, lock: Lock, *, lane: str | None 
             raise NodeError(node.name, "build", f"the base {recipe.base.image} is "
                             f"{found[0][:19] if found else 'missing'} on this node but the lock pins "
                             f"{str(lock.base.id)[:19]} (never pushed, so only its ID pins it); re-lock")
-    _check_platform(node, platform)
+    _check_platform(node, platform, probe_image=(lock.base.id or lock.base.digest_ref) if lane == "overlay" else None)
     argv = builder_argv(node) + ["--progress=plain", "--network=host", "--target", lane, "-t", tag]
     if platform:
         argv += ["--platform", platform]

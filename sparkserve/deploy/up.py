@@ -75,11 +75,12 @@ class UpResult:
 def planned_steps(cfg: Config, plan: Plan) -> list[dict[str, Any]]:
     """The steps :func:`up` takes for this config and plan, in order, each with what it does (the list
     `sparkserve plan` prints). A start step names its node, rank and container."""
+    tool, kept = ("docker", "containers") if cfg.runtime == "docker" else ("python3", "ranks")
     steps: list[dict[str, Any]] = [
         {"step": "validate", "detail": f"config, drafter {cfg.drafter.path}, target {cfg.model.target}, "
                                         "every argv through vLLM 0.33's parser"},
-        {"step": "preflight", "detail": "on every node in parallel: ssh, docker, disk, memory headroom, ports "
-                                         f"{cfg.serve.port}/{cfg.fabric.master_port}, stale containers, paths, fabric"},
+        {"step": "preflight", "detail": f"on every node in parallel: ssh, {tool}, disk, memory headroom, ports "
+                                         f"{cfg.serve.port}/{cfg.fabric.master_port}, stale {kept}, paths, fabric"},
         {"step": "image", "detail": f"{cfg.image.ref}: the same image ID on every node" if cfg.runtime == "docker"
          else f"serve.vllm {cfg.serve.vllm}: the same executable and --version on every node"},
         {"step": "drafter", "detail": f"sync {cfg.drafter.path} to every node (sha256 manifest, only differing files)"},

@@ -127,6 +127,28 @@ def save_f16_with_zeros(path: Path, tensors: dict[str, np.ndarray], zeros: dict[
         f.truncate(8 + len(raw) + off)
 
 
+def drop_tensor(f: Path, name: str, *, into: Path | None = None, take: set[str] | None = None) -> None:
+    """Rewrite safetensors file ``f`` without tensor ``name`` (or move the tensors in ``take`` to a new file
+    ``into``); all-zero tensors over a million elements stay file holes (see :func:`save_f16_with_zeros`)."""
+    from safetensors import safe_open
+
+    keep: tuple[dict[str, np.ndarray], dict[str, tuple[int, ...]]] = ({}, {})
+    moved: tuple[dict[str, np.ndarray], dict[str, tuple[int, ...]]] = ({}, {})
+    with safe_open(str(f), "np") as st:
+        for k in st.keys():  # noqa: SIM118 (safe_open has no __iter__)
+            if k == name:
+                continue
+            a = st.get_tensor(k)
+            to = moved if take and k in take else keep
+            if a.size > 2**20 and not a.any():
+                to[1][k] = a.shape
+            else:
+                to[0][k] = a
+    save_f16_with_zeros(f, *keep)
+    if into is not None:
+        save_f16_with_zeros(into, *moved)
+
+
 def write_drafter(path: Path, spec: DrafterSpec | None = None) -> Path:
     spec = spec or DrafterSpec()
     path.mkdir(parents=True, exist_ok=True)

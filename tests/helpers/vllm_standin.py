@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import shutil
 import subprocess
 import sys
@@ -122,8 +123,8 @@ ARM64_BASE_REF = "sparkserve-standin/base-arm64:bookworm"
 ARM64_STANDIN_REF = "sparkserve-standin/vllm-arm64:0.33.0"
 #: the arm64 stand-in's vLLM subset: what the series and the checks touch, the registry, the version (the
 #: RECORD check then hashes a few hundred files, not 5,800 — seconds under qemu, not minutes)
-ARM64_SUBSET = ("vllm/_version.py", "vllm/config/", "vllm/model_executor/models/", "vllm/v1/core/",
-                "vllm/v1/worker/gpu/spec_decode/eagle/", "vllm/v1/worker/gpu/model_states/")
+ARM64_SUBSET = ("vllm/_version.py", "vllm/config/", "vllm/model_executor/models/", "vllm/models/beam/",
+                "vllm/v1/core/", "vllm/v1/worker/gpu/spec_decode/eagle/", "vllm/v1/worker/gpu/model_states/")
 
 
 def ensure_binfmt_aarch64() -> None:
@@ -191,13 +192,17 @@ def ensure_arm64_standin(docker_url: str, ref: str = ARM64_STANDIN_REF) -> str:
 
     ensure_binfmt_aarch64()
     cli = shutil.which("docker", path="/usr/bin") or "/usr/bin/docker"  # Debian's 20.10 CLI carries BuildKit
-    inspect = subprocess.run([cli, "-H", docker_url, "image", "inspect", ref], capture_output=True, text=True)
-    if inspect.returncode == 0 and json.loads(inspect.stdout)[0].get("Architecture") == "arm64":
-        return str(json.loads(inspect.stdout)[0]["Id"])
     ctx = arm64_standin_context(vllm_wheel("aarch64"))
-    r = subprocess.run([cli, "-H", docker_url, "build", "--platform", "linux/arm64", "--network", "host",
-                        "-t", ref, "-"], input=ctx, capture_output=True, env={**__import__("os").environ,
-                                                                                "DOCKER_BUILDKIT": "1"})
+    digest = hashlib.sha256(ctx).hexdigest()[:16]
+    inspect = subprocess.run([cli, "-H", docker_url, "image", "inspect", ref], capture_output=True, text=True)
+    if inspect.returncode == 0:
+        found = json.loads(inspect.stdout)[0]
+        if found.get("Architecture") == "arm64" and \
+                ((found.get("Config") or {}).get("Labels") or {}).get(STANDIN_HASH_LABEL) == digest:
+            return str(found["Id"])
+    argv = [cli, "-H", docker_url, "build", "--platform", "linux/arm64", "--network", "host",
+            "--label", f"{STANDIN_HASH_LABEL}={digest}", "-t", ref, "-"]
+    r = subprocess.run(argv, input=ctx, capture_output=True, env={**os.environ, "DOCKER_BUILDKIT": "1"})
     if r.returncode:
         raise RuntimeError(f"arm64 stand-in build failed: {r.stderr.decode(errors='replace')[-1500:]}")
     out = subprocess.run([cli, "-H", docker_url, "image", "inspect", "-f", "{{.Id}}", ref], capture_output=True,

@@ -285,3 +285,29 @@ def test_a_start_cut_short_is_still_stopped_by_its_manifest(tmp_path: Path) -> N
     finally:
         orphan.kill()
         orphan.wait()
+
+
+def test_the_serving_drafter_of_a_process_rank_is_the_one_its_argv_names(eng) -> None:
+    from sparkserve.nodes.runtime import serving_drafter
+
+    spec_json = json.dumps({"method": "dflash", "model": "/models/d-abc123", "num_speculative_tokens": 7})
+    s = spec(POLITE)
+    rid = eng.run(s.model_copy(update={"command": [*s.command, "--speculative-config", spec_json]}))
+    assert serving_drafter(eng, rid) == "/models/d-abc123"
+
+
+def test_every_node_must_run_the_same_engine(monkeypatch, tmp_path: Path) -> None:
+    from _fixtures import config_file
+
+    from sparkserve.config import load_config
+    from sparkserve.nodes.runtime import ensure_same_engine
+
+    cfg = load_config(config_file(tmp_path / "c.yaml", {"runtime": "process"}))
+    ids = {"a": ("sha256:" + "1" * 64, "/v/bin/vllm 0.25.1"), "b": ("sha256:" + "2" * 64, "/v/bin/vllm 0.33.0")}
+    monkeypatch.setattr(ProcessEngine, "identity", lambda self, **kw: ids[self.node.name])
+    with pytest.raises(NodeError) as e:
+        ensure_same_engine(cfg, [LocalNode("a"), LocalNode("b")])
+    assert e.value.node_name == "b" and e.value.step_name == "engine"
+    assert "0.33.0" in e.value.what and "0.25.1" in e.value.what
+    ids["b"] = ids["a"]
+    assert ensure_same_engine(cfg, [LocalNode("a"), LocalNode("b")]) == ids["a"][0]

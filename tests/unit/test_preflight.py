@@ -28,6 +28,7 @@ from _fixtures import (
     write_target,
 )
 from safetensors.numpy import save_file
+from tiny_models import drop_tensor
 
 from sparkserve.config import load_config
 from sparkserve.plan.validate import Report, check_config, validate
@@ -71,28 +72,6 @@ def _truncate_weights(d: Path) -> None:
 def _deep_header(f: Path) -> None:
     h = b"[" * 100000 + b"]" * 100000
     f.write_bytes(struct.pack("<Q", len(h)) + h)
-
-
-def drop_tensor(f: Path, name: str, *, into: Path | None = None, take: set[str] | None = None) -> None:
-    """Rewrite safetensors file ``f`` without tensor ``name`` (or move the names in ``take`` to ``into``)."""
-    from safetensors import safe_open
-    from tiny_models import save_f16_with_zeros
-
-    keep: tuple[dict[str, Any], dict[str, Any]] = ({}, {})  # (tensors, big all-zero tensors: shapes)
-    moved: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
-    with safe_open(str(f), "np") as st:
-        for k in st.keys():  # noqa: SIM118 (safe_open has no __iter__)
-            if k == name:
-                continue
-            a = st.get_tensor(k)
-            to = moved if take and k in take else keep
-            if a.size > 2**20 and not a.any():
-                to[1][k] = a.shape
-            else:
-                to[0][k] = a
-    save_f16_with_zeros(f, *keep)
-    if into is not None:
-        save_f16_with_zeros(into, *moved)
 
 
 def _split_target_and_lose_a_shard(t: Path) -> None:

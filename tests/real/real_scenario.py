@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The real-engine run of issue 13 item 4: sparkserve driving a real vLLM (or, for a dry run, the emulator).
 
-    python3 tests/real/scenario.py --engine real --site /root/sparkserve-real/site --work W --out "$OUT"
-    .venv/bin/python tests/real/scenario.py --engine emulator --work /tmp/ss-dry --out /tmp/ss-dry/out
+    python3 tests/real/real_scenario.py --engine real --site /root/sparkserve-real/site --work W --out "$OUT"
+    .venv/bin/python tests/real/real_scenario.py --engine emulator --work /tmp/ss-dry --out /tmp/ss-dry/out
 
 One local node, ``runtime: process``, ``serve.vllm_version: 0.25.1``, tiny real models (gen_models.py):
 
@@ -460,7 +460,7 @@ def _ours_alive(pids: list[int], work: Path) -> list[str]:
         if p.info["pid"] == os.getpid():
             continue
         if p.info["pid"] in pids or (p.info["name"] or "").startswith("VLLM::") or cmd.startswith("VLLM::") \
-                or (str(work) in cmd and "scenario.py" not in cmd):
+                or (str(work) in cmd and "real_scenario.py" not in cmd):
             left.append(f"{p.info['pid']} {cmd[:80]}")
     return left
 
