@@ -110,7 +110,12 @@ def verify_cmd(config: ConfigOpt = None, json_out: JsonOpt = False,
             print(f"{name}: {fp or 'MISSING'}" + (f" (id {raw[:19]})" if raw else ""))
         for p in check.problems():
             print(f"  {p}")
-        print("same image on every node" if check.ok else "NOT the same image on every node")
+        if check.ok:
+            print("same image on every node")
+        elif check.problem is None:
+            print("same image on every node, but its facts are not what they must be (above)")
+        else:
+            print("NOT the same image on every node")
     if not check.ok:
         raise typer.Exit(1)
 

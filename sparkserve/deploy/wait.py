@@ -105,8 +105,10 @@ def _poll_node(view: NodeView, eng: Runtime, node: Node, floors: Floors | None) 
         _daemon_gone(view, f"rank {view.rank}'s container was stopped with it", _stamp(st.finished_at))
         return
     if not st.running:
-        why = f"exit code {st.exit_code}" + (", OOM-killed" if st.oom_killed else "")
-        view.failure = BootFailure(view.node, "boot", f"rank {view.rank} container {view.container[:12]} stopped "
+        why = f"exit code {'unknown' if st.exit_code is None else st.exit_code}" + (
+            ", OOM-killed" if st.oom_killed else "")
+        noun = getattr(eng, "noun", "container")
+        view.failure = BootFailure(view.node, "boot", f"rank {view.rank} {noun} {view.container[:12]} stopped "
                                    f"({why})", explain(lines))
         ended = _stamp(st.finished_at)
         view.failed_at = min(x for x in (fatal_at, ended, time.time()) if x is not None)

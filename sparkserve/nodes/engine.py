@@ -109,6 +109,8 @@ def _is_managed(labels: dict[str, str] | None) -> bool:
 class Engine:
     """Docker verbs on one node. Cheap to create; the node caches the SDK client."""
 
+    noun = "container"  # what a rank is here, for messages
+
     def __init__(self, node: Node) -> None:
         self.node = node
 

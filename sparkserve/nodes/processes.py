@@ -65,6 +65,8 @@ class _Seen:
 class ProcessEngine:
     """The process runtime on one node. Cheap to create; it remembers what it read of each log."""
 
+    noun = "process"  # what a rank is here, for messages
+
     def __init__(self, node: Node, *, run_dir: str, vllm: str = "vllm", marker: str = MARKER_ENV) -> None:
         self.node = node
         self.run_dir = run_dir

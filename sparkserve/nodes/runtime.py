@@ -34,6 +34,7 @@ class Runtime(Protocol):
     """The verbs deploy/ uses on one node's ranks (a rank is named by the handle ``run`` returned)."""
 
     node: Node
+    noun: str  # what a rank is on this runtime, for messages: "container" or "process"
 
     @property
     def name(self) -> str: ...

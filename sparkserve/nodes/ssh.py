@@ -278,7 +278,8 @@ class SSHNode:
         """OpenSSH for rsync, resolved exactly as this node's paramiko connection (same ssh config file,
         every resolved value on the command line; the agent through SSH_AUTH_SOCK)."""
         t = self.target
-        argv = ssh_argv(t.r, connect_timeout=t.connect_timeout, keepalive=t.keepalive)
+        argv = ssh_argv(t.r, connect_timeout=t.connect_timeout, keepalive=t.keepalive,
+                        jump=t.jump.r if t.jump is not None else None)
         alias = t.r.alias
         host = f"[{alias}]" if ":" in alias else alias
         return RsyncRemote(tuple(argv), f"{self.user}@{host}")

@@ -111,10 +111,13 @@ def resolve(node: NodeConfig, ssh: SSHConfig, *, env: dict[str, str] | None = No
                        in_config=conf is not None and _matched_block(conf, node.host), options=opts)
 
 
-def ssh_argv(r: ResolvedSSH, *, connect_timeout: float, keepalive: int) -> list[str]:
+def ssh_argv(r: ResolvedSSH, *, connect_timeout: float, keepalive: int, jump: ResolvedSSH | None = None) -> list[str]:
     """The OpenSSH client argv (for rsync's ``-e``) that reaches the node exactly as paramiko does: the same
-    config file, and every resolved value given on the command line (which OpenSSH lets win)."""
+    config file, and every resolved value given on the command line (which OpenSSH lets win). A ProxyJump
+    hop (``jump``) becomes a ProxyCommand running this same argv for the jump host, so that hop too uses
+    the resolved known_hosts and keys (OpenSSH's own ProxyJump would not pass them on)."""
     import math
+    import shlex
 
     argv = ["ssh", "-F", str(r.ssh_config) if r.ssh_config else "/dev/null",
             "-p", str(r.port), "-l", r.user, "-o", f"HostName={r.hostname}",
@@ -129,6 +132,10 @@ def ssh_argv(r: ResolvedSSH, *, connect_timeout: float, keepalive: int) -> list[
     argv += ["-o", f"IdentitiesOnly={'yes' if r.identities_only else 'no'}"]
     if not r.use_agent:
         argv += ["-o", "IdentityAgent=none"]
-    if r.proxy_jump:
+    if jump is not None:
+        hop = ssh_argv(jump, connect_timeout=connect_timeout, keepalive=keepalive)
+        line = shlex.join([*hop, "-W", "%h:%p", jump.alias]).replace("%", "%%").replace("%%h:%%p", "%h:%p")
+        argv += ["-o", f"ProxyCommand={line}"]
+    elif r.proxy_jump:
         argv += ["-o", f"ProxyJump={r.proxy_jump}"]
     return argv

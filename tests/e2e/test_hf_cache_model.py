@@ -17,13 +17,16 @@ SHA = "89abcdef0123456789abcdef0123456789abcdef"
 SNAP = f"{HF_DIR}/hub/models--rig--tiny-target/snapshots/{SHA}"
 
 
-@pytest.fixture
-def hub_on_nodes(e2e):
+NODE_HUB = "/srv/spark/home/.cache/huggingface/hub"  # the rig's sshd sets HOME=/srv/spark/home on each node
+REPO_DIR = "models--rig--tiny-target"
+
+
+def _layout(e2e, hub: str) -> None:
+    """The rig's target as the hub cache keeps it, under ``hub`` on every node."""
     for n in e2e.rig.nodes:
-        root = e2e.node_path(n.name, HF_DIR)
-        shutil.rmtree(root, ignore_errors=True)
         src = e2e.node_path(n.name, e2e.rig.models["target"])
-        repo = e2e.node_path(n.name, f"{HF_DIR}/hub/models--rig--tiny-target")
+        repo = e2e.node_path(n.name, f"{hub}/{REPO_DIR}")
+        shutil.rmtree(repo, ignore_errors=True)
         (repo / "blobs").mkdir(parents=True)
         (repo / "snapshots" / SHA).mkdir(parents=True)
         (repo / "refs").mkdir()
@@ -32,9 +35,35 @@ def hub_on_nodes(e2e):
             digest = hashlib.sha256(f.read_bytes()).hexdigest()
             shutil.copyfile(f, repo / "blobs" / digest)
             os.symlink(f"../../blobs/{digest}", repo / "snapshots" / SHA / f.name)
+
+
+@pytest.fixture
+def hub_on_nodes(e2e):
+    _layout(e2e, f"{HF_DIR}/hub")
     yield
     for n in e2e.rig.nodes:
         shutil.rmtree(e2e.node_path(n.name, HF_DIR), ignore_errors=True)
+
+
+@pytest.fixture
+def home_hub(e2e):
+    _layout(e2e, NODE_HUB)
+    yield
+    for n in e2e.rig.nodes:
+        shutil.rmtree(e2e.node_path(n.name, f"{NODE_HUB}/{REPO_DIR}"), ignore_errors=True)
+
+
+def test_a_repo_id_resolves_to_the_same_snapshot_on_every_node_and_boots(e2e, home_hub) -> None:
+    cfg = e2e.config({"model": {"target": "rig/tiny-target@main"}})
+    p = e2e.cli("up", "--no-gates", cfg=cfg)
+    assert p.returncode == 0, p.stderr
+    assert f"model: rig/tiny-target@main is {NODE_HUB}/{REPO_DIR}/snapshots/{SHA} on every node" in p.stderr
+    p = e2e.cli("validate", "--parser", "list", cfg=cfg)  # the same resolution, the head's files
+    assert p.returncode == 0 and f"[on node-a (head): {NODE_HUB}/{REPO_DIR}/snapshots/{SHA}]" in p.stdout, p.stderr
+    e2e.cli("down", cfg=cfg)
+    p = e2e.cli("up", "--no-gates", cfg=e2e.config({"model": {"target": "rig/tiny-target@v9"}}))
+    e2e.assert_explained(p, code=2, node=None, says=("revision 'v9' is not in", "on node-a",
+                                                     "hf download rig/tiny-target --revision v9"))
 
 
 def test_a_hub_cache_snapshot_boots_and_a_node_missing_its_blobs_is_named(e2e, hub_on_nodes) -> None:

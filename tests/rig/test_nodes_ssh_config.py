@@ -86,6 +86,23 @@ def test_an_alias_and_the_agent_reach_the_node_for_paramiko_and_rsync(operator: 
         node.close()
 
 
+def test_proxy_jump_reaches_a_node_through_another(operator: OperatorHome, rig) -> None:  # type: ignore[no-untyped-def]
+    b = rig.nodes[1]
+    with (operator.home / ".ssh" / "config").open("a") as f:
+        f.write(f"Host spark2-via-1\n  HostName {b.host}\n  Port {b.port}\n  User {rig.user}\n  ProxyJump spark1\n")
+    node = _node("spark2-via-1")
+    try:
+        assert node.target.jump is not None and node.target.jump.host == rig.nodes[0].host
+        assert node.run(["echo", "jumped"]).stdout == "jumped\n"
+        r = node.rsync_remote()
+        assert any(a.startswith("ProxyCommand=ssh ") and a.endswith(" -W %h:%p spark1") for a in r.ssh_argv)
+        p = subprocess.run([*r.ssh_argv, r.target, "echo", "jumped-too"], capture_output=True, text=True,
+                           timeout=30, env={**os.environ, **operator.env})
+        assert p.returncode == 0 and p.stdout == "jumped-too\n", p.stderr
+    finally:
+        node.close()
+
+
 def test_each_way_to_be_wrong_is_one_line_that_says_what_to_run(operator: OperatorHome, rig) -> None:  # type: ignore[no-untyped-def]
     with pytest.raises(NodeError) as e:
         _node("spark9").connect()
