@@ -108,10 +108,12 @@ class Scenario:
     def launcher(self) -> Path:
         """serve.vllm: vLLM 0.25.1 from the carried site (real), or the engine emulator (dry run)."""
         path = self.work / "bin" / "vllm"
-        if self.real:
+        if self.real:  # pip --target wrote vLLM's own console script, its shebang this python
+            script = Path(self.args.site) / "bin" / "vllm"
+            main = "import sys; from vllm.entrypoints.cli.main import main; sys.exit(main())"
+            run = f'{script} "$@"' if script.exists() else f'{sys.executable} -c "{main}" "$@"'
             body = (f"#!/bin/sh\n# vLLM 0.25.1 from the carried wheels (scripts/real-engine)\n"
-                    f"export PYTHONPATH={self.args.site} PYTHONUNBUFFERED=1\n"
-                    f'exec {sys.executable} -c "from vllm.entrypoints.cli.main import main; main()" "$@"\n')
+                    f"export PYTHONPATH={self.args.site} PYTHONUNBUFFERED=1\nexec {run}\n")
         else:
             args_json = REPO / "sparkserve" / "data" / "vllm-0.33.0-serve-args.json"
             body = (f"#!/bin/sh\n# the sparkserve engine emulator (not vLLM): the dry run of tests/real\n"
