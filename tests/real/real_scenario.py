@@ -255,7 +255,7 @@ class Scenario:
         out = self.results / "vllm-bench.json"
         argv = [*self.bench_client(), "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
                 "--base-url", f"http://127.0.0.1:{PORT}", "--model", MODEL, "--served-model-name", MODEL,
-                "--skip-tokenizer-init", "--dataset-name", "custom", "--dataset-path", str(prompts),
+                "--tokenizer", str(self.models / "target"), "--dataset-name", "custom", "--dataset-path", str(prompts),
                 "--disable-shuffle", "--num-prompts", str(n), "--max-concurrency", str(c), "--ignore-eos",
                 "--temperature", "1.0", "--top-p", "0.95",
                 "--chat-template-kwargs", json.dumps({"enable_thinking": True}),
@@ -474,6 +474,7 @@ def main() -> int:
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--probes", action="store_true", help="run the three failing boots instead of the scenario")
+    ap.add_argument("--skip", default="", help="comma-separated scenario steps to leave out (a second call)")
     ap.add_argument("--deadline", type=float, default=0, help="epoch seconds the run must be done by (0: none)")
     args = ap.parse_args()
     if args.engine == "real" and not args.site:
@@ -490,6 +491,8 @@ def main() -> int:
                   ("bench", s.bench, 150), ("metrics", lambda: s.metrics("after"), 5), ("swaps", s.swaps, 240),
                   ("kill", s.kill_engine_core, 40),
                   ("gates-after-kill", lambda: s.gates("gates-after-kill", want_ok=False, must_fail="faults"), 40)]
+    skip = {x for x in args.skip.split(",") if x}
+    steps = [st for st in steps if st[0] not in skip]
     try:
         for name, step, takes in steps:
             if args.deadline and time.time() + takes + 40 > args.deadline:
