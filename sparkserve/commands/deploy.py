@@ -97,7 +97,8 @@ def down_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: Ac
     if json_out:
         emit_json(result.to_json())
     elif result.removed:
-        print(f"down: removed {sum(len(v) for v in result.removed.values())} container(s); logs in {result.logs}")
+        what = "container(s)" if cfg.runtime == "docker" else "engine process group(s)"
+        print(f"down: removed {sum(len(v) for v in result.removed.values())} {what}; logs in {result.logs}")
     else:
         print("down: nothing was running" + (" on the nodes it could reach" if result.unreachable else ""))
     if result.unreachable:

@@ -314,8 +314,16 @@ def _stream(src: Node, streams: list[tuple[Node, set[str]]], ref: str, layers: l
             receivers[dst.name].close_stdin()
         sender.close_stdin()
         results: dict[str, CommandResult] = {}
-        waiter = threading.Thread(target=lambda: results.update(
-            {name: p.wait(check=False) for name, p in receivers.items()}), daemon=True)
+        lost: dict[str, NodeError] = {}
+
+        def wait_all() -> None:  # in a thread, so that the main thread stays interruptible and shows progress
+            for name, proc in receivers.items():
+                try:
+                    results[name] = proc.wait(check=False)
+                except NodeError as e:  # a connection closed under it (an interrupt's cleanup): said below
+                    lost[name] = e
+
+        waiter = threading.Thread(target=wait_all, daemon=True)
         waiter.start()
         while waiter.is_alive():
             waiter.join(0.5)
@@ -324,6 +332,8 @@ def _stream(src: Node, streams: list[tuple[Node, set[str]]], ref: str, layers: l
                 for name in receivers:
                     progress(name, sent.get(name, 0), time.monotonic() - t0)
         send_res = sender.wait(check=False)
+        if lost:
+            raise next(iter(lost.values()))
     except KeyboardInterrupt as e:  # Ctrl-C, SIGTERM, SIGHUP: docker discards a load whose stream ends early
         interrupts.note(e)
         with contextlib.suppress(NodeError, OSError, ValueError):  # stop the sender: every stream ends early

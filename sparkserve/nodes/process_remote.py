@@ -138,9 +138,7 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
             if pid == 0:
                 return None
             c = os.waitstatus_to_exitcode(status)
-            c = c if c >= 0 else 128 - c  # as a shell (and docker) reports it: 128 + N for a death by signal N
-            write_json(exit_path, {"exit_code": c, "at": time.time()})
-            return c
+            return c if c >= 0 else 128 - c  # as a shell (and docker) reports it: 128 + N for a death by signal N
 
         while True:
             ready, _, _ = select.select([out], [], [], 0.5)
@@ -156,7 +154,10 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
             if code is None:
                 code = reaped(False)
         if code is None:
-            reaped(True)
+            code = reaped(True)
+        # written only once the last byte is in the log: `stop` waits for it, so a log read after a stop holds
+        # the engine's last words (the line that says why it died)
+        write_json(exit_path, {"exit_code": code, "at": time.time()})
 
     def look(rank_id: str, offsets: list[int] | None) -> dict[str, Any]:
         base = base_of(rank_id)
@@ -309,6 +310,11 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
             while time.monotonic() < deadline and members(m):
                 time.sleep(0.05)
         base = base_of(q["id"])
+        drained = time.monotonic() + 5.0  # the supervisor relays what the engine wrote last, then says so
+        while sent and read_json(base + ".exit") is None and time.monotonic() < drained and not members(m):
+            if not lives(int(m["pgid"]), int(m.get("leader_start_time", -1))) and "SIGKILL" in sent:
+                break
+            time.sleep(0.02)
         if "SIGKILL" in sent and read_json(base + ".exit") is None and not running(m):
             # the supervisor died with the group: the exit status it would have written
             write_json(base + ".exit", {"exit_code": 128 + signal.SIGKILL, "at": time.time()})

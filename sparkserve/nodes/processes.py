@@ -237,6 +237,8 @@ class ProcessEngine:
         signals sent. NodeError when a process of the rank survived SIGKILL."""
         key = self._key(ref)
         reply = self._ask({"verb": "stop", "id": key, "timeout_s": timeout}, "stop", timeout=2.0 * timeout + 30)
+        if key in self._seen:  # what it said while stopping is new: the next logs() looks again
+            self._seen[key].looked = float("-inf")
         if reply.get("left"):
             raise NodeError(self.name, "stop", f"{key}: pids {reply['left']} survived SIGKILL")
         return list(reply.get("signals", []))

@@ -308,7 +308,7 @@ def _faults(an: Analysis, liveness: Mapping[str, bool | None] | None, ex: Expect
             f"{e0.rec.msg.strip()}"
         )
     if dead:
-        problems.append(f"engine container not running on {', '.join(dead)}")
+        problems.append(f"engine not running on {', '.join(dead)}")
     if missing:
         problems.append(f"no log from {', '.join(missing)}")
     if problems:

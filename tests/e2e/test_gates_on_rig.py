@@ -4,6 +4,7 @@ should, with the evidence line; `gates --from-log` judges the saved logs of boot
 
 from __future__ import annotations
 
+import json
 import shutil
 import time
 from pathlib import Path
@@ -176,7 +177,9 @@ def test_changed_kv_size_fails_pool_against_the_banked_value(e2e, target_copies)
 
     for n in e2e.rig.nodes:  # 1 GiB more weights on every node (sparse: costs no disk)
         with open(e2e.node_path(n.name, target_copies) / "pad.safetensors", "wb") as f:
-            f.truncate(2**30)
+            header = json.dumps({"pad": {"dtype": "U8", "shape": [2**30], "data_offsets": [0, 2**30]}}).encode()
+            f.write(len(header).to_bytes(8, "little") + header)  # a real safetensors file: one extra tensor
+            f.truncate(8 + len(header) + 2**30)
     again = e2e.json("up", "--no-gates", cfg=cfg)
     assert again["fingerprint"] == first["fingerprint"]
     got = failed(gates_json(e2e, cfg, code=1))

@@ -31,7 +31,7 @@ def rigcmd(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture(scope="module")
 def rig3(rig_exclusive, _module_state):
-    d = Path(tempfile.mkdtemp(prefix="ssrig3-"))  # short: unix socket paths live below it
+    d = Path(tempfile.mkdtemp(prefix="ssrig3-", dir="/var/tmp"))  # short (unix sockets); not under /tmp
     env = {**os.environ, "SSRIG_DIR": str(d), "SSRIG_NODE_ROOT": "/srv/spark-e3", "SSRIG_IP_BASE": "30",
            "SSRIG_SSH_PORT": "2224", "SSRIG_CACHE": str(rig_exclusive.dir / "cache")}
     try:

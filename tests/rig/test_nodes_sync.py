@@ -114,7 +114,7 @@ def test_sftp_fallback_copies_and_verifies(drafter: Path, node_b: SSHNode, node_
 def test_verification_failure_names_the_node_and_file(
     drafter: Path, node_b: SSHNode, node_scratch: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def bad_copy(node: Node, local_dir: Path, remote_dir: str, rels: list[str]) -> None:
+    def bad_copy(node: Node, local_dir: Path, remote_dir: str, rels: list[str], total: int = 0) -> None:
         for rel in rels:
             node.write_bytes(f"{remote_dir}/{rel}", b"not the drafter")
 

@@ -201,7 +201,7 @@ def test_one_log_per_boot_stamped_when_first_seen(eng) -> None:
     (stamped,) = list(eng.logs(rid, timestamps=True))
     stamp, _, text = stamped.partition(" ")
     assert text == "engine up" and stamp.endswith("Z") and stamp.startswith(time.strftime("%Y-", time.gmtime()))
-    eng.stop_graceful(rid, 2)
+    eng.stop_graceful(rid, 2)  # returns once the last words are in the log
     assert list(eng.logs(rid)) == ["engine up", "got SIGINT"]
     eng.run(spec(POLITE))  # the next boot of the same rank starts a fresh log
     wait_for(lambda: logged(eng, rid, "engine up"))
