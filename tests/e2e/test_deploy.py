@@ -57,7 +57,8 @@ def test_up_serves_on_both_nodes_then_down_leaves_nothing(e2e) -> None:
 
     p = e2e.cli("down", cfg=cfg)
     assert p.returncode == 0, p.stderr
-    assert "down: removed 2 container(s)" in p.stdout
+    what = "container(s)" if e2e.runtime == "docker" else "engine process group(s)"
+    assert f"down: removed 2 {what}" in p.stdout
     assert e2e.leftovers() == {}
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"{api}/v1/models", timeout=2)
