@@ -15,10 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from sparkserve.commands._common import AcceptNew, ConfigOpt, JsonOpt, config_from, console, emit_json
-from sparkserve.deploy.gates_live import run_gates
-from sparkserve.deploy.stack import stream_logs
 from sparkserve.errors import BadInput
-from sparkserve.nodes.factory import open_nodes
 from sparkserve.observe.analyze import Analysis
 from sparkserve.observe.gate_report import GATE_NAMES, GateReport
 from sparkserve.observe.saved import LogFile, analyze_files, judge_files
@@ -47,6 +44,9 @@ def logs_live(
         return
     cfg = config_from(config, accept_new=accept_new)
     try:
+        from sparkserve.deploy.stack import stream_logs  # the node stack (docker, paramiko) only when asked
+        from sparkserve.nodes.factory import open_nodes
+
         with open_nodes(cfg) as nodes:
             stream_logs(cfg, nodes, node=node, follow=follow, since=since, tail=tail)
     except KeyboardInterrupt:
@@ -161,6 +161,10 @@ def gates_cmd(
             raise BadInput("--from-log", "a node is named twice; use NODE=FILE with distinct names")
         report = judge_files(cfg, logs, skip=skips)
     else:
+        # live gates only: `--from-log` judges files and never loads the node stack (docker, paramiko: 0.3 s)
+        from sparkserve.deploy.gates_live import run_gates
+        from sparkserve.nodes.factory import open_nodes
+
         with open_nodes(cfg) as nodes:
             report = run_gates(cfg, nodes, bank=bank, skip=tuple(skips))
     if json_out:

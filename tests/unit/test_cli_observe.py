@@ -13,8 +13,10 @@ from pathlib import Path
 import pytest
 
 from sparkserve import cli
-from sparkserve.commands import observe as observe_cmd
 from sparkserve.config import default_yaml_text
+from sparkserve.deploy import gates_live as gates_live_mod  # imported by the command when it runs
+from sparkserve.deploy import stack as stack_mod
+from sparkserve.nodes import factory as factory_mod
 from sparkserve.observe.gate_report import Evidence, GateReport, Verdict
 
 REPO = Path(__file__).resolve().parents[2]
@@ -207,7 +209,7 @@ def no_nodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         opened.extend(n.name for n in cfg.nodes)
         yield {}
 
-    monkeypatch.setattr(observe_cmd, "open_nodes", fake_open)
+    monkeypatch.setattr(factory_mod, "open_nodes", fake_open)
     return opened
 
 
@@ -215,7 +217,7 @@ def no_nodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_live_gates_call_gates_live_and_exit_by_verdict(monkeypatch, capsys, no_nodes, ok: bool, code: int) -> None:
     calls = []
     monkeypatch.setattr(
-        observe_cmd, "run_gates", lambda cfg, nodes, bank=False, skip=(): calls.append(bank) or fake_report(ok)
+        gates_live_mod, "run_gates", lambda cfg, nodes, bank=False, skip=(): calls.append(bank) or fake_report(ok)
     )
     rc, out, _ = main(monkeypatch, capsys, "gates", "--json", "--bank")
     assert rc == code and calls == [True] and no_nodes == ["spark-a", "spark-b"]
@@ -226,7 +228,7 @@ def test_live_gates_skip_marks_the_live_verdict(monkeypatch, capsys, no_nodes) -
     # the skips go to gates_live, which judges with them (and so never runs a skipped smoke cell)
     calls = []
     monkeypatch.setattr(
-        observe_cmd,
+        gates_live_mod,
         "run_gates",
         lambda cfg, nodes, bank=False, skip=(): calls.append(skip) or fake_report(False).with_skipped(skip),
     )
@@ -236,14 +238,14 @@ def test_live_gates_skip_marks_the_live_verdict(monkeypatch, capsys, no_nodes) -
 
 def test_live_logs_stream_every_node(monkeypatch, capsys, no_nodes) -> None:
     calls = []
-    monkeypatch.setattr(observe_cmd, "stream_logs", lambda cfg, nodes, **kw: calls.append(kw))
+    monkeypatch.setattr(stack_mod, "stream_logs", lambda cfg, nodes, **kw: calls.append(kw))
     rc, _, _ = main(monkeypatch, capsys, "logs", "--node", "spark-b", "--follow", "--since", "10m")
     assert rc == 0 and calls == [{"node": "spark-b", "follow": True, "since": "10m", "tail": None}]
 
 
 def test_live_logs_tail_n_reaches_the_stream(monkeypatch, capsys, no_nodes) -> None:
     calls = []
-    monkeypatch.setattr(observe_cmd, "stream_logs", lambda cfg, nodes, **kw: calls.append(kw))
+    monkeypatch.setattr(stack_mod, "stream_logs", lambda cfg, nodes, **kw: calls.append(kw))
     rc, _, _ = main(monkeypatch, capsys, "logs", "--tail", "50")
     assert rc == 0 and calls[0]["tail"] == 50 and calls[0]["follow"] is False
 
@@ -257,7 +259,7 @@ def test_ctrl_c_ends_logs_follow_quietly_with_exit_0(monkeypatch, capsys, no_nod
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(5)
 
-    monkeypatch.setattr(observe_cmd, "stream_logs", stream)
+    monkeypatch.setattr(stack_mod, "stream_logs", stream)
     try:
         rc, out, err = main(monkeypatch, capsys, "logs", "-f")
         assert (rc, err) == (0, "")
@@ -279,3 +281,15 @@ def test_logs_analyze_reads_stdin(env: dict[str, str]) -> None:
     )
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout)["kv_cache_tokens"] == [366749]
+
+
+def test_gates_from_log_never_loads_the_node_stack() -> None:
+    """Judging saved files needs no node: docker and paramiko (0.3 s of start-up) stay unloaded."""
+    log = REPO / "tests" / "fixtures" / "logs" / "real-0.25.1-gpu" / "boot1-up.log"
+    code = ("import sys\nfrom sparkserve import cli\n"
+            f"sys.argv = ['sparkserve', 'gates', '--from-log', {str(log)!r}]\n"
+            "try:\n    cli.main()\n"
+            "except SystemExit:\n    pass\n"
+            "print('LOADED', sorted(m for m in ('docker', 'paramiko') if m in sys.modules))\n")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert "LOADED []" in p.stdout, (p.stdout[-2000:], p.stderr[-2000:])
