@@ -1,250 +1,28 @@
 """A log's bytes, read for the event scan: one pass over the bytes, then the lines worth reading and their context.
 
-The pass reads the log in chunks and runs one Hyperscan database over each: every literal needle of
-:data:`sparkserve.observe.logpatterns.NEEDLES` (derived from the pattern table at import, so a new row is
-covered without touching this module), the PyTorch c10 error-level mark, and the colour codes. Only lines a
-needle hits are parsed, plus the context the event scan asks for around them (traceback frames, the next
-record of a writer, the nearest timestamp, a config dump's wrapped tail), found by walking from a hit line.
-Nothing holds a list of all lines: a saved file is read with ``pread`` through a few cached blocks, and the
-hits are kept as packed offsets. Hyperscan beat google-re2, pyahocorasick and one combined ``re`` by 7×, 33×
-and 100× on a 50 MB serving log (bench/bench_logs_analyze.py has the figures of the whole reader).
+The pass (:mod:`sparkserve.observe.logbytes`) runs one Hyperscan prefilter built from the pattern table's
+needles over the bytes in chunks. Only lines a needle hits are parsed, plus the context the event scan asks
+for around them (traceback frames, the next record of a writer, the nearest timestamp, a config dump's
+wrapped tail), found by walking from a hit line. Nothing holds a list of all lines: a saved file is read with
+``pread`` through a few cached blocks, and the hits are kept as packed offsets. Hyperscan beat google-re2,
+pyahocorasick and one combined ``re`` by 7×, 33× and 100× on a 50 MB serving log (bench/bench_logs_analyze.py
+has the figures of the whole reader).
 
 A copy hard-wrapped at a fixed terminal width is re-joined first (line numbers stay those of the file); the
-first :data:`WRAP_SAMPLE` bytes decide whether a file is such a copy (a terminal paste is far smaller).
+first :data:`~sparkserve.observe.logbytes.WRAP_SAMPLE` bytes decide whether a file is such a copy.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import stat
-from array import array
 from bisect import bisect_left
 from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import accumulate, repeat
 from typing import Any, BinaryIO
 
-import hyperscan
-
+from sparkserve.observe.logbytes import NAMES, MemBytes, join_hard_wraps, one_pass, source_of, wrap_width
 from sparkserve.observe.logline import Record, normalise, starts_prefixed, strip_ansi
-from sparkserve.observe.logpatterns import EXCEPTION_LINE, NEEDLES, POINTER
-
-CHUNK = 16 << 20  # bytes per scan of the one pass (a line longer than this grows the chunk)
-BLOCK = 1 << 20  # bytes per cached block when lines are read again
-WRAP_SAMPLE = 4 << 20  # the head of the file that decides whether it is a hard-wrapped terminal copy
-
-# Prefilter ids past the needles: a c10 error-level line (`[rank1]:[E1129 …`: ERROR without the word), and
-# colour codes anywhere (raw ESC, pasted `^[[`, or a bare `[36m` whose ESC was lost) — then lines are stripped.
-_C10_ERROR = rb"\[[EF]\d{4} "
-_ANSI = (rb"\x1b", rb"\^\[\[", rb"\[(?:\d{1,3};)*\d{1,3}m")
-_ID_C10 = len(NEEDLES)
-_DB: hyperscan.Database | None = None
-_NAMES = tuple(frozenset({n}) for n in NEEDLES) + (frozenset({"ERROR"}),)  # prefilter id → the needles it means
-
-
-def _database() -> hyperscan.Database:
-    """The prefilter, compiled once per process on first use (~30 ms; most commands never read a log)."""
-    global _DB
-    if _DB is None:
-        exprs = [re.escape(n.encode()) for n in NEEDLES] + [_C10_ERROR, *_ANSI]
-        flags = [0] * (len(NEEDLES) + 1) + [hyperscan.HS_FLAG_SINGLEMATCH] * len(_ANSI)
-        db = hyperscan.Database()
-        db.compile(expressions=exprs, ids=list(range(len(exprs))), elements=len(exprs), flags=flags)
-        _DB = db
-    return _DB
-
-
-class _FileBytes:
-    """Random access to a regular file's bytes through a few cached blocks (``find``/``rfind``/slices of bytes)."""
-
-    def __init__(self, file: BinaryIO, fd: int, size: int) -> None:
-        self.file = file  # held: the descriptor stays open while the reader may still read through it
-        self.fd, self.size = fd, size
-        self._blocks: dict[int, bytes] = {}  # insertion order is recency: the oldest goes first
-        self._last, self._last_block = -1, b""  # the block the last slice came from: the next one mostly does
-
-    def _block(self, n: int) -> bytes:
-        b = self._blocks.pop(n, None)
-        if b is None:
-            b = os.pread(self.fd, BLOCK, n * BLOCK)
-            if len(self._blocks) >= 4:
-                del self._blocks[next(iter(self._blocks))]
-        self._blocks[n] = b
-        return b
-
-    def read(self, start: int, n: int) -> bytes:
-        return os.pread(self.fd, n, start)
-
-    def cut(self, a: int, b: int) -> bytes:
-        b = min(b, self.size)
-        if a >= b:
-            return b""
-        first, last = a // BLOCK, (b - 1) // BLOCK
-        if first == last:
-            if first != self._last:
-                self._last, self._last_block = first, self._block(first)
-            off = first * BLOCK
-            return self._last_block[a - off : b - off]
-        return b"".join(self._block(n)[max(a - n * BLOCK, 0) : b - n * BLOCK] for n in range(first, last + 1))
-
-    def find(self, sep: bytes, start: int) -> int:
-        n = start // BLOCK
-        while n * BLOCK < self.size:
-            i = self._block(n).find(sep, max(start - n * BLOCK, 0))
-            if i != -1:
-                return n * BLOCK + i
-            n += 1
-        return -1
-
-    def rfind(self, sep: bytes, _zero: int, end: int) -> int:
-        n = (end - 1) // BLOCK
-        while n >= 0 and end > 0:
-            i = self._block(n).rfind(sep, 0, end - n * BLOCK)
-            if i != -1:
-                return n * BLOCK + i
-            n -= 1
-            end = (n + 1) * BLOCK
-        return -1
-
-
-class _MemBytes:
-    """Bytes already in memory, with the reading interface of :class:`_FileBytes` (no copy)."""
-
-    def __init__(self, data: bytes) -> None:
-        self.data = data
-        self.size = len(data)
-        self.find = data.find
-        self.rfind = data.rfind
-
-    def read(self, start: int, n: int) -> bytes:
-        return self.data if start == 0 and n >= self.size else self.data[start : start + n]
-
-    def cut(self, a: int, b: int) -> bytes:
-        return self.data[a:b]
-
-
-_Bytes = _FileBytes | _MemBytes
-
-
-@dataclass
-class _Pass:
-    """What the one pass over the bytes found: the hit lines (packed) and the facts of the whole file."""
-
-    idx: array  # 0-based line index of each hit line, ascending
-    start: array  # its first byte
-    end: array  # the byte after it (its separator, or the end of the file)
-    ids: array  # the prefilter id that hit it, or -1 when several did (then `multi` has them)
-    multi: dict[int, frozenset[int]]  # position in the arrays → the ids of a line hit by more than one
-    lines: int  # lines in the file
-    ansi: bool  # colour codes anywhere
-    has_sep: bool
-    wrapped: bool  # the first WRAP_SAMPLE bytes look like a hard-wrapped terminal copy
-
-
-def _one_pass(src: _Bytes, sep: bytes) -> _Pass:
-    """Scan the file once, chunk by chunk (each cut at a line end), with the prefilter."""
-    db = _database()
-    scratch = hyperscan.Scratch(db)
-    out = _Pass(array("q"), array("q"), array("q"), array("h"), {}, 0, False, False, False)
-    pos = 0
-    while pos < src.size:
-        n = CHUNK
-        while True:
-            data = src.read(pos, n)
-            cut = len(data) if pos + len(data) >= src.size else data.rfind(sep) + 1
-            if cut or not data:
-                break
-            n *= 2  # one line longer than a chunk
-        if not data:  # the file shrank under us: what was read is all there is
-            break
-        if pos == 0:
-            head = data if len(data) >= WRAP_SAMPLE else src.read(0, WRAP_SAMPLE)
-            out.wrapped = _looks_wrapped(head[:WRAP_SAMPLE].split(sep))
-        out.has_sep = out.has_sep or sep in data
-        hits: list[tuple[int, int]] = []
-        db.scan(data, match_event_handler=_on_hit, context=hits, scratch=scratch)
-        _collect(out, data, cut, pos, sep, hits)
-        pos += cut
-    if src.size and src.cut(src.size - 1, src.size) != sep:
-        out.lines += 1
-    return out
-
-
-def _on_hit(i: int, _start: int, to: int, _flags: int, hits: list[tuple[int, int]]) -> None:
-    hits.append((to, i))
-
-
-def _collect(out: _Pass, data: bytes, cut: int, pos: int, sep: bytes, hits: list[tuple[int, int]]) -> None:
-    """File the hits of one chunk under their lines (``map`` over C methods: no Python step per line)."""
-    if any(i > _ID_C10 for _, i in hits):
-        out.ansi = True
-        hits = [h for h in hits if h[1] <= _ID_C10]
-    hits = [h for h in hits if h[0] <= cut]  # a hit in the cut-off last line: the next chunk reads it again
-    ids = [i for _, i in hits]
-    seps = list(map(data.rfind, repeat(sep), repeat(0), [to for to, _ in hits]))  # the separator before each
-    one = dict(zip(seps, ids, strict=True))  # line → its (last) id, in file order
-    lines = list(one)
-    starts = [s + 1 for s in lines]
-    base = len(out.idx)
-    for k in [k for k in range(1, len(seps)) if seps[k] == seps[k - 1]]:  # lines hit more than once
-        at = base + bisect_left(lines, seps[k])
-        got = out.multi.get(at, frozenset())
-        out.multi[at] = got | {ids[k - 1], ids[k]}
-        one[seps[k]] = -1
-    line_of = accumulate(map(data.count, repeat(sep), [0, *starts[:-1]], starts), initial=out.lines)
-    next(line_of)  # the chunk's own first line
-    out.idx.extend(line_of)
-    ends = [cut if e == -1 or e > cut else e for e in map(data.find, repeat(sep), starts)]
-    out.start.extend(map(pos.__add__, starts))
-    out.end.extend(map(pos.__add__, ends))
-    out.ids.extend(one.values())
-    last = starts[-1] if starts else 0  # the lines up to the last hit are counted already
-    out.lines = (out.idx[-1] if starts else out.lines) + data.count(sep, last, cut)
-
-
-_RECORD_START = re.compile(
-    rb"(?:\x1b\[[0-9;]*m|\^\[\[[0-9;]*m|\[[0-9;]+m)?(?:\([A-Za-z_][\w.\-]*(?: [A-Za-z_][\w\-]*)?(?: rank=\d+)? pid=\d+"
-    rb"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)[ :]|\[rank\d+\]:|\[[IWEF]\d{4} |\{\"|Traceback |\d{4}-\d\d-\d\dT"
-    rb"|[A-Z][a-z]{2} [ \d]\d \d\d:|[\w.-]+\s+\| |[\w.-]+:\d+:\d+ \[)"
-)
-
-
-def _wrap_width(lines: list[bytes]) -> int | None:
-    """A log copied from a terminal is cut at a fixed width W: the longest length occurs again and again, and
-    such a line is mostly followed by a fragment that starts no record. W, or None if not wrapped."""
-    if lines and lines[-1] == b"":
-        lines = lines[:-1]
-    if len(lines) < 4:
-        return None
-    lens = list(map(len, lines))
-    width = max(lens)
-    if width < 40 or lens.count(width) < 3:
-        return None
-    cut = [i for i, n in enumerate(lens) if n == width and i + 1 < len(lines)]
-    cont = [i for i in cut if not _RECORD_START.match(lines[i + 1])]
-    return None if len(cont) * 2 < len(cut) else width
-
-
-def _looks_wrapped(lines: list[bytes]) -> bool:
-    return _wrap_width(lines) is not None
-
-
-def _join_hard_wraps(lines: list[bytes], width: int) -> tuple[list[bytes], list[int]]:
-    """Join each ``width``-long line with the fragments after it; returns the lines and each one's first line."""
-    out: list[bytes] = []
-    first: list[int] = []
-    i = 0
-    while i < len(lines):
-        first.append(i + 1)
-        cur = lines[i]
-        while len(lines[i]) == width and i + 1 < len(lines) and not _RECORD_START.match(lines[i + 1]):
-            i += 1
-            cur += lines[i]
-        out.append(cur)
-        i += 1
-    return out, first
-
+from sparkserve.observe.logpatterns import EXCEPTION_LINE, POINTER
 
 _CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
 #: pydantic's exception header (vLLM's configs are pydantic dataclasses): the reason is on the next lines.
@@ -264,41 +42,27 @@ class Traceback:
     reason: str | None = None  # a pydantic `N validation error(s) for X` root: what its next lines say
 
 
-def _source(log: bytes | BinaryIO) -> _Bytes:
-    """The bytes of a log: in memory as given, or a regular file read in place (anything else is read whole)."""
-    if isinstance(log, bytes):
-        return _MemBytes(log)
-    try:
-        fd = log.fileno()
-        st = os.fstat(fd)
-    except (OSError, ValueError):  # io.UnsupportedOperation is both: a stream with no descriptor
-        return _MemBytes(log.read())
-    if stat.S_ISREG(st.st_mode):
-        return _FileBytes(log, fd, st.st_size)
-    return _MemBytes(log.read())
-
-
 class LogReader:
     """One log's hit lines and, on demand, any line near them, decoded and normalised (each at most once)."""
 
     def __init__(self, log: bytes | BinaryIO) -> None:
-        src = _source(log)
+        src = source_of(log)
         self.sep = b"\n"
-        scan = _one_pass(src, self.sep)
+        scan = one_pass(src, self.sep)
         if not scan.has_sep and src.size and b"\r" in src.cut(0, src.size):
             self.sep = b"\r"  # a file of CRs only (pasted tqdm output): its lines end at CR
-            scan = _one_pass(src, self.sep)
+            scan = one_pass(src, self.sep)
         self.first_line: list[int] | None = None
         if scan.wrapped:  # a terminal paste: small; joined in memory as it always was
             lines = src.cut(0, src.size).split(self.sep)
             if lines and lines[-1] == b"":
                 lines.pop()
-            width = _wrap_width(lines)
+            width = wrap_width(lines)
             if width is not None:
-                lines, self.first_line = _join_hard_wraps(lines, width)
-                src = _MemBytes(b"\n".join(lines))
+                lines, self.first_line = join_hard_wraps(lines, width)
+                src = MemBytes(b"\n".join(lines))
                 self.sep = b"\n"
-                scan = _one_pass(src, self.sep)
+                scan = one_pass(src, self.sep)
         self._src = src
         self._scan = scan
         self.line_count = len(self.first_line) if self.first_line is not None else scan.lines
@@ -314,7 +78,7 @@ class LogReader:
         cut = self._src.cut
         for k, (idx, i, a, b) in enumerate(zip(s.idx, s.ids, s.start, s.end, strict=True)):
             self._hit = idx, (a, b)
-            yield idx, _NAMES[i] if i >= 0 else frozenset().union(*(_NAMES[j] for j in s.multi[k])), cut(a, b)
+            yield idx, NAMES[i] if i >= 0 else frozenset().union(*(NAMES[j] for j in s.multi[k])), cut(a, b)
 
     def _span(self, j: int) -> tuple[int, int]:
         """The byte extent of line ``j``: a hit line's is known; another's is found by walking from the nearest."""

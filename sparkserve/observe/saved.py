@@ -7,9 +7,10 @@ log, so :func:`judge_files` reports them "not run" unless skipped, and container
 
 from __future__ import annotations
 
+import os
+import signal
 import sys
-from collections.abc import Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,7 +51,8 @@ def open_log(f: LogFile) -> BinaryIO:
 
 def parse_files(files: Iterable[LogFile]) -> list[ParsedLog]:
     """Each saved log parsed (bytes read as UTF-8, undecodable bytes replaced), in order. Every file is opened
-    first, so a bad name fails before any is read; then they are read side by side, each in one pass."""
+    first, so a bad name fails before any is read; then each is read in one pass. Big logs are parsed side by
+    side in forked processes (:func:`_parse_forked`); otherwise in this one."""
     files = list(files)
     with ExitStack() as stack:
         handles = [open_log(f) for f in files]
@@ -61,10 +63,50 @@ def parse_files(files: Iterable[LogFile]) -> list[ParsedLog]:
         def one(i: int) -> ParsedLog:
             return parse_log(handles[i], file=str(files[i].path), node=files[i].node)
 
-        if len(files) < 2:
-            return [one(i) for i in range(len(files))]
-        with ThreadPoolExecutor(max_workers=min(len(files), 8)) as pool:
-            return list(pool.map(one, range(len(files))))
+        workers = _fork_workers(files)
+        if workers:
+            return _parse_forked(files, one, workers)
+        return [one(i) for i in range(len(files))]
+
+
+FORK_MIN_BYTES = 8 << 20  # below this, a fork and the pickled result cost more than the second core saves
+
+
+def _fork_workers(files: Sequence[LogFile]) -> int:
+    """How many forked workers to parse with: 0 (this process alone) for one log, stdin, small logs, one CPU,
+    or where fork is not the safe default (only Linux)."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+    if len(files) < 2 or cpus < 2 or not sys.platform.startswith("linux"):
+        return 0
+    if any(str(f.path) == "-" or not f.path.is_file() for f in files):
+        return 0
+    if sum(f.path.stat().st_size for f in files) < FORK_MIN_BYTES:
+        return 0
+    return min(len(files) - 1, cpus - 1)
+
+
+def _parse_forked(files: list[LogFile], one: Callable[[int], ParsedLog], workers: int) -> list[ParsedLog]:
+    """The first log parsed here while forked workers parse the others (the parser is pure Python: threads
+    would share one core). A parsed log pickles to ~1 % of the text (50 MB → 0.55 MB, 5 ms). The workers
+    ignore SIGINT — Ctrl-C reaches this process, which kills them; none outlives it."""
+    import multiprocessing
+
+    pool = multiprocessing.get_context("fork").Pool(workers, initializer=signal.signal,
+                                                   initargs=(signal.SIGINT, signal.SIG_IGN))
+    try:
+        rest = pool.map_async(_parse_path, [(str(f.path), f.node) for f in files[1:]], chunksize=1)
+        first = one(0)
+        return [first, *rest.get()]
+    finally:
+        pool.terminate()
+        pool.join()
+
+
+def _parse_path(job: tuple[str, str | None]) -> ParsedLog:
+    """In a worker: one saved log, by its path (opened before the fork, so it exists)."""
+    path, node = job
+    with open(path, "rb") as f:
+        return parse_log(f, file=path, node=node)
 
 
 def analyze_files(files: Iterable[LogFile]) -> Analysis:

@@ -248,7 +248,7 @@ def fallback_lines(path: Path) -> list[dict]:
 
 def corrupt_journal(jpath: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The default journal is ``jpath``, a file with SQLite's magic and garbage after it; no warning given yet."""
-    from sparkserve import journal as jmod
+    from sparkserve.journal import best_effort as jmod
 
     monkeypatch.setattr(jmod, "_warned", set())
     monkeypatch.setenv(ENV_PATH, str(jpath))
@@ -258,7 +258,7 @@ def corrupt_journal(jpath: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_corrupt_journal_record_goes_to_the_fallback_file_with_one_warning(
         jpath: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
-    from sparkserve import journal as jmod
+    from sparkserve.journal import best_effort as jmod
 
     corrupt_journal(jpath, monkeypatch)
     jmod.record("gate_run", fingerprint="fp", ok=True, verdicts={"gates": []}, boot_id="b1")
@@ -290,7 +290,7 @@ def test_a_file_where_the_state_dir_should_be_records_to_the_temp_dir(
 def _read_only_case(jpath: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
                     tmp_path: Path) -> None:
     """A record whose journal cannot be written lands in the temp-dir fallback file, with one warning."""
-    from sparkserve import journal as jmod
+    from sparkserve.journal import best_effort as jmod
 
     monkeypatch.setattr(jmod, "_warned", set())
     monkeypatch.setenv(ENV_PATH, str(jpath))

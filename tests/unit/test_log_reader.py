@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from sparkserve.observe import logs as logs_mod
-from sparkserve.observe import reader
+from sparkserve.observe import logbytes, reader
 from sparkserve.observe.logpatterns import NEEDLES, FaultKind, Kind
 from sparkserve.observe.logs import ParsedLog, parse_log
 
@@ -35,8 +35,8 @@ def digest(log: ParsedLog) -> list[tuple]:
 @pytest.mark.parametrize("path", ALL_LOGS, ids=lambda p: str(p.relative_to(FIXTURES)))
 def test_tiny_chunks_and_blocks_change_nothing(path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     whole = digest(parse_log(path.read_bytes(), file=path.name))
-    monkeypatch.setattr(reader, "CHUNK", 97)  # lines cut across chunks, lines longer than a chunk
-    monkeypatch.setattr(reader, "BLOCK", 61)
+    monkeypatch.setattr(logbytes, "CHUNK", 97)  # lines cut across chunks, lines longer than a chunk
+    monkeypatch.setattr(logbytes, "BLOCK", 61)
     with path.open("rb") as f:
         assert digest(parse_log(f, file=path.name)) == whole
 
@@ -49,7 +49,7 @@ def test_cr_only_file_and_a_line_longer_than_a_chunk(tmp_path: Path, monkeypatch
     ]
     p = tmp_path / "cr.log"
     p.write_bytes("\r".join(lines).encode())
-    monkeypatch.setattr(reader, "CHUNK", 64)
+    monkeypatch.setattr(logbytes, "CHUNK", 64)
     with p.open("rb") as f:
         log = parse_log(f, file="cr.log")
     assert [e.line for e in log.of(Kind.KV_TOKENS)] == [1] and [e.line for e in log.faults] == [3]
@@ -64,9 +64,9 @@ def test_memory_is_bounded_by_the_chunk_not_the_log(tmp_path: Path, monkeypatch:
     with p.open("w") as f:
         f.write(access * 50_000 + fault + access * 50_000)
     size = p.stat().st_size
-    monkeypatch.setattr(reader, "CHUNK", 256 << 10)
-    monkeypatch.setattr(reader, "WRAP_SAMPLE", 64 << 10)
-    reader._database()  # compiled once per process: not the reader's memory
+    monkeypatch.setattr(logbytes, "CHUNK", 256 << 10)
+    monkeypatch.setattr(logbytes, "WRAP_SAMPLE", 64 << 10)
+    logbytes._database()  # compiled once per process: not the reader's memory
     tracemalloc.start()
     with p.open("rb") as f:
         log = parse_log(f, file="big.log")
