@@ -3,10 +3,16 @@
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.console import Console
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
 
 from sparkserve.commands._common import ConfigOpt, JsonOpt, config_from, emit_json, err_console
 from sparkserve.errors import BadInput
@@ -28,8 +34,10 @@ def build_cmd(
     recipe: RecipeOpt = None,
     lane: Annotated[str | None, typer.Option("--lane", help="overlay | source (default: the recipe's)")] = None,
     local: Annotated[bool, typer.Option("--local", help="build on this machine instead of the head node")] = False,
-    relock: Annotated[bool, typer.Option("--relock", help="resolve the base and re-digest the series first, "
-                                         "rewriting the lock")] = False,
+    relock: Annotated[bool, typer.Option("--relock", help="resolve the pins (base or CUDA images, vLLM commit) and "
+                                         "re-digest the series first, rewriting the lock")] = False,
+    lock_only: Annotated[bool, typer.Option("--lock-only", help="re-lock (implies --relock) and stop: no "
+                                            "build")] = False,
     push: Annotated[str | None, typer.Option("--push", help="also push the image as this reference")] = None,
     platform: Annotated[str | None, typer.Option("--platform", help="e.g. linux/arm64 (qemu on x86)")] = None,
     no_smoke_import: Annotated[bool, typer.Option("--no-smoke-import",
@@ -40,31 +48,28 @@ def build_cmd(
     """Build the recipe's image on the head over SSH (or --local), smoke-test it, tag it <name>:<lock>."""
     import os
 
-    from sparkserve.deploy.image_build import (
-        build_image,
-        default_recipe,
-        load_recipe_files,
-        require_lock,
-        write_lock,
-    )
-    from sparkserve.deploy.image_build import (
-        relock as do_relock,
-    )
+    from sparkserve.deploy.image_build import build_image, default_recipe, load_recipe_files, write_lock
+    from sparkserve.deploy.image_relock import effective_recipe, require_lock
+    from sparkserve.deploy.image_relock import relock as do_relock
 
     if lane not in (None, "overlay", "source"):
         raise BadInput("--lane", f"{lane!r} is not overlay or source")
+    relock = relock or lock_only
     files = load_recipe_files(recipe or default_recipe())
-    lock = None if relock else require_lock(files)  # a stale lock is exit 2 before any node is touched
+    effective_recipe(files, lane)  # a lane the recipe cannot build is exit 2 before any node is touched
+    lock = None if relock else require_lock(files, lane)  # so is a stale lock
     cfg = config_from(config)
     say = None if json_out else _say
 
     def on(node):  # type: ignore[no-untyped-def]
         locked = lock
         if locked is None:
-            locked = do_relock(node, files, say=say)
+            locked = do_relock(node, files, lane=lane, say=say)
             write_lock(files, locked)
             if say:
                 say(f"wrote {files.lock_path}")
+        if lock_only:
+            return locked
         return build_image(node, files, locked, lane=lane, push=push, platform=platform, log_path=log,
                            smoke_import=None if no_smoke_import else "vllm", say=say)
 
@@ -81,6 +86,19 @@ def build_cmd(
 
         with open_nodes(cfg, names=[cfg.head.name]) as nodes:
             result = on(nodes[cfg.head.name])
+    _print_build(result, files.lock_path, json_out)
+
+
+def _print_build(result, lock_path: Path, json_out: bool) -> None:  # type: ignore[no-untyped-def]
+    from sparkserve.deploy.image_build import BuildResult
+    from sparkserve.plan.image_recipe import lock_digest
+
+    if not isinstance(result, BuildResult):  # --lock-only: the lock
+        if json_out:
+            emit_json({"lock": str(lock_path), "lane": result.lane, "lock_sha256": lock_digest(result)})
+        else:
+            print(f"{lock_path}: {result.lane} lane, lock sha256 {lock_digest(result)[:12]}")
+        return
     if json_out:
         emit_json(result.as_json())
     else:
@@ -120,26 +138,113 @@ def verify_cmd(config: ConfigOpt = None, json_out: JsonOpt = False,
         raise typer.Exit(1)
 
 
+@dataclass(frozen=True)
+class ShipRow:
+    """One target's transfer so far: bytes sent, layer bytes it lacks (the total), seconds since the start."""
+
+    sent: int
+    total: int
+    seconds: float
+
+    @property
+    def rate(self) -> float:
+        return self.sent / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def percent(self) -> float:  # tar headers (stream) or compression (registry) move it off 100 at the end
+        return min(100.0, 100.0 * self.sent / self.total) if self.total else 100.0
+
+
+def _mb(n: float) -> str:
+    return f"{n / 1e6:,.1f} MB"
+
+
+def ship_line(source: str, node: str, row: ShipRow) -> str:
+    """The plain progress line (not a terminal): ``node-a → node-b: 12.3 MB of 45.6 MB (27%), 5.1 MB/s``."""
+    return (f"{source} → {node}: {_mb(row.sent)} of {_mb(row.total)} ({row.percent:.0f}%), "
+            f"{_mb(row.rate)}/s")
+
+
+def ship_table(source: str, rows: dict[str, ShipRow], elapsed: float, via: str = "stream") -> Table:
+    """The live view on a terminal: per target a bar, bytes sent of the total, bytes/s (pure)."""
+    t = Table(title=f"shipping from {source} ({via}) — {elapsed:.0f}s", title_justify="left")
+    t.add_column("target", no_wrap=True)
+    t.add_column("", no_wrap=True, min_width=22)
+    t.add_column("sent", no_wrap=True, justify="right")
+    t.add_column("of", no_wrap=True, justify="right")
+    t.add_column("rate", no_wrap=True, justify="right")
+    for node, row in rows.items():
+        t.add_row(node, ProgressBar(total=100.0, completed=row.percent, width=20), _mb(row.sent), _mb(row.total),
+                  f"{_mb(row.rate)}/s")
+    return t
+
+
+class ShipView:
+    """`image ship`'s progress on stderr: a live table on a terminal, else one line per target every
+    ``every_s`` (and the first); nothing when disabled (--json)."""
+
+    def __init__(self, source: str, via: str, *, enabled: bool = True, console: Console | None = None,
+                 every_s: float = 5.0) -> None:
+        self.source, self.via, self.enabled, self.every_s = source, via, enabled, every_s
+        self.console = console or err_console
+        self.rows: dict[str, ShipRow] = {}
+        self._printed: dict[str, float] = {}
+        self._live: Live | None = None
+        self._t0 = time.monotonic()
+
+    def __enter__(self) -> ShipView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._live is not None:
+            self._live.stop()  # not transient: the last table stays as the summary
+            self._live = None
+
+    def update(self, node: str, sent: int, total: int, seconds: float) -> None:
+        if not self.enabled:
+            return
+        row = self.rows[node] = ShipRow(sent, total, seconds)
+        if self.console.is_terminal:
+            table = ship_table(self.source, self.rows, time.monotonic() - self._t0, self.via)
+            if self._live is None:
+                self._live = Live(table, console=self.console, refresh_per_second=4, transient=False)
+                self._live.start()
+            else:
+                self._live.update(table)
+            return
+        last = self._printed.get(node)
+        if last is None or seconds - last >= self.every_s:
+            self._printed[node] = seconds
+            self.console.print(ship_line(self.source, node, row), highlight=False, markup=False, soft_wrap=True)
+
+
 @image_app.command("ship")
 def ship_cmd(
     config: ConfigOpt = None,
     json_out: JsonOpt = False,
     source: Annotated[str | None, typer.Option("--from", help="node to copy from (default: the head)")] = None,
+    via: Annotated[str, typer.Option("--via", help="stream (docker save, only missing layers) | registry (a "
+                                     "temporary registry on the source node, removed afterwards)")] = "stream",
 ) -> None:
     """Copy image.ref from one node (default: the head) to every other node in parallel, node to node,
     sending each only the layers it lacks; then verify the fingerprint on each."""
-    from sparkserve.deploy.image import ship_image_everywhere, ship_source
+    from sparkserve.deploy.image import ship_image_everywhere, ship_source, ship_via
     from sparkserve.nodes.factory import open_nodes
 
+    ship_via(via)  # usage errors (exit 2) before any node is touched
     cfg = config_from(config)
-    ship_source(cfg, source)  # a wrong --from is usage (exit 2): before any node is touched
-    with open_nodes(cfg) as nodes:
-        result = ship_image_everywhere(cfg, nodes, source, say=None if json_out else _say)
+    src = ship_source(cfg, source)
+    with open_nodes(cfg) as nodes, ShipView(src, via, enabled=not json_out) as view:
+        result = ship_image_everywhere(cfg, nodes, source, say=None if json_out else _say, progress=view.update,
+                                       via=via)
     if json_out:
         emit_json(result.as_json())
         return
     for name, r in result.shipped.items():
-        if r.how == "stream":
+        if r.how == "registry":
+            print(f"{name}: {r.bytes / 1e6:.1f} MB pulled from {result.source}'s temporary registry in "
+                  f"{r.seconds:.2f}s ({r.mb_per_s:.1f} MB/s; push into it {r.push_seconds:.2f}s)")
+        elif r.how == "stream":
             print(f"{name}: {r.bytes / 1e6:.1f} MB sent ({r.skipped_bytes / 1e6:.1f} MB of layers it had "
                   f"left out) in {r.seconds:.2f}s ({r.mb_per_s:.1f} MB/s)")
         else:

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 from sparkserve.config import Config
 from sparkserve.errors import BadInput, RemoteFailure
 from sparkserve.nodes.base import Node, NodeError
-from sparkserve.nodes.images import LayerShip, image_identity, same_image_problem, ship_layers
+from sparkserve.nodes.images import LayerShip, Progress, image_identity, same_image_problem, ship_layers
 from sparkserve.nodes.parallel import on_all
+from sparkserve.nodes.registry import ship_via_registry
 from sparkserve.plan.image_identity import facts_problems
 
 Reporter = Callable[[str], None]
@@ -64,7 +65,8 @@ class ShipResult:
     def as_json(self) -> dict[str, object]:
         return {"ref": self.ref, "source": self.source, "fingerprint": self.fingerprint,
                 "shipped": {name: {"bytes": r.bytes, "skipped_bytes": r.skipped_bytes, "how": r.how,
-                                   "seconds": round(r.seconds, 2), "mb_per_s": round(r.mb_per_s, 1)}
+                                   "seconds": round(r.seconds, 2), "mb_per_s": round(r.mb_per_s, 1),
+                                   **({"push_seconds": round(r.push_seconds, 2)} if r.how == "registry" else {})}
                             for name, r in self.shipped.items()}}
 
 
@@ -103,10 +105,23 @@ def ship_source(cfg: Config, source: str | None) -> str:
     return src
 
 
+SHIP_VIA = ("stream", "registry")
+
+
+def ship_via(via: str) -> str:
+    """``--via``: ``stream`` (the default) or ``registry``; BadInput (exit 2) otherwise, before any node."""
+    if via not in SHIP_VIA:
+        raise BadInput("--via", f"{via!r} is not one of {', '.join(SHIP_VIA)}")
+    return via
+
+
 def ship_image_everywhere(cfg: Config, nodes: dict[str, Node], source: str | None = None, *,
-                          say: Reporter | None = None) -> ShipResult:
+                          say: Reporter | None = None, progress: Progress | None = None,
+                          via: str = "stream") -> ShipResult:
     """Copy image.ref from ``source`` (default: the head) to every other node, in parallel, node to node,
-    sending each only the layers it lacks (0 bytes where it already has the same image).
+    sending each only the layers it lacks (0 bytes where it already has the same image): streamed from the
+    source's ``docker save`` (``via="stream"``) or pulled from a temporary registry on it (``"registry"``).
+    ``progress`` gets (node, bytes so far, layer bytes it lacks, seconds); without it, ``say`` gets lines.
 
     RemoteFailure when ``source`` lacks the image; NodeError when a target lacks disk or a load fails."""
     src = ship_source(cfg, source)
@@ -118,10 +133,14 @@ def ship_image_everywhere(cfg: Config, nodes: dict[str, Node], source: str | Non
     source_ip = next(n.fabric_ip for n in cfg.nodes if n.name == src)
     last: dict[str, int] = {}
 
-    def progress(node: str, sent: int, seconds: float) -> None:
+    def lines(node: str, sent: int, total: int, seconds: float) -> None:
         if say is not None and sent != last.get(node):
             last[node] = sent
             say(f"{src} → {node}: {sent / 1e6:.1f} MB, {sent / 1e6 / max(seconds, 1e-6):.1f} MB/s")
 
-    shipped = ship_layers(nodes[src], targets, ref, source_ip=source_ip, progress=progress) if targets else {}
+    ship = ship_via_registry if ship_via(via) == "registry" else ship_layers
+    if say is not None and targets:
+        say(f"shipping {ref} from {src} to {', '.join(t.name for t in targets)} "
+            + ("through a temporary registry on " + src if via == "registry" else "(only the layers each lacks)"))
+    shipped = ship(nodes[src], targets, ref, source_ip=source_ip, progress=progress or lines) if targets else {}
     return ShipResult(ref, src, found[1], shipped)

@@ -1,8 +1,8 @@
 """`sparkserve image build`: the recipe's image, built on a node (the head by default), smoke-tested, tagged.
 
     files = load_recipe_files(Path("docker/recipe.yaml"))    # BadInput before any node is touched
-    lock = require_lock(files)                               # BadInput: no lock / it disagrees (unless relock)
-    lock = relock(node, files, say)                          # resolve the base there, digest the series
+    lock = require_lock(files)     # (image_relock) BadInput: no lock / it disagrees (unless relock)
+    lock = relock(node, files)     # (image_relock) resolve the pins there, digest the series
     result = build_image(node, files, lock, say=say)         # BuildResult; BuildFailed names stage + lines
 
 The build runs the docker CLI on the node: ``docker buildx build --load`` where buildx is installed, else
@@ -38,19 +38,15 @@ from sparkserve.nodes.docker_client import docker_errors
 from sparkserve.nodes.images import image_identity
 from sparkserve.plan.image_identity import facts_problems
 from sparkserve.plan.image_recipe import (
-    BaseLock,
     Lock,
-    PatchLock,
     Recipe,
     build_args,
     image_tag,
     lock_digest,
     lock_json,
-    lock_problems,
     parse_lock,
     parse_recipe,
     series_names,
-    sha256_hex,
 )
 
 Reporter = Callable[[str], None]
@@ -133,17 +129,6 @@ def load_recipe_files(path: Path) -> RecipeFiles:
     return RecipeFiles(path, recipe, lock_path, lock, series_text, series, checks)
 
 
-def require_lock(files: RecipeFiles) -> Lock:
-    """The lock, when it is this recipe's; BadInput (exit 2) naming every disagreement otherwise."""
-    if files.lock is None:
-        raise BadInput(str(files.lock_path), "no lock for this recipe yet; run `sparkserve image build --relock`")
-    problems = lock_problems(files.recipe, files.lock, files.series, files.checks)
-    if problems:
-        raise BadInput(str(files.lock_path), f"the lock disagrees with {files.path.name}: {problems[0]}; "
-                       "re-lock with --relock", details=problems[1:])
-    return files.lock
-
-
 # ----------------------------------------------------------------------------------------- build context
 
 
@@ -214,50 +199,7 @@ def image_facts(node: Node, image: str, *, archs: bool = False) -> dict:
     return dict(json.loads(out))
 
 
-# ------------------------------------------------------------------------------------------------ relock
-
-
-def relock(node: Node, files: RecipeFiles, *, pull: bool = True, say: Reporter | None = None) -> Lock:
-    """A fresh lock for the recipe, read on ``node``: the base resolved to ``repo@sha256:…`` (or its local
-    image ID when it was never pushed), vLLM's version/commit as found in the base, and each patch's sha256
-    with the sha256 of every file it touches before and after (the series applied in a throwaway container
-    of the base, with the same applier the Dockerfile runs)."""
-    say = say or (lambda _s: None)
-    recipe = files.recipe
-    if recipe.lane == "source":
-        raise BadInput("--relock", "the source lane locks a vLLM commit and CUDA images, which needs a Spark "
-                       "runner with registry access; lock it there")
-    base = recipe.base.image
-    with docker_errors(node, "relock", base):
-        client = node.docker()
-        try:
-            img = client.images.get(base)
-        except docker.errors.ImageNotFound:
-            if not pull:
-                raise NodeError(node.name, "relock", f"{base} is not on this node") from None
-            say(f"pulling {base} on {node.name}")
-            img = client.images.pull(base, platform=recipe.base.platform)
-    repo = base.rsplit("@", 1)[0]
-    repo = repo if ":" not in repo.rsplit("/", 1)[-1] else repo.rsplit(":", 1)[0]
-    digests = [d for d in (img.attrs.get("RepoDigests") or []) if d.split("@", 1)[0] == repo]
-    base_lock = BaseLock(image=base, digest_ref=digests[0] if digests else None,
-                         id=None if digests else str(img.id))
-    say(f"base {base} is {base_lock.digest_ref or base_lock.id}")
-    facts = image_facts(node, str(img.id))
-    ctx = context_files(files, None)
-    argv = ["python3", "/ctx/tools/apply_series.py", "--series", "/ctx/series/series", "--checks",
-            "/ctx/upstream-checks.json", "--relock"]
-    rc, out, err = run_in_image(node, str(img.id), argv, files=ctx, step="relock")
-    if rc != 0:
-        lines = err.strip().splitlines()
-        raise BuildFailed(f"{node.name}: relock", (lines[-1] if lines else f"the applier exited {rc}"),
-                          node=node.name, step="relock", details=lines[-TAIL_LINES:-1])
-    entries = json.loads(out)["patches"]
-    return Lock(recipe=recipe.name, lane=recipe.lane, base=base_lock,
-                vllm={"version": (facts.get("vllm") or {}).get("version"),
-                      "commit": (facts.get("vllm") or {}).get("commit")},
-                patches=[PatchLock.model_validate(e) for e in entries],
-                upstream_checks_sha256=sha256_hex(files.checks) if files.checks is not None else None)
+# -------------------------------------------------------------------------------------------------- lock
 
 
 def write_lock(files: RecipeFiles, lock: Lock) -> None:
@@ -281,6 +223,21 @@ def builder_argv(node: Node) -> list[str]:
             return ["env", "DOCKER_BUILDKIT=1", cli, "build"]
     raise NodeError(node.name, "build", "no BuildKit builder: `docker buildx` is not installed and the docker "
                     "CLI is >= 23 (it needs buildx for BuildKit); install the docker-buildx plugin")
+
+
+def _check_local_pins(node: Node, lane: str, recipe: Recipe, lock: Lock) -> None:
+    """A FROM image that was never pushed is pinned by its local image ID: it must still be that image here."""
+    src = lock.source or {}
+    pins = [(recipe.base.image, lock.base.id)] if lane == "overlay" and lock.base.digest_ref is None else []
+    if lane == "source":
+        pins = [(str(src.get(f"{k}_image")), src.get(f"{k}_id")) for k in ("cuda_devel", "cuda_runtime")
+                if src.get(f"{k}_id")]
+    for image, want in pins:
+        found = image_identity(node, image)
+        if found is None or found[0] != want:
+            raise NodeError(node.name, "build", f"the base {image} is {found[0][:19] if found else 'missing'} "
+                            f"on this node but the lock pins {str(want)[:19]} (never pushed, so only its ID "
+                            "pins it); re-lock")
 
 
 def _check_platform(node: Node, platform: str | None, probe_image: str | None = None) -> None:
@@ -359,12 +316,7 @@ def build_image(node: Node, files: RecipeFiles, lock: Lock, *, lane: str | None 
         raise BadInput("--lane", f"the lock is for the {lock.lane} lane; re-lock for {lane}")
     tag = image_tag(recipe, lock)
     args = build_args(recipe, lock)
-    if lane == "overlay" and lock.base.digest_ref is None:
-        found = image_identity(node, recipe.base.image)
-        if found is None or found[0] != lock.base.id:
-            raise NodeError(node.name, "build", f"the base {recipe.base.image} is "
-                            f"{found[0][:19] if found else 'missing'} on this node but the lock pins "
-                            f"{str(lock.base.id)[:19]} (never pushed, so only its ID pins it); re-lock")
+    _check_local_pins(node, lane, recipe, lock)
     _check_platform(node, platform, probe_image=(lock.base.id or lock.base.digest_ref) if lane == "overlay" else None)
     argv = builder_argv(node) + ["--progress=plain", "--network=host", "--target", lane, "-t", tag]
     if platform:

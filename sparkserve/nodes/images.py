@@ -3,7 +3,9 @@
     ids = image_ids(nodes, ref)                 # {node: "sha256:…" or None}  (raw image IDs)
     fps = image_fingerprints(nodes, ref)        # {node: content fingerprint or None}: store-independent
     image_id = ensure_same_image(nodes, ref)    # NodeError naming the node that lacks it / differs
+    plan = plan_ship(src, dsts, ref)            # the survey: done already / tagged / what each target lacks
     reports = ship_layers(src, dsts, ref, source_ip=…)   # only the layers each target lacks, node to node
+                                                # (--via registry: sparkserve.nodes.registry.ship_via_registry)
     report = ship_image(src, dst, ref)          # docker save | docker load through this machine (all layers)
 
 "The same image" is the content fingerprint (:func:`sparkserve.plan.image_identity.fingerprint`), not the
@@ -14,7 +16,6 @@ raw ID, which the containerd image store computes differently. Every failure is 
 from __future__ import annotations
 
 import contextlib
-import json
 import secrets
 import threading
 import time
@@ -28,7 +29,7 @@ from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import CommandResult, Node, NodeError, RemoteProcess
 from sparkserve.nodes.docker_client import docker_errors
 from sparkserve.nodes.parallel import on_all
-from sparkserve.nodes.ship_node import recv_program, send_program
+from sparkserve.nodes.ship_node import last_json, read_progress, recv_program, send_program
 from sparkserve.plan.image_identity import chain_ids, fingerprint
 
 SHIP_CHUNK = 8 * 2**20
@@ -189,14 +190,15 @@ class LayerShip:
     bytes: int
     skipped_bytes: int
     seconds: float
-    how: str  # "stream" | "already there" | "tagged"
+    how: str  # "stream" | "registry" | "already there" | "tagged"
+    push_seconds: float = 0.0  # --via registry: the push into the source's temporary registry
 
     @property
     def mb_per_s(self) -> float:
         return self.bytes / 1e6 / self.seconds if self.seconds else 0.0
 
 
-Progress = Callable[[str, int, float], None]  # (node, bytes sent so far, seconds since start)
+Progress = Callable[[str, int, int, float], None]  # (node, bytes sent so far, layer bytes it lacks, seconds)
 
 
 def held_chains(node: Node) -> set[str]:
@@ -231,15 +233,25 @@ def free_bytes(node: Node, path: str, step: str = "ship") -> int:
     return int(res.stdout.strip().splitlines()[-1])
 
 
-def ship_layers(src: Node, dsts: Sequence[Node], ref: str, *, source_ip: str, progress: Progress | None = None,
-                timeout: float = 3600.0, workdir: str = "/tmp") -> dict[str, LayerShip]:
-    """Copy ``ref`` from ``src`` to every node of ``dsts``, sending each only the layers it lacks.
+@dataclass
+class ShipPlan:
+    """What a layer-aware ship of ``ref`` has to do, from the survey of every target (nothing written yet):
+    the targets already done (same fingerprint, or only the tag missing: tagged), and the rest with the
+    layer ChainIDs each already holds and how many layer bytes it lacks."""
 
-    A target whose copy already has the source's fingerprint gets 0 bytes; one that has the image under
-    another tag only gets the tag. The rest are streamed in parallel straight from ``src`` (listening on
-    ``source_ip``, its fabric address) to each target's ``docker load`` — the bytes never pass through this
-    machine — after checking each target's docker disk has room for what it lacks (and ``src``'s
-    ``workdir`` for the largest layer it spools). Every target is checked by fingerprint afterwards."""
+    ref: str
+    image_id: str
+    fingerprint: str
+    layers: list[str]
+    sizes: list[int]
+    done: dict[str, LayerShip]
+    pending: list[tuple[Node, set[str]]]
+    need: dict[str, int]
+
+
+def plan_ship(src: Node, dsts: Sequence[Node], ref: str) -> ShipPlan:
+    """Survey ``dsts`` for ``ref`` as ``src`` holds it; tag it where only the tag is missing; check each
+    target's docker disk has room for what it lacks (NodeError naming the node, nothing written)."""
     named = normalize_ref(ref)
     with docker_errors(src, "ship", ref):
         try:
@@ -249,33 +261,32 @@ def ship_layers(src: Node, dsts: Sequence[Node], ref: str, *, source_ip: str, pr
     want_fp = fingerprint(img.attrs)
     layers = list((img.attrs.get("RootFS") or {}).get("Layers") or [])
     chains = chain_ids(layers)
-    out: dict[str, LayerShip] = {}
 
-    def survey(dst: Node) -> tuple[str, set[str], str | None, bool]:
+    def survey(dst: Node) -> tuple[str, set[str], str | None]:
         found = image_identity(dst, ref)
         if found and found[1] == want_fp:
-            return "already there", set(), None, False
+            return "already there", set(), None
         with docker_errors(dst, "ship", "image inventory"):
             try:
                 by_id = fingerprint(dst.docker().images.get(str(img.id)).attrs) == want_fp
             except docker.errors.ImageNotFound:
                 by_id = False
             root = str(dst.docker().info().get("DockerRootDir") or "/var/lib/docker")
-        return ("tag" if by_id else "stream"), held_chains(dst), root, by_id
+        return ("tag" if by_id else "stream"), held_chains(dst), root
 
     surveyed = on_all(list(dsts), survey, name=lambda n: n.name)
     sizes = layer_sizes(src, ref)
-    streams: list[tuple[Node, set[str]]] = []
+    plan = ShipPlan(ref, str(img.id), want_fp, layers, sizes, {}, [], {})
     for dst in dsts:
-        how, have, root, _ = surveyed[dst.name]
+        how, have, root = surveyed[dst.name]
         if how == "already there":
-            out[dst.name] = LayerShip(dst.name, ref, want_fp, 0, 0, 0.0, "already there")
+            plan.done[dst.name] = LayerShip(dst.name, ref, want_fp, 0, 0, 0.0, "already there")
             continue
         if how == "tag":
             repo, _, tag = named.rpartition(":")
             with docker_errors(dst, "ship", f"tag {ref}"):
                 dst.docker().api.tag(str(img.id), repo, tag)
-            out[dst.name] = LayerShip(dst.name, ref, want_fp, 0, 0, 0.0, "tagged")
+            plan.done[dst.name] = LayerShip(dst.name, ref, want_fp, 0, 0, 0.0, "tagged")
             continue
         need = sum(s for s, c in zip(sizes, chains, strict=True) if c not in have)
         assert root is not None
@@ -283,20 +294,36 @@ def ship_layers(src: Node, dsts: Sequence[Node], ref: str, *, source_ip: str, pr
         if avail < need * 1.1:
             raise NodeError(dst.name, "ship", f"{root} has {avail / 1e9:.1f} GB free but {ref} needs "
                             f"{need / 1e9:.1f} GB of layers here (+10%); nothing was written")
-        streams.append((dst, have))
-    if not streams:
+        plan.pending.append((dst, have))
+        plan.need[dst.name] = need
+    return plan
+
+
+def ship_layers(src: Node, dsts: Sequence[Node], ref: str, *, source_ip: str, progress: Progress | None = None,
+                timeout: float = 3600.0, workdir: str = "/tmp") -> dict[str, LayerShip]:
+    """Copy ``ref`` from ``src`` to every node of ``dsts``, sending each only the layers it lacks.
+
+    A target whose copy already has the source's fingerprint gets 0 bytes; one that has the image under
+    another tag only gets the tag (:func:`plan_ship`). The rest are streamed in parallel straight from
+    ``src`` (listening on ``source_ip``, its fabric address) to each target's ``docker load`` — the bytes
+    never pass through this machine — after checking each target's docker disk has room for what it lacks
+    (and ``src``'s ``workdir`` for the largest layer it spools). Every target is checked by fingerprint
+    afterwards."""
+    plan = plan_ship(src, dsts, ref)
+    out = dict(plan.done)
+    if not plan.pending:
         return out
-    largest = max(sizes, default=0)
+    largest = max(plan.sizes, default=0)
     if free_bytes(src, workdir) < largest * 1.1:
         raise NodeError(src.name, "ship", f"{workdir} lacks room to spool the largest layer "
                         f"({largest / 1e9:.1f} GB); nothing was written")
-    out.update(_stream(src, streams, ref, layers, want_fp, source_ip=source_ip, progress=progress,
-                       timeout=timeout, workdir=workdir))
+    out.update(_stream(src, plan, source_ip=source_ip, progress=progress, timeout=timeout, workdir=workdir))
     return out
 
 
-def _stream(src: Node, streams: list[tuple[Node, set[str]]], ref: str, layers: list[str], want_fp: str, *,
-            source_ip: str, progress: Progress | None, timeout: float, workdir: str) -> dict[str, LayerShip]:
+def _stream(src: Node, plan: ShipPlan, *, source_ip: str, progress: Progress | None, timeout: float,
+            workdir: str) -> dict[str, LayerShip]:
+    ref, layers, want_fp, streams = plan.ref, plan.layers, plan.fingerprint, plan.pending
     job = f"{workdir.rstrip('/')}/sparkserve-ship-{secrets.token_hex(6)}"
     tokens = {dst.name: secrets.token_hex(16) for dst, _ in streams}
     args = {"ref": ref, "layers": layers, "workdir": job, "bind": source_ip, "docker": "docker",
@@ -328,9 +355,9 @@ def _stream(src: Node, streams: list[tuple[Node, set[str]]], ref: str, layers: l
         while waiter.is_alive():
             waiter.join(0.5)
             if progress is not None:
-                sent = _read_progress(src, job)
+                sent = read_progress(src, job)
                 for name in receivers:
-                    progress(name, sent.get(name, 0), time.monotonic() - t0)
+                    progress(name, sent.get(name, 0), plan.need[name], time.monotonic() - t0)
         send_res = sender.wait(check=False)
         if lost:
             raise next(iter(lost.values()))
@@ -346,13 +373,13 @@ def _stream(src: Node, streams: list[tuple[Node, set[str]]], ref: str, layers: l
         with contextlib.suppress(NodeError):
             src.run(["rm", "-rf", "--", job], timeout=30, step="ship", check=False)
     seconds = time.monotonic() - t0
-    summary = _last_json(send_res.stdout)
+    summary = last_json(send_res.stdout)
     if not send_res.ok or summary is None:
         raise NodeError(src.name, "ship", f"docker save of {ref} failed", last_lines=send_res.tail())
     out: dict[str, LayerShip] = {}
     for dst, _ in streams:
         res = results[dst.name]
-        got = _last_json(res.stdout)
+        got = last_json(res.stdout)
         if not res.ok or got is None or got.get("load_rc") != 0:
             lines = (got or {}).get("load_out") or res.tail()
             raise NodeError(dst.name, "ship", f"docker load of {ref} failed", last_lines=list(lines))
@@ -360,7 +387,7 @@ def _stream(src: Node, streams: list[tuple[Node, set[str]]], ref: str, layers: l
         if found is None or found[1] != want_fp:
             raise NodeError(dst.name, "ship", f"after loading, {ref} is {_short(found[1] if found else None)} "
                             f"here, not {_short(want_fp)} (content fingerprint)")
-        out[dst.name] = LayerShip(dst.name, ref, want_fp, int(got["bytes"]),
+        out[dst.name] = LayerShip(dst.name, ref, want_fp, int(summary["sent"].get(dst.name, 0)),
                                   int(summary["skipped"].get(dst.name, 0)), seconds, "stream")
     return out
 
@@ -375,20 +402,3 @@ def _wait_port(src: Node, job: str, sender: RemoteProcess, limit: float = 60.0) 
     sender.close_stdin()
     res = sender.wait(check=False)
     raise NodeError(src.name, "ship", "the sending program did not start listening", last_lines=res.tail())
-
-
-def _read_progress(src: Node, job: str) -> dict[str, int]:
-    try:
-        return dict(json.loads(src.read_text(f"{job}/progress")).get("sent") or {})
-    except (NodeError, OSError, ValueError):
-        return {}
-
-
-def _last_json(text: str) -> dict | None:
-    for line in reversed(text.strip().splitlines()):
-        if line.startswith("{"):
-            try:
-                return dict(json.loads(line))
-            except ValueError:
-                return None
-    return None

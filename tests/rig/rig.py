@@ -271,7 +271,8 @@ def docker_cli(node: NodeInfo, *args: str, **kw) -> subprocess.CompletedProcess:
 
 
 PACKAGES = {"dockerd": "docker.io", "/usr/sbin/sshd": "openssh-server", "debootstrap": "debootstrap",
-            "rsync": "rsync", "unshare": "util-linux", "ssh-keygen": "openssh-client"}
+            "rsync": "rsync", "unshare": "util-linux", "ssh-keygen": "openssh-client",
+            "docker-registry": "docker-registry"}  # `image ship --via registry` runs it on the head node
 
 
 def ensure_packages() -> None:

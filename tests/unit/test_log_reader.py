@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkserve.observe import logs as logs_mod
 from sparkserve.observe import logbytes, reader
+from sparkserve.observe import logs as logs_mod
 from sparkserve.observe.logpatterns import NEEDLES, FaultKind, Kind
 from sparkserve.observe.logs import ParsedLog, parse_log
 

@@ -1,0 +1,84 @@
+"""The source lane's lock is checked like the overlay's: every recipe field it pins is named when it
+disagrees, an unresolved pin is named, and a lane the recipe cannot build is usage (exit 2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sparkserve.deploy.image_build import RecipeFiles
+from sparkserve.deploy.image_relock import effective_recipe, require_lock, source_fields, source_lock_problems
+from sparkserve.errors import BadInput
+from sparkserve.plan.image_recipe import BaseLock, Lock, parse_recipe
+
+RECIPE = """name: t/vllm
+lane: source
+base: {image: 'vllm/vllm-openai:v0.33.0'}
+vllm: {version: 0.33.0, ref: v0.33.0}
+series: series
+source: {cuda_devel_image: 'nvidia/cuda:13-devel', cuda_runtime_image: 'nvidia/cuda:13-runtime', flashinfer_ref: v0.6.1}
+"""
+COMMIT = "a" * 40
+DIGEST = "nvidia/cuda@sha256:" + "b" * 64
+
+
+def _lock(recipe_text: str = RECIPE, **source: str | None) -> Lock:
+    recipe = parse_recipe(recipe_text, "r.yaml")
+    pins: dict[str, str | None] = {**source_fields(recipe), "cuda_devel_image": DIGEST, "cuda_devel_id": None,
+                                   "cuda_runtime_image": "nvidia/cuda:13-runtime",
+                                   "cuda_runtime_id": "sha256:" + "c" * 64}
+    pins.update(source)
+    return Lock(recipe=recipe.name, lane="source", base=BaseLock(image=recipe.base.image),
+                vllm={"version": "0.33.0", "commit": COMMIT}, source=pins)
+
+
+def _files(recipe_text: str, lock: Lock | None) -> RecipeFiles:
+    return RecipeFiles(Path("r.yaml"), parse_recipe(recipe_text, "r.yaml"), Path("r.lock.json"), lock, "", [], None)
+
+
+def test_a_resolved_source_lock_of_the_recipe_has_no_problems() -> None:
+    assert source_lock_problems(parse_recipe(RECIPE, "r.yaml"), _lock()) == []
+    assert require_lock(_files(RECIPE, _lock())).lane == "source"  # the overlay base needs no digest here
+
+
+@pytest.mark.parametrize(("edit", "named"), [
+    (("flashinfer_ref: v0.6.1", "flashinfer_ref: v0.7.0"), "source flashinfer_ref is 'v0.7.0', the lock's is 'v0.6.1'"),
+    (("cuda:13-devel", "cuda:13.1-devel"), "source cuda_devel is 'nvidia/cuda:13.1-devel'"),
+    (("ref: v0.33.0", "ref: v0.33.1"), "source vllm_ref is 'v0.33.1', the lock's is 'v0.33.0'"),
+    (("series: series", "series: series\ntorch_cuda_arch_list: '12.0f'"), "source torch_cuda_arch_list is '12.0f'"),
+    (("series: series", "series: series\nextra_pip: ['nvidia-nccl-cu13==2.30.7']"),
+     "source extra_pip is 'nvidia-nccl-cu13==2.30.7', the lock's is ''"),
+])
+def test_each_recipe_edit_makes_the_source_lock_stale(edit: tuple[str, str], named: str) -> None:
+    text = RECIPE.replace(*edit)
+    with pytest.raises(BadInput) as err:
+        require_lock(_files(text, _lock()))
+    assert named in err.value.line() and "re-lock with --relock" in err.value.line()
+
+
+def test_unresolved_source_pins_are_named() -> None:
+    recipe = parse_recipe(RECIPE, "r.yaml")
+    lock = _lock(cuda_devel_image="nvidia/cuda:13-devel", cuda_runtime_id=None)
+    lock.vllm["commit"] = "v0.33.0"
+    assert source_lock_problems(recipe, lock) == [
+        "the cuda devel image 'nvidia/cuda:13-devel' is not resolved to a digest yet",
+        "the cuda runtime image 'nvidia/cuda:13-runtime' is not resolved to a digest yet",
+        "vllm.ref 'v0.33.0' is not resolved to a 40-hex commit yet"]
+
+
+def test_an_overlay_lock_is_refused_for_the_source_lane_and_back() -> None:
+    overlay = RECIPE.replace("lane: source", "lane: overlay")
+    lock = _lock()
+    with pytest.raises(BadInput, match="lane is 'overlay', the lock's is 'source'"):
+        require_lock(_files(overlay, lock))
+    with pytest.raises(BadInput, match="lane is 'overlay', the lock's is 'source'"):
+        require_lock(_files(RECIPE, lock), lane="overlay")
+    assert require_lock(_files(overlay, lock), lane="source").lane == "source"
+
+
+def test_the_source_lane_needs_a_source_section() -> None:
+    text = RECIPE.replace("lane: source", "lane: overlay").split("source:", 1)[0]
+    with pytest.raises(BadInput) as err:
+        effective_recipe(_files(text, None), "source")
+    assert err.value.line().startswith("error: --lane: r.yaml has no source section")
