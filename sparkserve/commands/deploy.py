@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.table import Table
 
 from sparkserve.commands._common import AcceptNew, ConfigOpt, JsonOpt, config_from, console, emit_json
 from sparkserve.commands.progress import Progress
@@ -46,10 +45,6 @@ def up_cmd(
     is watched for gates.settle_s before "serving" (a rank dying then: exit 3). A drafter that
     `swap-drafter --no-write` left active for this config is kept, and `up` says so."""
     from sparkserve.deploy.active_drafter import forget, kept_drafter
-    from sparkserve.deploy.hf_models import resolve_target
-    from sparkserve.deploy.serving import usage_example
-    from sparkserve.deploy.sync import progress_to
-    from sparkserve.deploy.up import up
     from sparkserve.nodes.factory import open_nodes
 
     cfg = config_from(config, accept_new=accept_new, check=True)
@@ -63,12 +58,17 @@ def up_cmd(
                 p.say(f"drafter: keeping {kept.path} ({kept.digest[:12]}), which `swap-drafter --no-write` left "
                       f"active at {kept.time[:19]}; the config names {cfg.drafter.path} (`up --config-drafter` "
                       "boots that one)")
-        with open_nodes(run_cfg) as nodes, progress_to(p.copy):
-            run_cfg = resolve_target(run_cfg, nodes)  # org/name[@rev]: the same snapshot on every node
-            if str(run_cfg.model.target) != str(cfg.model.target):
-                p.say(f"model: {cfg.model.target} is {run_cfg.model.target} on every node")
-            result = up(run_cfg, nodes, run_gates=not no_gates, break_lock=break_lock, say=p.say,
-                        on_update=p.boot)
+        with open_nodes(run_cfg, meanwhile=_import_up) as nodes:
+            from sparkserve.deploy.hf_models import resolve_target
+            from sparkserve.deploy.sync import progress_to
+            from sparkserve.deploy.up import up
+
+            with progress_to(p.copy):
+                run_cfg = resolve_target(run_cfg, nodes)  # org/name[@rev]: the same snapshot on every node
+                if str(run_cfg.model.target) != str(cfg.model.target):
+                    p.say(f"model: {cfg.model.target} is {run_cfg.model.target} on every node")
+                result = up(run_cfg, nodes, run_gates=not no_gates, break_lock=break_lock, say=p.say,
+                            on_update=p.boot)
     if json_out:
         emit_json(result.to_json())
         return
@@ -80,7 +80,26 @@ def up_cmd(
         boot = f" in {result.boot_seconds:.1f}s" if result.boot_seconds is not None else ""
         gates = "" if result.gates is None else " — all gates passed"
         print(f"{result.status}: {result.served_name} serving at {result.api_url}{boot}{gates}")
+    from sparkserve.deploy.serving import usage_example
+
     print(usage_example(run_cfg, result.api_url))
+
+
+def _import_up() -> None:
+    """What `up` runs once its nodes are connected — the deploy stage and docker's SDK, a few tenths of a
+    second of imports — imported while they connect (nodes.factory.open_nodes' ``meanwhile``).
+
+    Then every object there is (modules, classes, the config) is frozen out of the cyclic garbage
+    collector: they live until the process ends, and each full collection (one at exit) would walk them
+    all again — about 0.1 s of the `up` a person waits for."""
+    import gc
+
+    import sparkserve.deploy.hf_models
+    import sparkserve.deploy.sync
+    import sparkserve.deploy.up
+    import sparkserve.nodes.docker_client  # noqa: F401
+
+    gc.freeze()
 
 
 def down_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: AcceptNew = False,
@@ -178,6 +197,7 @@ def _watch(cfg: Config, every: float, json_out: bool) -> None:
 
 def _status_renderable(cfg: Config, st: StackStatus, serving: Serving | None) -> object:
     from rich.console import Group
+    from rich.table import Table
     from rich.text import Text
 
     from sparkserve.deploy.serving import human_duration
@@ -234,6 +254,8 @@ def doctor_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: 
     if json_out:
         emit_json(out)
     else:
+        from rich.table import Table
+
         t = Table(title="sparkserve doctor")
         for col in ("node", "check", "", "detail"):
             t.add_column(col, overflow="fold")

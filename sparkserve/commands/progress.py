@@ -12,20 +12,15 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
-from rich.live import Live
-from rich.progress import (
-    BarColumn,
-    DownloadColumn,
-    TaskID,
-    TextColumn,
-    TimeRemainingColumn,
-    TransferSpeedColumn,
-)
-from rich.progress import Progress as RichProgress
-from rich.table import Table
+
+if TYPE_CHECKING:  # imported where drawn: `up --json` and piped runs never draw a bar or a table
+    from rich.live import Live
+    from rich.progress import Progress as RichProgress
+    from rich.progress import TaskID
+    from rich.table import Table
 
 HEARTBEAT_S = 10.0
 
@@ -135,6 +130,15 @@ class Progress:
             self._copied[node] = (done, total, t0)
             if self.tty:
                 if self._copy is None:
+                    from rich.progress import (
+                        BarColumn,
+                        DownloadColumn,
+                        TextColumn,
+                        TimeRemainingColumn,
+                        TransferSpeedColumn,
+                    )
+                    from rich.progress import Progress as RichProgress
+
                     self._copy = RichProgress(
                         TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                         TimeRemainingColumn(), console=self.console, transient=False)
@@ -172,6 +176,8 @@ class Progress:
                 self._end_copy()
                 table = boot_table(views, elapsed)
                 if self._boot_live is None:
+                    from rich.live import Live
+
                     self._boot_live = Live(table, console=self.console, refresh_per_second=4, transient=False)
                     self._boot_live.start()
                 else:
@@ -184,6 +190,8 @@ class Progress:
 
 def boot_table(views: list[Any], elapsed: float) -> Table:
     """The live boot view: node, rank and phase are never cut (only the last log line is)."""
+    from rich.table import Table
+
     t = Table(title=f"booting — {elapsed:.0f}s", title_justify="left", expand=True)
     node_w = max([len("node")] + [len(v.node) for v in views])
     phase_w = max([len("phase")] + [len(v.phase.value) for v in views])

@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkserve.config import Config
-from sparkserve.deploy.sync import remote_manifest, sync_all
+from sparkserve.deploy.sync import RemoteState, remote_manifest, sync_all
 from sparkserve.deploy.teardown import Reporter
-from sparkserve.errors import BadInput, RemoteFailure
+from sparkserve.errors import BadInput, RemoteFailure, SparkserveError
 from sparkserve.models.manifest import manifest
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.parallel import on_all
@@ -38,8 +38,22 @@ def local_drafter(cfg: Config) -> Path | None:
     return p if p.is_dir() else None
 
 
-def sync_drafter(cfg: Config, nodes: dict[str, Node], say: Reporter) -> DrafterSync:
-    """Make the drafter identical on every node (see the module docstring)."""
+def cached_states(cfg: Config, nodes: dict[str, Node]) -> dict[str, RemoteState] | None:
+    """Every node's drafter manifest from its cache alone (no file content read, so it may run before the
+    drafter is validated), or None when a node's cache cannot answer for every file (or cannot be asked)."""
+    ordered = [nodes[n.name] for n in cfg.nodes]
+    path = str(cfg.drafter.path)
+    try:
+        states = on_all(ordered, lambda n: remote_manifest(n, path, cached_only=True), name=lambda n: n.name)
+    except SparkserveError:
+        return None  # the full read says why
+    return None if any(s.uncached for s in states.values()) else states
+
+
+def sync_drafter(cfg: Config, nodes: dict[str, Node], say: Reporter,
+                 known: dict[str, RemoteState] | None = None) -> DrafterSync:
+    """Make the drafter identical on every node (see the module docstring). ``known``: every node's
+    manifest already read (:func:`cached_states`), used when there is nothing to copy."""
     ordered = [nodes[n.name] for n in cfg.nodes]
     src = local_drafter(cfg)
     path = str(cfg.drafter.path)
@@ -50,7 +64,7 @@ def sync_drafter(cfg: Config, nodes: dict[str, Node], say: Reporter) -> DrafterS
         for r in reports.values():
             say(f"drafter: {r.summary()}")
         return DrafterSync(local.digest, {k: r.summary() for k, r in reports.items()})
-    states = on_all(ordered, lambda n: remote_manifest(n, path), name=lambda n: n.name)
+    states = known or on_all(ordered, lambda n: remote_manifest(n, path), name=lambda n: n.name)
     digests = {k: s.manifest.digest for k, s in states.items()}
     ref = digests[cfg.head.name]
     for name, d in digests.items():

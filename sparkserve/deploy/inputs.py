@@ -17,13 +17,12 @@ import contextlib
 import sys
 import tempfile
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkserve.config import Config
 from sparkserve.deploy.drafter import local_drafter
-from sparkserve.deploy.remotemeta import fetch_meta
+from sparkserve.deploy.remotemeta import fetch_metas
 from sparkserve.errors import BadInput
 from sparkserve.nodes.base import Node
 from sparkserve.plan.validate import Finding, Report, validate
@@ -41,55 +40,41 @@ class ModelInputs:
     missing: list[BadInput] = field(default_factory=list)  # a model the head does not have either
 
 
-def _fetch(fut: Future[Path] | None, out: ModelInputs) -> Path | None:
-    if fut is None:
-        return None
-    try:
-        return fut.result()
-    except BadInput as e:
-        out.missing.append(e)
-        return None
-
-
 @contextlib.contextmanager
 def model_inputs(cfg: Config, head: Node | None, *, local: tuple[str, ...] = ()) -> Iterator[ModelInputs]:
     """The drafter and target as local directories: this machine's copy when it has one, else the head's
     metadata (``head`` None: not read at all). Models named in ``local`` ("drafter", "target": given on the
-    command line) are read here even when missing, so the miss is reported. Fetches run in parallel."""
+    command line) are read here even when missing, so the miss is reported. What the head is asked for,
+    it is asked in one run."""
     out = ModelInputs()
-    with tempfile.TemporaryDirectory(prefix="sparkserve-") as tmp, \
-            ThreadPoolExecutor(max_workers=2) as pool:  # both fetches at once
+    with tempfile.TemporaryDirectory(prefix="sparkserve-") as tmp:
         drafter_dir = local_drafter(cfg)
         if drafter_dir is None and "drafter" in local:
             drafter_dir = Path(cfg.drafter.path)
         target_dir: Path | None = Path(cfg.model.target)
         if not (target_dir / "config.json").is_file() and "target" not in local:
             target_dir = None
-        f_drafter = f_target = None
-        name = cfg.head.name
+        wanted: dict[str, tuple[str, Path, str]] = {}
         if drafter_dir is None and head is not None:
-            f_drafter = pool.submit(fetch_meta, head, str(cfg.drafter.path), Path(tmp) / "drafter",
-                                    field="drafter.path")
+            wanted["drafter"] = (str(cfg.drafter.path), Path(tmp) / "drafter", "drafter.path")
         if target_dir is None and head is not None:
-            f_target = pool.submit(fetch_meta, head, str(cfg.model.target), Path(tmp) / "target",
-                                   field="model.target")
+            wanted["target"] = (str(cfg.model.target), Path(tmp) / "target", "model.target")
+        fetched = dict(zip(wanted, fetch_metas(head, list(wanted.values())), strict=True)) if head else {}
         # the drafter's problem first: it is the one people change
-        if f_drafter is not None:
-            out.drafter = _fetch(f_drafter, out)
-            out.said["drafter"] = f"on {name} (head): {cfg.drafter.path}"
-        elif drafter_dir is not None:
-            out.drafter = drafter_dir
-            out.said["drafter"] = f"this machine: {drafter_dir}"
-        else:
-            out.said["drafter"] = f"not read: {cfg.drafter.path} is not on this machine (--offline)"
-        if f_target is not None:
-            out.target = _fetch(f_target, out)
-            out.said["target"] = f"on {name} (head): {cfg.model.target}"
-        elif target_dir is not None:
-            out.target = target_dir
-            out.said["target"] = f"this machine: {target_dir}"
-        else:
-            out.said["target"] = f"not read: {cfg.model.target} is not on this machine (--offline)"
+        for model, here, where in (("drafter", drafter_dir, cfg.drafter.path), ("target", target_dir,
+                                                                                 cfg.model.target)):
+            if model in fetched:
+                got = fetched[model]
+                if isinstance(got, BadInput):
+                    out.missing.append(got)
+                else:
+                    setattr(out, model, got)
+                out.said[model] = f"on {cfg.head.name} (head): {where}"
+            elif here is not None:
+                setattr(out, model, here)
+                out.said[model] = f"this machine: {here}"
+            else:
+                out.said[model] = f"not read: {where} is not on this machine (--offline)"
         yield out
 
 

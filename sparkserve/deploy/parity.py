@@ -24,12 +24,13 @@ def check_parity(cfg: Config, nodes: dict[str, Node], containers: dict[str, str]
     per-node fabric values, mounts (``parity_facts`` of the runtime leaves out what is meant to differ).
 
     Raises RemoteFailure(step="rank parity") naming the first rank that drifted and how."""
-    facts = on_all([n.name for n in cfg.nodes],
-                   lambda name: engine_for(nodes[name], cfg).parity_facts(containers[name]))
-    if cfg.runtime == "docker":  # compare content fingerprints: the containerd store reports other raw IDs
-        fps = on_all(list(facts), lambda name: identity_of(nodes[name], str(facts[name].get("image_id"))))
-        for name, fp in fps.items():
-            facts[name] = {**facts[name], "image_id": fp}
+    def one(name: str) -> dict[str, object]:
+        f = engine_for(nodes[name], cfg).parity_facts(containers[name])
+        if cfg.runtime == "docker":  # compare content fingerprints: the containerd store reports other raw IDs
+            f = {**f, "image_id": identity_of(nodes[name], str(f.get("image_id")))}
+        return f
+
+    facts = on_all([n.name for n in cfg.nodes], one)  # each node's two questions in one pass, all at once
     head = cfg.head.name
     ref = facts[head]
     for name, f in facts.items():

@@ -89,6 +89,7 @@ class RemoteState:
     rsync: bool
     deleted: list[str]
     idents: dict[str, list[int]] = field(default_factory=dict)  # rel → [ino, dev, mtime_ns, size]
+    uncached: list[str] = field(default_factory=list)  # cached_only: files the cache could not answer for
 
 
 def remote_manifest(
@@ -98,13 +99,15 @@ def remote_manifest(
     rehash: list[str] | None = None,
     delete: list[str] | None = None,
     create: bool = False,
+    cached_only: bool = False,
     timeout: float = 3600.0,
     step: str = "sync",
 ) -> RemoteState:
-    """Run the remote program once: delete ``delete``, then the manifest of ``remote_dir`` on ``node``."""
+    """Run the remote program once: delete ``delete``, then the manifest of ``remote_dir`` on ``node``.
+    ``cached_only``: read no file's content; what the node's cache cannot answer for is ``uncached``."""
     cache = _cache_file(remote_dir)
     args: dict[str, object] = {"root": remote_dir, "cache": cache, "rehash": rehash or [],
-                               "delete": delete or [], "create": create}
+                               "delete": delete or [], "create": create, "cached_only": cached_only}
     program = remote_program(args)  # "~" in the cache path is expanded by the node's python, not a shell
     res = node.run(["python3", "-"], stdin=program.encode(), timeout=timeout, step=step, check=False)
     if res.exit_code == 127:
@@ -122,7 +125,7 @@ def remote_manifest(
     files = {rel: FileEntry(sha, int(size)) for rel, (sha, size) in data["files"].items()}
     m = Manifest(root=remote_dir, files=files, hashed_bytes=int(data["hashed_bytes"]))
     return RemoteState(bool(data["exists"]), m, bool(data["rsync"]), list(data["deleted"]),
-                       dict(data.get("idents", {})))
+                       dict(data.get("idents", {})), list(data.get("uncached", [])))
 
 
 # -- copying ------------------------------------------------------------------------------------------------

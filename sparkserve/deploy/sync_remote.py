@@ -16,8 +16,10 @@ self-contained. The controller side is :mod:`sparkserve.deploy.sync`.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
+from collections.abc import Callable
 
 # -- helpers shared by both programs (run on the node) ----------------------------------------------------
 
@@ -121,9 +123,16 @@ def _node_sweep_temps(root: str, rels: list[str]) -> list[str]:
     return removed
 
 
+@functools.cache
 def _node_prelude() -> str:
     helpers = (_node_path, _node_delete, _node_sha256, _node_read_cache, _node_write_cache, _node_sweep_temps)
     return "\n".join(inspect.getsource(f) for f in helpers) + "\n"
+
+
+@functools.cache
+def _source(fn: Callable[..., object]) -> str:
+    """A node program's source, read (tokenized) once per process, not once per node and call."""
+    return inspect.getsource(fn)
 
 
 # -- the manifest program -----------------------------------------------------------------------------------
@@ -133,14 +142,14 @@ def _remote_main(args: dict) -> dict:  # type: ignore[type-arg]
     """On the node: optionally delete files, then the sha256 manifest of ``root`` (cached).
 
     args: root, cache (path or ""), delete (relpaths), rehash (relpaths hashed even if cached),
-    create (make ``root`` if missing, so a copy can follow without another round trip).
+    create (make ``root`` if missing, so a copy can follow without another round trip), cached_only (hash
+    nothing: a file the cache cannot answer for is listed in ``uncached`` instead).
     Returns {exists, files: {rel: [sha256, size]}, idents: {rel: [ino, dev, mtime_ns, size]}, hashed_bytes,
-    rsync, deleted}.
+    rsync, deleted, uncached}.
     """
     import os
     import shutil
     import time
-    from concurrent.futures import ThreadPoolExecutor
 
     root = args["root"]
     deleted = _node_delete(root, args.get("delete", []))
@@ -148,7 +157,7 @@ def _remote_main(args: dict) -> dict:  # type: ignore[type-arg]
     if args.get("create"):
         os.makedirs(root, exist_ok=True)
     out = {"exists": os.path.isdir(root), "files": {}, "idents": {}, "hashed_bytes": 0,
-           "rsync": shutil.which("rsync") is not None, "deleted": deleted}
+           "rsync": shutil.which("rsync") is not None, "deleted": deleted, "uncached": []}
     if not out["exists"]:
         return out
     cache_file = os.path.expanduser(args.get("cache") or "")
@@ -174,9 +183,16 @@ def _remote_main(args: dict) -> dict:  # type: ignore[type-arg]
             else:
                 todo.append((rel, p, st))
 
+    if todo and args.get("cached_only"):
+        out["uncached"] = [rel for rel, _, _ in todo]
+        out["files"] = {rel: [e[0], e[1]] for rel, e in entries.items()}
+        return out
+
     def digest(item):  # type: ignore[no-untyped-def]
         rel, p, st = item
         return (rel, *_node_sha256(p), st)
+
+    from concurrent.futures import ThreadPoolExecutor  # only when there is something to hash
 
     workers = max(1, min(8, os.cpu_count() or 1, len(todo)))
     with ThreadPoolExecutor(workers) as pool:
@@ -195,7 +211,7 @@ def remote_program(args: dict[str, object]) -> str:
     """The exact program sent on stdin to ``python3 -``: the function source plus its arguments as data."""
     call = f"_remote_main(json.loads({json.dumps(args)!r}))"
     tail = f"\nimport json, sys\nsys.stdout.write(json.dumps({call}))\n"
-    return _node_prelude() + inspect.getsource(_remote_main) + tail
+    return _node_prelude() + _source(_remote_main) + tail
 
 
 # -- the verifier -------------------------------------------------------------------------------------------
@@ -285,7 +301,7 @@ def verify_program(args: dict[str, object]) -> str:
     call = f"_verify_main(json.loads({json.dumps(args)!r}))"
     # os._exit: the stdin listener thread may still be blocked in read(); a normal interpreter shutdown
     # would abort on its buffer lock
-    return _node_prelude() + inspect.getsource(_verify_main) + (
+    return _node_prelude() + _source(_verify_main) + (
         "\nimport json, os, sys\n"
         f"try:\n    out = json.dumps({call})\n"
         "except Exception as e:\n    sys.stderr.write(f'{type(e).__name__}: {e}\\n')\n    sys.stderr.flush()\n"

@@ -20,13 +20,13 @@ import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
+from types import ModuleType
 from typing import Any
 
 from sparkserve.config import Config, resolve_api_key
 from sparkserve.deploy import lock
 from sparkserve.deploy.doctor import Check, check_all, check_ports
-from sparkserve.deploy.drafter import DrafterSync, local_drafter, sync_drafter
-from sparkserve.deploy.gates_live import collect_and_judge, passed_for_this_boot
+from sparkserve.deploy.drafter import DrafterSync, cached_states, local_drafter, sync_drafter
 from sparkserve.deploy.inputs import validate_inputs
 from sparkserve.deploy.parity import check_parity
 from sparkserve.deploy.stack import managed_on_all
@@ -38,7 +38,8 @@ from sparkserve.journal import record
 from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.engine import ManagedContainer
-from sparkserve.nodes.parallel import on_all
+from sparkserve.nodes.factory import docker_opening
+from sparkserve.nodes.parallel import after, on_all
 from sparkserve.nodes.processes import rank_id
 from sparkserve.nodes.runtime import LABEL_ENGINE_ID, engine_for, ensure_same_engine
 from sparkserve.observe.gate_report import GateReport, Verdict
@@ -161,7 +162,9 @@ def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool,
         say: Reporter, on_update: BootWatcher | None) -> UpResult:
     t0 = time.monotonic()
     copy_drafter = local_drafter(cfg) is not None
-    with lock.held(nodes[cfg.head.name], what="up", break_lock=break_lock):
+    docker_nodes = nodes if cfg.runtime == "docker" else {}
+    # each node's docker connection opens (read-only) while the lock is taken
+    with docker_opening(docker_nodes), lock.held(nodes[cfg.head.name], what="up", break_lock=break_lock):
         found = _preflight(cfg, nodes, validate=validate, copy_drafter=copy_drafter, say=say)
         fp = deploy_fingerprint(cfg, found.image_id, found.drafter.digest)
         plan = build_plan(cfg, fabric_env=fabric_envs(found.fabric), fingerprint=fp, api_key=resolve_api_key(cfg))
@@ -186,16 +189,21 @@ def _preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_draf
     drafter_msgs: list[str] = []
     rw = {s.node: [m.source for m in s.mounts if not m.read_only] for s in build_plan(cfg).specs}
     drafter: DrafterSync | None = None
-    with ThreadPoolExecutor(max_workers=5) as pool:
+    with ThreadPoolExecutor(max_workers=6) as pool:
         f_valid = pool.submit(validate_inputs, cfg, nodes) if validate else None
+        # the drafter's manifest from each node's cache reads no weights, so it need not wait for validation
+        f_cached = None if copy_drafter else pool.submit(cached_states, cfg, nodes)
         f_checks = pool.submit(check_all, cfg, nodes, None, check_ports=True, mkdirs=rw, fabric_out=fabric)
         f_image = pool.submit(ensure_same_engine, cfg, [nodes[n.name] for n in cfg.nodes])
-        f_existing = pool.submit(managed_on_all, nodes, cfg)
+        # docker: after the image question, so each node's questions share one connection (each more
+        # connection starts another `docker system dial-stdio` on the node)
+        f_existing = pool.submit(after, f_image if cfg.runtime == "docker" else None, managed_on_all, nodes, cfg)
         if f_valid is not None:
             f_valid.result()  # BadInput (exit 2): nothing was started
         # Hashing the drafter on every node waits for validation: a wrong drafter must not cost a full read
         # of its weights (leaving the pool would wait for that read) before its exit 2.
-        f_drafter = None if copy_drafter else pool.submit(sync_drafter, cfg, nodes, drafter_msgs.append)
+        f_drafter = None if f_cached is None else pool.submit(sync_drafter, cfg, nodes, drafter_msgs.append,
+                                                              f_cached.result())
         checks = f_checks.result()
         _raise_failed_checks(checks)
         image_id = f_image.result()
@@ -245,7 +253,7 @@ def _keep(cfg: Config, nodes: dict[str, Node], plan: Plan, running: dict[str, st
     report = None
     try:
         check_parity(cfg, nodes, running)
-        if run_gates and not passed_for_this_boot(nodes, plan.fingerprint, running, plan):
+        if run_gates and not gates_live().passed_for_this_boot(nodes, plan.fingerprint, running, plan):
             say("the running stack has no passing gate verdict for this boot: running the gates")
             report = _gate(cfg, nodes, plan, running)
             _settle(cfg, nodes, plan, running, say)
@@ -352,12 +360,20 @@ def _start(plan: Plan, nodes: dict[str, Node], started: dict[str, list[str]], sa
 
 def _gate(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str, str]) -> GateReport:
     """Every gate, with the smoke cell; GateFailed naming the failed gates and their evidence."""
-    report = collect_and_judge(cfg, nodes, plan, containers)
+    report = gates_live().collect_and_judge(cfg, nodes, plan, containers)
     if not report.ok:
         failed = [_gate_where(g) for g in report.failed()]
         raise GateFailed("gates", f"{', '.join(failed)} failed after boot; the stack was stopped",
                          details=_gate_lines(report))
     return report
+
+
+def gates_live() -> ModuleType:
+    """:mod:`sparkserve.deploy.gates_live`, imported when gates are judged (it brings the bench client and
+    the log analyzer: a tenth of a second that ``up --no-gates`` does not pay)."""
+    from sparkserve.deploy import gates_live as module
+
+    return module
 
 
 def _gate_where(g: Verdict) -> str:

@@ -16,7 +16,7 @@ channels, and opens those channels with a window sized for paramiko (see :data:`
 For a LocalNode use :func:`docker_local` (``DOCKER_HOST`` or the default socket).
 
 This subclasses private parts of docker-py (``_create_paramiko_client``, ``SSHConnection``,
-``_custom_adapter``, ``_retrieve_server_version``): pyproject pins ``docker>=7.1,<8`` and
+``_custom_adapter``, ``_version``, ``_check_is_tty``): pyproject pins ``docker>=7.1,<8`` and
 tests/rig/test_nodes_docker.py checks it.
 """
 
@@ -118,22 +118,73 @@ class NodeSSHAdapter(SSHHTTPAdapter):
             self.pools.clear()
 
 
-def _client_with_adapter(adapter: Any, timeout: int) -> docker.DockerClient:
+class NodeAPIClient(docker.APIClient):
+    """docker-py's API client, remembering each container's ``Tty`` (fixed at create) from the inspects it
+    makes: docker-py inspects a container before every log read to learn it, and the readiness wait reads
+    every rank's log several times a second, right after inspecting it for its state."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._tty: dict[str, bool] = {}
+
+    def inspect_container(self, container: Any) -> dict[str, Any]:
+        attrs = dict(super().inspect_container(container))
+        cid = attrs.get("Id")
+        if isinstance(cid, str):
+            self._tty[cid] = bool((attrs.get("Config") or {}).get("Tty"))
+        return attrs
+
+    def _check_is_tty(self, container: Any) -> bool:
+        known = self._tty.get(container) if isinstance(container, str) else None
+        return known if known is not None else bool(super()._check_is_tty(container))
+
+
+class NodeDockerClient(docker.DockerClient):
+    """A DockerClient whose first ``version()`` is the answer the connection was opened with (docker-py
+    asks the daemon's version to connect; `doctor` and `up` ask it right after, as their docker check):
+    one round trip, not two. Every later call asks the daemon."""
+
+    _opened_with: dict[str, Any] | None = None
+
+    def version(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        first, self._opened_with = self._opened_with, None
+        if first is not None and not args and not kwargs:
+            return first
+        return dict(self.api.version(*args, **kwargs))
+
+
+def _client_with_adapter(adapter: Any, timeout: int) -> NodeDockerClient:
     # a unix base URL makes the constructor do no I/O; the SSH adapter replaces its adapter below
-    api = docker.APIClient(base_url="unix:///nonexistent/docker.sock", version=MIN_API, timeout=timeout)
+    api = NodeAPIClient(base_url="unix:///nonexistent/docker.sock", version=MIN_API, timeout=timeout)
     old = api.adapters.pop("http+docker://", None)
     if old is not None:
         old.close()
     api.mount("http+docker://ssh", adapter)
     api.base_url = "http+docker://ssh"
     api._custom_adapter = adapter
-    api._version = api._retrieve_server_version()
-    client = docker.DockerClient.__new__(docker.DockerClient)
+    # no proxy, netrc or CA bundle applies to a channel of the node's own SSH connection; requests would
+    # otherwise read them from the environment (and ~/.netrc) on every call, a few hundred a run
+    api.trust_env = False
+    info = _server_version(api)
+    api._version = info["ApiVersion"]
+    client = NodeDockerClient.__new__(NodeDockerClient)
     client.api = api
+    client._opened_with = info
     return client
 
 
-def docker_over_ssh(node: SSHEndpoint, *, timeout: int = API_TIMEOUT_S) -> docker.DockerClient:
+def _server_version(api: NodeAPIClient) -> dict[str, Any]:
+    """docker-py's ``_retrieve_server_version``, keeping the whole answer (same errors)."""
+    try:
+        info = dict(api.version(api_version=False))
+    except Exception as e:  # noqa: BLE001 - docker-py's own wording for any failure here
+        raise docker.errors.DockerException(f"Error while fetching server API version: {e}") from e
+    if "ApiVersion" not in info:
+        raise docker.errors.DockerException('Invalid response from docker daemon: key "ApiVersion" is missing.')
+    return info
+
+
+def docker_over_ssh(node: SSHEndpoint, *, timeout: int = API_TIMEOUT_S) -> NodeDockerClient:
     """A DockerClient for ``node``'s dockerd over its SSH connection. Raises NodeError if docker is down."""
     adapter = NodeSSHAdapter(node, timeout=timeout)
     try:
@@ -188,3 +239,29 @@ def docker_local(
         return docker.from_env(version="auto", timeout=timeout)
     except docker.errors.DockerException as e:
         raise NodeError(name, "docker", f"dockerd not reachable: {e}") from None
+
+
+class LogStream:
+    """A container's log lines from one streaming docker response (an iterator), which ANY thread may
+    :meth:`cancel`: the way a followed log is stopped before the container ends. docker-py's own
+    ``close()`` refuses streams over SSH; closing the stream's SSH channel ends it for the reader (who
+    sees the end of the log) and for dockerd."""
+
+    def __init__(self, stream: Any, lines: Iterator[str]) -> None:
+        self._stream = stream
+        self._lines = lines
+
+    def __iter__(self) -> LogStream:
+        return self
+
+    def __next__(self) -> str:
+        return next(self._lines)
+
+    def cancel(self) -> None:
+        with contextlib.suppress(Exception):  # already ended: nothing to stop
+            fp = self._stream._response.raw._fp.fp
+            channel = getattr(fp, "channel", None)
+            if channel is not None:
+                channel.close()
+            else:
+                self._stream.close()  # a unix or TCP socket (LocalNode): docker-py's own way

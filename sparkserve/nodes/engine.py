@@ -31,7 +31,7 @@ import docker
 import docker.errors
 
 from sparkserve.nodes.base import Node, NodeError
-from sparkserve.nodes.docker_client import docker_errors
+from sparkserve.nodes.docker_client import LogStream, docker_errors
 from sparkserve.nodes.images import SHIP_HINT
 from sparkserve.plan.build import parity_view
 from sparkserve.plan.container import (
@@ -110,6 +110,7 @@ class Engine:
     """Docker verbs on one node. Cheap to create; the node caches the SDK client."""
 
     noun = "container"  # what a rank is here, for messages
+    cancellable_logs = True  # logs() is a LogStream another thread may cancel (deploy.logwatch follows it)
 
     def __init__(self, node: Node) -> None:
         self.node = node
@@ -142,8 +143,7 @@ class Engine:
             api = self.client.api  # low-level: docker-py's containers.create has no stop_timeout
             host_config = api.create_host_config(**kw["host_config"])
             try:
-                created = api.create_container(**kw["create"], host_config=host_config)
-                container = self.client.containers.get(created["Id"])
+                cid = str(api.create_container(**kw["create"], host_config=host_config)["Id"])
             except docker.errors.ImageNotFound:
                 what = f"image {spec.image} is not on this node; {SHIP_HINT}"
                 raise NodeError(self.name, "run", what) from None
@@ -152,16 +152,16 @@ class Engine:
                     raise NodeError(self.name, "run", self._clash(spec.name)) from None
                 raise
             try:
-                container.start()
+                api.start(cid)  # by the id create returned: no inspect round trip in between
             except docker.errors.APIError as e:
                 msg = str(e.explanation or e)
                 with contextlib.suppress(Exception):  # ours, created, never started: nothing to stop
-                    container.remove()
+                    api.remove_container(cid)
                 if "error setting rlimit type 8" in msg:  # RLIMIT_MEMLOCK
                     msg = (f"the node refused ulimit memlock={spec.ulimits.get('memlock')} (dockerd's own hard "
                            f"limit is lower and it lacks CAP_SYS_RESOURCE): {msg}")
                 raise NodeError(self.name, "run", f"{spec.name} did not start: {msg}") from None
-            return str(container.id)
+            return cid
 
     def _clash(self, name: str) -> str:
         try:
@@ -296,15 +296,19 @@ class Engine:
         follow: bool = False,
         tail: int | None = None,
         timestamps: bool = False,
-    ) -> Iterator[str]:
-        """The container's log (stdout and stderr) as lines without newline; ``follow`` streams."""
-        c = self._get(ref, "logs")
+    ) -> LogStream:
+        """The container's log (stdout and stderr) as lines without newline; ``follow`` streams (another
+        thread may ``cancel()`` it). No inspect of ours first; NoSuchContainer when it does not exist."""
+        key, name = (ref.id, ref.name) if isinstance(ref, ManagedContainer) else (ref, ref)
         kw: dict[str, Any] = dict(stdout=True, stderr=True, timestamps=timestamps, tail=tail or "all")
         if since is not None:
             kw["since"] = since
-        with self._step("logs", c.name):
-            chunks = c.logs(stream=True, follow=follow, **kw)
-        return self._lines(chunks, c.name)
+        with self._step("logs", name):
+            try:
+                chunks = self.client.api.logs(key, stream=True, follow=follow, **kw)
+            except docker.errors.NotFound:
+                raise NoSuchContainer(self.name, "logs", f"no container {key}") from None
+        return LogStream(chunks, self._lines(chunks, name))
 
     def _lines(self, chunks: Iterator[bytes], name: str) -> Iterator[str]:
         buf = b""

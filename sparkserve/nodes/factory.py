@@ -6,6 +6,10 @@
     with open_reachable(cfg) as (nodes, unreachable):   # `down` / `status` / `doctor`: every node it can
         ...                                             # reach; unreachable: {name: its connect error}
 
+    with open_nodes(cfg, meanwhile=load) as nodes:      # load() runs in this thread while they connect
+        with docker_opening(nodes):                     # each node's docker connection opens meanwhile
+            ...
+
 A node with ``local: true`` becomes a :class:`LocalNode`; every other node an :class:`SSHNode`.
 :func:`open_nodes` fails with the first unreachable node's one-line error (others attached as details),
 after closing the ones that did connect; :func:`open_reachable` keeps the ones that connected, so a
@@ -15,10 +19,13 @@ command that must act wherever it can (stop the head while a follower is down) s
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+import threading
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from sparkserve.errors import RemoteFailure, SparkserveError
+from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.local import LocalNode
 from sparkserve.nodes.parallel import on_all
@@ -26,6 +33,8 @@ from sparkserve.nodes.ssh import SSHNode
 
 if TYPE_CHECKING:
     from sparkserve.config import Config, NodeConfig, SSHConfig
+
+CLOSE_WAIT_S = 10.0  # a node whose close hangs (a dead link) is not waited for longer
 
 
 def make_node(node: NodeConfig, ssh: SSHConfig) -> Node:
@@ -35,8 +44,10 @@ def make_node(node: NodeConfig, ssh: SSHConfig) -> Node:
     return SSHNode(node, ssh)
 
 
-def connect_nodes(cfg: Config, *, names: list[str] | None = None) -> dict[str, Node]:
-    """Every configured node (or just ``names``), connected in parallel, in config order."""
+def connect_nodes(cfg: Config, *, names: list[str] | None = None,
+                  meanwhile: Callable[[], object] | None = None) -> dict[str, Node]:
+    """Every configured node (or just ``names``), connected in parallel, in config order. ``meanwhile``
+    runs in the calling thread while they connect (see :func:`sparkserve.nodes.parallel.on_all`)."""
     wanted = [n for n in cfg.nodes if names is None or n.name in names]
     nodes = {n.name: make_node(n, cfg.ssh) for n in wanted}
 
@@ -46,7 +57,7 @@ def connect_nodes(cfg: Config, *, names: list[str] | None = None) -> dict[str, N
             node.connect()
 
     try:
-        on_all(list(nodes), _connect)
+        on_all(list(nodes), _connect, meanwhile=meanwhile)
     except BaseException:
         close_nodes(nodes)
         raise
@@ -54,9 +65,19 @@ def connect_nodes(cfg: Config, *, names: list[str] | None = None) -> dict[str, N
 
 
 def close_nodes(nodes: dict[str, Node]) -> None:
-    for node in nodes.values():
-        with contextlib.suppress(Exception):
-            node.close()
+    """Close every node at once (each close waits for its SSH transport to stop); never raises, and a
+    signal meanwhile is remembered, not raised: this runs in ``finally`` blocks."""
+    with interrupts.deferred():
+        threads = [threading.Thread(target=_close, args=(n,), daemon=True) for n in nodes.values()]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=CLOSE_WAIT_S)
+
+
+def _close(node: Node) -> None:
+    with contextlib.suppress(Exception):
+        node.close()
 
 
 def as_failure(name: str, e: BaseException) -> SparkserveError:
@@ -104,9 +125,31 @@ def open_reachable(cfg: Config) -> Iterator[tuple[dict[str, Node], dict[str, Spa
 
 
 @contextlib.contextmanager
-def open_nodes(cfg: Config, *, names: list[str] | None = None) -> Iterator[dict[str, Node]]:
-    nodes = connect_nodes(cfg, names=names)
+def open_nodes(cfg: Config, *, names: list[str] | None = None,
+               meanwhile: Callable[[], object] | None = None) -> Iterator[dict[str, Node]]:
+    """:func:`connect_nodes` as a context: the nodes are closed after."""
+    nodes = connect_nodes(cfg, names=names, meanwhile=meanwhile)
     try:
         yield nodes
     finally:
         close_nodes(nodes)
+
+
+@contextlib.contextmanager
+def docker_opening(nodes: dict[str, Node]) -> Iterator[None]:
+    """Each node's docker connection opened in the background while the block runs (it asks the daemon its
+    version, nothing more): what the block asks docker later finds it open. A node whose docker does not
+    answer is left for the block's own docker question to report."""
+    if not nodes:
+        yield
+        return
+    with ThreadPoolExecutor(max_workers=len(nodes)) as pool:
+        with interrupts.deferred(raise_after=True):  # an interrupt mid-submit must not leave a thread unwatched
+            for node in nodes.values():
+                pool.submit(_open_docker, node)
+        yield
+
+
+def _open_docker(node: Node) -> None:
+    with contextlib.suppress(Exception):
+        node.docker()

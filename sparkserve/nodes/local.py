@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from sparkserve.nodes.base import CommandResult, NodeError
-from sparkserve.nodes.docker_client import docker_local
 
 if TYPE_CHECKING:
     import docker
@@ -151,6 +150,8 @@ class LocalNode:
         return None
 
     def docker(self) -> docker.DockerClient:
+        from sparkserve.nodes.docker_client import docker_local  # docker's SDK only once it is used
+
         with self._lock:
             if self._docker is None:
                 self._docker = docker_local(self.name, self.docker_host)

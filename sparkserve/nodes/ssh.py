@@ -24,7 +24,6 @@ import paramiko
 
 from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import CommandResult, NodeError, RsyncRemote
-from sparkserve.nodes.docker_client import docker_over_ssh
 from sparkserve.nodes.ssh_connect import SSHTarget, close_client, open_client
 from sparkserve.nodes.ssh_process import SSHProcess, command_line
 from sparkserve.nodes.ssh_resolve import ssh_argv
@@ -285,6 +284,10 @@ class SSHNode:
         return RsyncRemote(tuple(argv), f"{self.user}@{host}")
 
     def docker(self) -> docker.DockerClient:
+        # imported here: connecting needs only paramiko, and a command imports docker's SDK (a tenth of a
+        # second) while its nodes connect (nodes.parallel.on_all's ``meanwhile``)
+        from sparkserve.nodes.docker_client import docker_over_ssh
+
         with self._lock:
             if self._docker is None:
                 self._docker = docker_over_ssh(self)

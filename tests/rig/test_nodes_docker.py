@@ -4,6 +4,7 @@ identity and shipping, run/stop/remove of labelled containers only, logs, exec, 
 from __future__ import annotations
 
 import itertools
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -201,6 +202,11 @@ def test_run_list_logs_exec_then_graceful_stop_and_remove(rig_cfg: Config, node_
         got = list(itertools.islice(followed, 4))[1:]  # the tail line, then lines as they are printed
         ticks = [int(g.split()[1]) for g in got]
         assert ticks == sorted(ticks) and len(set(ticks)) == 3
+        reader = threading.Thread(target=lambda: list(followed), daemon=True)
+        reader.start()
+        followed.cancel()  # from another thread, while the reader waits for the next line
+        reader.join(5)
+        assert not reader.is_alive() and node_b.docker().ping()  # the stream ended; docker still answers
         eng.stop_graceful(cid, timeout=10)
         st = eng.state(cid)
         assert (st.running, st.exit_code) == (False, 0)  # SIGTERM reached the trap: no SIGKILL needed

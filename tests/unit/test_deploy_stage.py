@@ -3,14 +3,17 @@ records behind `up/down/status/swap-drafter --json` (their shapes are the CLI's 
 
 from __future__ import annotations
 
+import http.server
 import json
 import re
+import threading
+import time
 from pathlib import Path
 
 import pytest
 
 from sparkserve.config import Config, load_config
-from sparkserve.deploy import parity, up, wait
+from sparkserve.deploy import gates_live, parity, up, wait
 from sparkserve.deploy.stack import ApiStatus, ContainerStatus, DownResult, StackStatus
 from sparkserve.deploy.swap import SwapResult
 from sparkserve.deploy.up import UpResult
@@ -120,6 +123,152 @@ def test_wait_running_lets_a_quiet_running_rank_through_after_the_timeout(monkey
     wait_running(plan, {f: f}, {f: "c1"}, marker=re.compile("never logged"), timeout_s=0.05, poll_s=0.01)  # type: ignore[dict-item]
 
 
+class FollowedLog:
+    """A followed log another thread may cancel (what the docker engine's ``logs(follow=True)`` returns)."""
+
+    def __init__(self, lines: list[str], after_s: float) -> None:
+        self.lines, self.after_s, self.cancelled = lines, after_s, threading.Event()
+
+    def __iter__(self) -> FollowedLog:
+        self.cancelled.wait(self.after_s)  # the rank takes a while to log its lines
+        self._it = iter([] if self.cancelled.is_set() else self.lines)
+        return self
+
+    def __next__(self) -> str:
+        line = next(self._it)
+        return line
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class FollowEngine(LogEngine):
+    """A rank whose log shows ``lines`` after ``after_s``, to looks and to a follower alike."""
+
+    cancellable_logs = True
+    t0 = 0.0
+    after_s = 0.3
+    looks = 0
+    streams: list[FollowedLog] = []
+
+    def logs(self, cid: str, *, tail: int | None = None, timestamps: bool = False,  # type: ignore[override]
+             follow: bool = False) -> list[str] | FollowedLog:
+        if follow:
+            s = FollowedLog(self.lines.get(self.node, []), self.after_s - (time.monotonic() - self.t0))
+            FollowEngine.streams.append(s)
+            return s
+        FollowEngine.looks += 1
+        return super().logs(cid, tail=tail or 0, timestamps=timestamps) if time.monotonic() - self.t0 > \
+            self.after_s else []
+
+
+@pytest.mark.timeout(30)
+def test_wait_running_wakes_when_the_followed_log_shows_the_marker_not_on_its_next_look(monkeypatch,
+                                                                                     cfg: Config) -> None:
+    plan = build_plan(cfg)
+    f = plan.followers[0].node
+    FollowEngine.lines, FollowEngine.running = {f: ["starting", "Launching vLLM (v0.33.0) headless multiproc "
+                                                     "executor, with head node address 10.0.0.1:29501"]}, {}
+    FollowEngine.t0, FollowEngine.looks, FollowEngine.streams = time.monotonic(), 0, []
+    monkeypatch.setattr(wait, "engine_for", lambda node, how=None: FollowEngine(node))
+    t0 = time.monotonic()
+    wait_running(plan, {f: f}, {f: "c1"}, marker=FOLLOWER_WAITING, poll_s=20)  # type: ignore[dict-item]
+    assert time.monotonic() - t0 < 5  # woken by the log, not by the next look 20 s later
+    assert FollowEngine.looks == 2  # the first look, and the one when it woke
+    assert all(s.cancelled.is_set() for s in FollowEngine.streams)  # no stream left open
+
+
+def test_a_log_that_cannot_be_stopped_is_not_followed_and_the_looks_come_fast(monkeypatch, cfg: Config) -> None:
+    plan = build_plan(cfg)
+    f = plan.followers[0].node
+    LogEngine.lines, LogEngine.running = {f: ["loading"]}, {}
+    monkeypatch.setattr(wait, "engine_for", lambda node, how=None: LogEngine(node))  # no cancellable_logs
+    t0 = time.monotonic()
+    wait_running(plan, {f: f}, {f: "c1"}, marker=re.compile("never logged"), timeout_s=0.3, poll_s=20)  # type: ignore[dict-item]
+    assert time.monotonic() - t0 < 5  # the fast looks reached the timeout, no 20 s pause
+
+
+class ApiServer:
+    """/v1/models on 127.0.0.1: 503 until ``ready`` is set, then the served model; records the auth header."""
+
+    def __init__(self) -> None:
+        self.ready = threading.Event()
+        self.auth: list[str | None] = []
+        self.paths: list[str] = []
+        outer = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                outer.auth.append(self.headers.get("Authorization"))
+                outer.paths.append(self.path)
+                ok = outer.ready.is_set() and self.path.endswith("/v1/models")
+                body = json.dumps({"data": [{"id": "m"}]}).encode() if ok else b"{}"
+                self.send_response(200 if ok else 503)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *a: object) -> None:
+                pass
+
+        self.httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}"
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+def test_served_models_sends_the_key_and_is_none_until_the_api_serves() -> None:
+    api = ApiServer()
+    try:
+        assert wait.served_models(api.url, api_key="k") is None  # 503
+        api.ready.set()
+        assert wait.served_models(api.url, api_key="k") == ["m"] and api.auth[-1] == "Bearer k"
+        assert wait.served_models(api.url) == ["m"] and api.auth[-1] is None
+    finally:
+        api.close()
+    assert wait.served_models(api.url, timeout=0.5) is None  # nobody listens
+
+
+def test_served_models_goes_through_the_proxy_the_environment_names(monkeypatch) -> None:
+    api = ApiServer()
+    api.ready.set()
+    try:
+        monkeypatch.setenv("http_proxy", api.url)
+        monkeypatch.delenv("no_proxy", raising=False)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        assert wait.served_models("http://spark-a.invalid:8000") == ["m"]
+        assert api.paths[-1] == "http://spark-a.invalid:8000/v1/models"  # the proxy was asked for the URL
+        monkeypatch.setenv("no_proxy", "spark-a.invalid")
+        assert wait.served_models("http://spark-a.invalid:8000", timeout=0.5) is None  # exempt: direct
+    finally:
+        api.close()
+
+
+@pytest.mark.timeout(30)
+def test_wait_ready_sees_the_api_between_looks_and_looks_at_every_rank_once_more(monkeypatch, cfg: Config) -> None:
+    api = ApiServer()
+    host, port = api.url.removeprefix("http://").split(":")
+    cfg = cfg.model_copy(update={"serve": cfg.serve.model_copy(update={"host": host, "port": int(port)}),
+                                 "model": cfg.model.model_copy(update={"served_name": "m"})})
+    plan = build_plan(cfg)
+    looks: list[float] = []
+    monkeypatch.setattr(wait, "_poll_all", lambda *a, **k: looks.append(time.monotonic()))
+    monkeypatch.setattr(wait, "engine_for", lambda node, how=None: LogEngine(node))
+    threading.Timer(0.3, api.ready.set).start()
+    try:
+        t0 = time.monotonic()
+        wait.wait_ready(plan, {n.name: n.name for n in cfg.nodes}, {n.name: "c" for n in cfg.nodes},  # type: ignore[misc]
+                        timeout_s=60, poll_s=20)
+        took = time.monotonic() - t0
+    finally:
+        api.close()
+    assert 0.3 <= took < 5  # between two looks 20 s apart: the API alone was asked
+    assert len(looks) == 2 and looks[1] - t0 >= 0.3  # the first look, and one after the API served
+
+
 # -- the gates `up` runs ----------------------------------------------------------------------------------
 
 
@@ -132,7 +281,7 @@ def report(faults_ok: bool) -> GateReport:
 
 
 def test_a_failed_gate_stops_up_naming_the_gate_its_nodes_and_evidence(monkeypatch, cfg: Config) -> None:
-    monkeypatch.setattr(up, "collect_and_judge", lambda *a, **k: report(False))
+    monkeypatch.setattr(gates_live, "collect_and_judge", lambda *a, **k: report(False))
     with pytest.raises(GateFailed) as e:
         up._gate(cfg, {}, build_plan(cfg), {})
     assert e.value.what == "faults (node-b) failed after boot; the stack was stopped"
@@ -140,7 +289,7 @@ def test_a_failed_gate_stops_up_naming_the_gate_its_nodes_and_evidence(monkeypat
 
 
 def test_passing_gates_come_back_typed(monkeypatch, cfg: Config) -> None:
-    monkeypatch.setattr(up, "collect_and_judge", lambda *a, **k: report(True))
+    monkeypatch.setattr(gates_live, "collect_and_judge", lambda *a, **k: report(True))
     assert up._gate(cfg, {}, build_plan(cfg), {}).ok
 
 

@@ -127,6 +127,20 @@ def test_remote_program_is_standalone_and_matches_the_local_manifest(drafter: Pa
     assert again["files"] == want and again["hashed_bytes"] == 0  # answered from the cache file
 
 
+def test_a_cached_only_manifest_reads_no_content_and_names_what_the_cache_cannot_answer(
+        drafter: Path, local: LocalNode) -> None:
+    cold = remote_manifest(local, str(drafter), cached_only=True)
+    assert cold.manifest.hashed_bytes == 0 and sorted(cold.uncached) == ["config.json", "model.safetensors",
+                                                                          "sub/x.bin"]
+    full = remote_manifest(local, str(drafter))  # hashes everything and fills the node's cache
+    warm = remote_manifest(local, str(drafter), cached_only=True)
+    assert warm.uncached == [] and warm.manifest.hashed_bytes == 0
+    assert warm.manifest.digest == full.manifest.digest == manifest(drafter, use_cache=False).digest
+    (drafter / "config.json").write_text('{"changed": 1}\n')
+    changed = remote_manifest(local, str(drafter), cached_only=True)
+    assert changed.uncached == ["config.json"] and changed.manifest.hashed_bytes == 0
+
+
 def test_remote_program_refuses_paths_outside_the_root(drafter: Path, local: LocalNode) -> None:
     with pytest.raises(NodeError, match="refusing path"):
         remote_manifest(local, str(drafter), delete=["../escape"])
@@ -183,3 +197,90 @@ def test_a_failed_verification_names_the_files(drafter: Path, tmp_path: Path, lo
     monkeypatch.setattr(sync_mod, "_sftp_copy", bad_copy)
     with pytest.raises(NodeError, match=r"^head: sync: after copying, 3 file\(s\) still differ"):
         sync_dir(local, drafter, str(tmp_path / "dst"))
+
+
+def test_on_all_runs_meanwhile_in_the_calling_thread_while_the_items_run() -> None:
+    import threading
+
+    from sparkserve.nodes.parallel import after, on_all
+
+    started = threading.Event()
+    seen: list[bool] = []
+
+    def work(i: int) -> int:
+        started.set()
+        time.sleep(0.2)
+        return i * 2
+
+    def meanwhile() -> None:
+        seen.append(started.wait(5) and threading.current_thread() is threading.main_thread())
+
+    assert on_all([1, 2], work, meanwhile=meanwhile) == {"1": 2, "2": 4} and seen == [True]
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(time.sleep, 0.2)
+        assert pool.submit(after, first, lambda: first.done()).result() is True
+
+
+def test_one_run_on_the_node_mirrors_every_model_it_is_asked_for(tmp_path: Path, local: LocalNode,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from sparkserve.deploy.remotemeta import fetch_metas
+    from sparkserve.errors import BadInput
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text('{"a": 1}\n')
+    runs: list[list[str]] = []
+    real = local.run
+    monkeypatch.setattr(local, "run", lambda argv, **kw: runs.append(argv) or real(argv, **kw))
+    got = fetch_metas(local, [(str(model), tmp_path / "m1", "model.target"),
+                              (str(tmp_path / "nope"), tmp_path / "m2", "drafter.path")])
+    assert got[0] == tmp_path / "m1" and (tmp_path / "m1" / "config.json").read_text() == '{"a": 1}\n'
+    assert isinstance(got[1], BadInput) and got[1].where == "drafter.path" and len(runs) == 1
+
+
+def test_the_docker_check_after_connecting_is_the_answer_the_connection_was_opened_with() -> None:
+    from sparkserve.nodes.docker_client import NodeDockerClient
+
+    class Api:
+        calls = 0
+
+        def version(self, *a: object, **k: object) -> dict[str, str]:
+            Api.calls += 1
+            return {"Version": "27.0", "ApiVersion": "1.47"}
+
+    client = NodeDockerClient.__new__(NodeDockerClient)
+    client.api = Api()  # type: ignore[assignment]
+    client._opened_with = {"Version": "26.1", "ApiVersion": "1.45"}
+    assert client.version()["Version"] == "26.1" and Api.calls == 0  # once: the connect's own answer
+    assert client.version()["Version"] == "27.0" and Api.calls == 1  # then the daemon is asked
+
+
+def test_a_containers_tty_is_learnt_from_its_inspect_not_asked_before_each_log_read(monkeypatch) -> None:
+    import docker
+
+    from sparkserve.nodes.docker_client import NodeAPIClient
+
+    asked: list[str] = []
+    monkeypatch.setattr(docker.APIClient, "inspect_container",
+                        lambda self, c: asked.append(c) or {"Id": "abc", "Config": {"Tty": False}})
+    api = NodeAPIClient(base_url="unix:///nonexistent/docker.sock", version="1.41")
+    assert api.inspect_container("abc")["Id"] == "abc" and asked == ["abc"]
+    assert api._check_is_tty("abc") is False and asked == ["abc"]  # known: no second inspect
+    assert api._check_is_tty("other") is False and asked == ["abc", "other"]
+
+
+def test_nodes_close_all_at_once() -> None:
+    from sparkserve.nodes.factory import close_nodes
+
+    class Slow:
+        closed = 0
+
+        def close(self) -> None:
+            time.sleep(0.3)
+            Slow.closed += 1
+
+    t0 = time.monotonic()
+    close_nodes({str(i): Slow() for i in range(4)})  # type: ignore[misc]
+    assert Slow.closed == 4 and time.monotonic() - t0 < 1.0
