@@ -8,6 +8,7 @@ command a module's ``register(app)`` adds appears here without editing this file
 
 from __future__ import annotations
 
+import gc
 import importlib
 import io
 import json
@@ -153,6 +154,9 @@ def main() -> None:
     finally:
         if watched is not None:
             sys.stdout = watched.inner
+        # what the command built stays as it is until exit: the collector need not walk it once more on
+        # the way out (~80 ms after a big `up` or a log read)
+        gc.freeze()
 
 
 class _Watched(io.TextIOBase):
