@@ -23,13 +23,11 @@ the head piped into ``ssh <node> docker load`` (bytes counted in the pipe), in p
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
@@ -54,19 +52,6 @@ def rigcmd(env: dict[str, str], *args: str) -> None:
     p = subprocess.run([sys.executable, str(RIG_PY), *args], capture_output=True, text=True, env=env, timeout=1800)
     if p.returncode:
         raise SystemExit(f"rig {' '.join(args)} failed: {p.stderr.strip()[-2000:]}")
-
-
-def build(client: docker.DockerClient, tag: str, parent: str | None, files: dict[str, bytes]) -> str:
-    buf = io.BytesIO()
-    lines = [f"FROM {parent or 'scratch'}"] + [f"COPY {name} /{name}" for name in files]
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        for name, data in {"Dockerfile": "\n".join(lines).encode() + b"\n", **files}.items():
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            tf.addfile(ti, io.BytesIO(data))
-    buf.seek(0)
-    img, _ = client.images.build(fileobj=buf, custom_context=True, tag=tag, rm=True, network_mode="none")
-    return str(img.id)
 
 
 def clear(client: docker.DockerClient) -> None:
@@ -218,10 +203,11 @@ def main() -> int:
                    for n in handle.nodes}
         head, targets = handle.nodes[0], handle.nodes[1:]
         hc = clients[head.name]
-        build(hc, f"{REPO_NAME}:base", None, {"big": os.urandom(args.mb * 10**6), "mid": os.urandom(30 * 10**6)})
+        riglib.build_image(hc, f"{REPO_NAME}:base", None,
+                           {"big": os.urandom(args.mb * 10**6), "mid": os.urandom(30 * 10**6)})
         change = int(args.change_mb * 10**6)
-        build(hc, f"{REPO_NAME}:v1", f"{REPO_NAME}:base", {"stamp": os.urandom(change)})
-        build(hc, f"{REPO_NAME}:v2", f"{REPO_NAME}:base", {"stamp": os.urandom(change)})
+        riglib.build_image(hc, f"{REPO_NAME}:v1", f"{REPO_NAME}:base", {"stamp": os.urandom(change)})
+        riglib.build_image(hc, f"{REPO_NAME}:v2", f"{REPO_NAME}:base", {"stamp": os.urandom(change)})
         v1, v2 = f"{REPO_NAME}:v1", f"{REPO_NAME}:v2"
         size = int(hc.images.get(v1).attrs["Size"])
         changed_layer = int(hc.api.history(v2)[0]["Size"])

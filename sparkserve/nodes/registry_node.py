@@ -130,12 +130,26 @@ def _start_registry(program: str, job: str, held: dict) -> int:
         time.sleep(0.1)
 
 
+def _accept_each(srv, stop, admit) -> None:  # type: ignore[no-untyped-def]
+    """Accept connections on ``srv`` until ``stop`` is set, each handed to ``admit`` in its own thread."""
+    import threading
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=admit, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=accept, daemon=True).start()
+
+
 def _token_relay(bind: str, port: int, tokens: dict, sent: dict, stop):  # type: ignore[no-untyped-def]
     """Listen on ``bind`` (the fabric IP) and relay to the registry on ``127.0.0.1:port`` only a connection
     that first sends ``<token>\\n`` of a target, counting the bytes that target receives; the listening socket."""
     import contextlib
     import socket
-    import threading
 
     srv = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -168,15 +182,7 @@ def _token_relay(bind: str, port: int, tokens: dict, sent: dict, stop):  # type:
 
         _pipe_pair(up, conn, count, lambda n: None)
 
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=admit, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
+    _accept_each(srv, stop, admit)
     return srv
 
 
@@ -277,15 +283,7 @@ def _pull_main(args: dict) -> int:
         up.settimeout(None)
         _pipe_pair(up, conn, count, lambda n: None)
 
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=admit, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=accept, daemon=True).start()
+    _accept_each(srv, stop, admit)
     temp = f"127.0.0.1:{port}/{args['repo']}:{args['tag']}"
     summary: dict = {"ok": False}
     pull = None
@@ -324,7 +322,8 @@ def pull_program(args: dict) -> list[str]:
 
 
 def _program(main, args: dict) -> list[str]:  # type: ignore[no-untyped-def]
-    helpers = (_relay, _pipe_pair, _on_signals, _free_port, _write_json, _start_registry, _token_relay, main)
+    helpers = (_relay, _pipe_pair, _on_signals, _free_port, _write_json, _start_registry, _accept_each,
+               _token_relay, main)
     src = "import json\n\n" + "\n\n".join(inspect.getsource(f) for f in helpers)
     # os._exit: the relay threads are daemons blocked in socket calls; nothing is left to flush but stdout
     src += (f"\n\nimport os, sys\nrc = {main.__name__}(json.loads(sys.argv[1]))\nsys.stdout.flush()\n"

@@ -49,6 +49,7 @@ import tarfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 REPO = Path(__file__).resolve().parents[2]
@@ -268,6 +269,21 @@ def docker_cli(node: NodeInfo, *args: str, **kw) -> subprocess.CompletedProcess:
 
 
 # ------------------------------------------------------------------------------------------- packages
+
+
+def build_image(client: Any, tag: str, parent: str | None, files: dict[str, bytes]) -> str:
+    """A small image on a node's docker (``client``: a docker SDK client): ``parent`` (or scratch) plus one
+    ``COPY`` layer per file, built with no network; its ID. The layered images ship tests and benches use."""
+    buf = io.BytesIO()
+    lines = [f"FROM {parent or 'scratch'}"] + [f"COPY {name} /{name}" for name in files]
+    with tarfile.open(fileobj=buf, mode="w") as tf:
+        for name, data in {"Dockerfile": "\n".join(lines).encode() + b"\n", **files}.items():
+            ti = tarfile.TarInfo(name)
+            ti.size = len(data)
+            tf.addfile(ti, io.BytesIO(data))
+    buf.seek(0)
+    img, _ = client.images.build(fileobj=buf, custom_context=True, tag=tag, rm=True, network_mode="none")
+    return str(img.id)
 
 
 PACKAGES = {"dockerd": "docker.io", "/usr/sbin/sshd": "openssh-server", "debootstrap": "debootstrap",

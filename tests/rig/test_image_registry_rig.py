@@ -6,18 +6,17 @@ directory, no temporary tag on any node) after a success, a failed pull and a Ct
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import os
 import signal
 import subprocess
-import tarfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import docker
 import pytest
+import rig as riglib
 import yaml
 
 from sparkserve.config import load_config
@@ -30,18 +29,6 @@ REPO = Path(__file__).resolve().parents[2]
 SPARKSERVE = str(REPO / ".venv" / "bin" / "sparkserve")
 NAME = "sparkserve-rigtest/registry"
 CHANGE = 1_000_000  # bytes of the layer v2 changes
-
-
-def _build(client: docker.DockerClient, tag: str, parent: str | None, files: dict[str, bytes]) -> None:
-    buf = io.BytesIO()
-    lines = [f"FROM {parent or 'scratch'}"] + [f"COPY {name} /{name}" for name in files]
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        for name, data in {"Dockerfile": "\n".join(lines).encode() + b"\n", **files}.items():
-            ti = tarfile.TarInfo(name)
-            ti.size = len(data)
-            tf.addfile(ti, io.BytesIO(data))
-    buf.seek(0)
-    client.images.build(fileobj=buf, custom_context=True, tag=tag, rm=True, network_mode="none")
 
 
 def _forget(client: docker.DockerClient) -> None:
@@ -57,10 +44,10 @@ def images(rig, rig_docker) -> Iterator[dict[str, str]]:  # type: ignore[no-unty
     """On the head: v1 = 20 MB + 1 MB layers, v2 = the same 20 MB layer + another 1 MB layer, big = 150 MB."""
     head = rig_docker[rig.head.name]
     _forget(head)
-    _build(head, f"{NAME}:base", None, {"big": os.urandom(20_000_000)})
-    _build(head, f"{NAME}:v1", f"{NAME}:base", {"stamp": os.urandom(CHANGE)})
-    _build(head, f"{NAME}:v2", f"{NAME}:base", {"stamp": os.urandom(CHANGE)})
-    _build(head, f"{NAME}:big", None, {"blob": os.urandom(150_000_000)})
+    riglib.build_image(head, f"{NAME}:base", None, {"big": os.urandom(20_000_000)})
+    riglib.build_image(head, f"{NAME}:v1", f"{NAME}:base", {"stamp": os.urandom(CHANGE)})
+    riglib.build_image(head, f"{NAME}:v2", f"{NAME}:base", {"stamp": os.urandom(CHANGE)})
+    riglib.build_image(head, f"{NAME}:big", None, {"blob": os.urandom(150_000_000)})
     yield {"v1": f"{NAME}:v1", "v2": f"{NAME}:v2", "big": f"{NAME}:big"}
     for client in rig_docker.values():
         _forget(client)
