@@ -24,6 +24,8 @@ from __future__ import annotations
 import inspect
 import json
 
+from sparkserve.nodes.ship_node import read_token
+
 
 def _relay(a, b, count) -> None:  # type: ignore[no-untyped-def]
     """Copy socket ``a`` to socket ``b`` until ``a`` ends; ``count(n)`` for every chunk; half-close ``b``."""
@@ -158,14 +160,10 @@ def _token_relay(bind: str, port: int, tokens: dict, sent: dict, stop):  # type:
 
     def admit(conn) -> None:  # type: ignore[no-untyped-def]
         conn.settimeout(30)
-        line = b""
+        token = ""
         with contextlib.suppress(OSError):
-            while not line.endswith(b"\n") and len(line) < 200:
-                chunk = conn.recv(1)
-                if not chunk:
-                    break
-                line += chunk
-        name = tokens.get(line.strip().decode(errors="replace"))
+            token = read_token(conn)
+        name = tokens.get(token)
         if name is None:
             conn.close()
             return
@@ -322,7 +320,7 @@ def pull_program(args: dict) -> list[str]:
 
 
 def _program(main, args: dict) -> list[str]:  # type: ignore[no-untyped-def]
-    helpers = (_relay, _pipe_pair, _on_signals, _free_port, _write_json, _start_registry, _accept_each,
+    helpers = (read_token, _relay, _pipe_pair, _on_signals, _free_port, _write_json, _start_registry, _accept_each,
                _token_relay, main)
     src = "import json\n\n" + "\n\n".join(inspect.getsource(f) for f in helpers)
     # os._exit: the relay threads are daemons blocked in socket calls; nothing is left to flush but stdout

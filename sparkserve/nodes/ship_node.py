@@ -92,6 +92,18 @@ def _drops(args: dict) -> dict[str, set[str]]:
     return drop
 
 
+def read_token(conn) -> str:  # type: ignore[no-untyped-def]
+    """The first line a peer sends (its token; at most 200 bytes, read byte by byte so nothing after it is
+    consumed). Shared by the ship and the registry relay programs."""
+    line = b""
+    while not line.endswith(b"\n") and len(line) < 200:
+        chunk = conn.recv(1)
+        if not chunk:
+            break
+        line += chunk
+    return line.strip().decode(errors="replace")
+
+
 def _accept(args: dict) -> dict:
     """Listen on the fabric IP (``workdir/port`` says where), take one connection per target by its token."""
     import os
@@ -111,13 +123,7 @@ def _accept(args: dict) -> dict:
     while len(conns) < len(targets):
         conn, _ = srv.accept()
         conn.settimeout(args.get("io_timeout", 600))
-        token = b""
-        while not token.endswith(b"\n") and len(token) < 200:
-            chunk = conn.recv(1)
-            if not chunk:
-                break
-            token += chunk
-        t = targets.get(token.strip().decode(errors="replace"))
+        t = targets.get(read_token(conn))
         if t is None or t["name"] in conns:
             conn.close()
             continue
@@ -351,7 +357,7 @@ def recv_program(args: dict) -> list[str]:
 
 
 def _program(main, args: dict) -> list[str]:
-    src = "\n\n".join(inspect.getsource(f) for f in (_Out, _drops, _accept, _fan_out, _v1_diff, _copy, _layer,
-                                                           main))
+    parts = (_Out, _drops, read_token, _accept, _fan_out, _v1_diff, _copy, _layer, main)
+    src = "\n\n".join(inspect.getsource(f) for f in parts)
     src += f"\n\nimport json, sys\nsys.exit({main.__name__}(json.loads(sys.argv[1])))\n"
     return ["python3", "-c", src, json.dumps(args)]
