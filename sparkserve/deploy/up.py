@@ -43,7 +43,6 @@ from sparkserve.nodes.parallel import after, on_all
 from sparkserve.nodes.processes import rank_id
 from sparkserve.nodes.runtime import LABEL_ENGINE_ID, engine_for, ensure_same_engine
 from sparkserve.observe.gate_report import GateReport, Verdict
-from sparkserve.observe.logpatterns import FOLLOWER_WAITING
 from sparkserve.plan.build import Plan, build_plan
 from sparkserve.plan.fabric import FabricFacts, fabric_envs
 
@@ -321,7 +320,10 @@ def _boot(cfg: Config, nodes: dict[str, Node], plan: Plan, found: _Found, *, sta
 
 def _start(plan: Plan, nodes: dict[str, Node], started: dict[str, list[str]], say: Reporter,
            image_id: str = "") -> dict[str, str]:
-    """Followers first (confirmed running), then the head; for ray, then `vllm serve` on the head.
+    """Followers first, then the head the moment their containers run (docker's start returned): each
+    follower's own start-up (imports, its rendezvous wait) overlaps the head's, as torch.distributed's TCP
+    rendezvous waits for whichever side comes second; a follower that fails meanwhile fails the readiness
+    wait, which names it. For ray: the head, its workers once it runs, then `vllm serve` on the head.
     Every id lands in ``started`` the moment its container (or process) exists, so a failure tears it down.
     runtime process: each manifest records ``image_id``, the engine identity the preflight found."""
     containers: dict[str, str] = {}
@@ -342,9 +344,9 @@ def _start(plan: Plan, nodes: dict[str, Node], started: dict[str, list[str]], sa
     if plan.executor == "ray":
         head = plan.head.node
         run(head)
-        wait_running(plan, nodes, {head: containers[head]}, marker=None)
+        wait_running(plan, nodes, {head: containers[head]})
         on_all(followers, run)
-        wait_running(plan, nodes, {n: containers[n] for n in followers}, marker=None)
+        wait_running(plan, nodes, {n: containers[n] for n in followers})
         say("ray: workers joined; starting vllm serve on the head")
         assert plan.head.exec_after_join is not None
         engine_for(nodes[head], plan).exec(containers[head], plan.head.exec_after_join, detach=True,
@@ -352,7 +354,6 @@ def _start(plan: Plan, nodes: dict[str, Node], started: dict[str, list[str]], sa
         return containers
     say(f"starting {len(followers)} follower(s): {', '.join(followers)}")
     on_all(followers, run)
-    wait_running(plan, nodes, {n: containers[n] for n in followers}, marker=FOLLOWER_WAITING)
     say(f"starting the head on {plan.head.node}")
     run(plan.head.node)
     return containers

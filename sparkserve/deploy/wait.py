@@ -1,10 +1,10 @@
 """Watch a booting stack on every node until it is where `up` needs it, or say exactly why it never will.
 
 This is the one module that waits. :func:`wait_ready` waits until the head serves; :func:`wait_running`
-until just-started followers are up far enough for the next start (their marker line logged). Both poll
-the same way (:func:`_poll_node` on every watched rank in parallel, every ``POLL_S``), which checks: the
-rank's container is still running, its log lines (boot phase, fatal lines), free unified memory against
-the watchdog floor; the earliest failure is the cause. For readiness the head's ``/v1/models`` must list
+looks once at just-started ranks (ray: the head runs before its workers join). Both look the same way
+(:func:`_poll_node` on every watched rank in parallel, every ``POLL_S``), which checks: the rank's
+container is still running, its log lines (boot phase, fatal lines), free unified memory against the
+watchdog floor; the earliest failure is the cause. For readiness the head's ``/v1/models`` must list
 the served model: `/health` alone is never trusted, real vLLM answers 200 while a dead follower has hung
 every request.
 """
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import re
 import time
 import urllib.request
 from collections.abc import Callable
@@ -23,7 +22,6 @@ from typing import Literal
 from urllib.parse import SplitResult, urlsplit
 
 from sparkserve.config import API_KEY_ENV
-from sparkserve.deploy.logwatch import follow_logs
 from sparkserve.deploy.watchdog import Floors, Phase, check, mem_available, phase_of_line
 from sparkserve.errors import RemoteFailure
 from sparkserve.nodes.base import Node, NodeError
@@ -274,7 +272,6 @@ def _root_cause_lines(lines: list[str]) -> list[tuple[int, str]]:
 
 POLL_S = 0.2  # between full looks at the nodes; one look costs a few round trips per node
 API_POLL_S = 0.02  # between looks at the head's API only (a refused connection: well under a millisecond)
-FIRST_POLL_S = 0.02  # wait_running's first pause; each next one is 1.5x longer, up to poll_s
 
 
 def wait_ready(
@@ -333,36 +330,12 @@ def _until_serving(plan: Plan, api_key: str | None, via: SplitResult | None, dea
             return
 
 
-def wait_running(plan: Plan, nodes: dict[str, Node], containers: dict[str, str], *, marker: re.Pattern[str] | None,
-                 timeout_s: float = 60.0, poll_s: float = POLL_S) -> None:
-    """Block until every given rank's container runs and (when given) has logged ``marker``: no fixed
-    sleeps between starting followers and starting the head. Each rank's log is followed as it is written
-    (:mod:`sparkserve.deploy.logwatch`), so the wait wakes the moment the last marker line lands; the
-    ranks are looked at then, and every ``poll_s`` before (where a log cannot be followed, the looks come
-    fast at first: :data:`FIRST_POLL_S`, then 1.5x longer each time, up to ``poll_s``).
-
-    Raises BootFailure like :func:`wait_ready` when a rank stops or logs a fatal line. A rank that runs
-    but stays quiet past ``timeout_s`` is let through: the head's rendezvous wait covers the rest."""
-    t0 = time.monotonic()
+def wait_running(plan: Plan, nodes: dict[str, Node], containers: dict[str, str]) -> None:
+    """One look at every given rank (in parallel): each container still runs and has logged no fatal line.
+    Raises BootFailure like :func:`wait_ready` otherwise (ray: the head before its workers start)."""
     views = _views(plan, containers)
     engines = {name: engine_for(nodes[name], plan) for name in containers}
-    if marker is None:
-        _poll_all(views, engines, nodes, None)
-        return
-    pause = min(FIRST_POLL_S, poll_s)
-    with follow_logs({v.node: (engines[v.node], v.container) for v in views}, marker) as watch:
-        while True:
-            _poll_all(views, engines, nodes, None)
-            if all(v.node in watch.seen or any(marker.search(line) for line in v.log) for v in views):
-                return
-            if time.monotonic() - t0 > timeout_s:
-                return
-            if watch.followed:
-                if watch.woke.wait(poll_s):
-                    watch.woke.clear()
-            else:
-                time.sleep(pause)
-                pause = min(pause * 1.5, poll_s)
+    _poll_all(views, engines, nodes, None)
 
 
 def _views(plan: Plan, containers: dict[str, str]) -> list[NodeView]:

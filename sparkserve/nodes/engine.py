@@ -110,7 +110,6 @@ class Engine:
     """Docker verbs on one node. Cheap to create; the node caches the SDK client."""
 
     noun = "container"  # what a rank is here, for messages
-    cancellable_logs = True  # logs() is a LogStream another thread may cancel (deploy.logwatch follows it)
 
     def __init__(self, node: Node) -> None:
         self.node = node

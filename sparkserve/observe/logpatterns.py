@@ -397,11 +397,6 @@ def _union(rows: tuple[LogPattern, ...]) -> re.Pattern[str]:
 #: watcher's fast path. The full classification (tracebacks, stops, artefacts) is the log reader's.
 FATAL: re.Pattern[str] = _union(tuple(p for p in PATTERNS if p.fatal))
 
-#: A headless follower (mp executor) waits for the head: vLLM 0.12+ ``Launching vLLM (v%s) headless multiproc
-#: executor, with head node address %s for torch.distributed process group.`` (the VERSION row's follower form).
-#: `up` starts the head once every follower logged it.
-FOLLOWER_WAITING: re.Pattern[str] = re.compile(r"Launching vLLM \(v[^)\s]+\) headless multiproc executor")
-
 #: Milestone → the lines that prove it, in boot order.
 MILESTONE_LINES: tuple[tuple[Milestone, re.Pattern[str]], ...] = tuple(
     (m, _union(tuple(p for p in PATTERNS if p.milestone is m))) for m in Milestone

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import http.server
 import json
-import re
 import threading
 import time
 from pathlib import Path
@@ -21,7 +20,6 @@ from sparkserve.deploy.wait import BootFailure, wait_running
 from sparkserve.errors import GateFailed, RemoteFailure
 from sparkserve.nodes.engine import ContainerState
 from sparkserve.observe.gate_report import Evidence, GateReport, Verdict
-from sparkserve.observe.logpatterns import FOLLOWER_WAITING
 from sparkserve.plan.build import build_plan
 
 REPO = Path(__file__).resolve().parents[2]
@@ -92,100 +90,63 @@ class LogEngine:
         return [f"2026-01-01T00:00:0{i}.0Z {line}" for i, line in enumerate(self.lines.get(self.node, []))]
 
 
-@pytest.mark.timeout(30)
-def test_wait_running_returns_once_every_follower_logged_its_marker(monkeypatch, cfg: Config) -> None:
-    plan = build_plan(cfg)
-    f = plan.followers[0].node
-    line = ("(EngineCore pid=77) INFO 11-29 17:51:01 [core.py:93] Launching vLLM (v0.33.0) headless multiproc "
-            "executor, with head node address 10.0.0.1:29501 for torch.distributed process group.")
-    LogEngine.lines, LogEngine.running = {f: ["starting", line]}, {}
-    monkeypatch.setattr(wait, "engine_for", lambda node, how=None: LogEngine(node))
-    # no timeout to fall back on: only the marker line can end this wait
-    wait_running(plan, {f: f}, {f: "c1"}, marker=FOLLOWER_WAITING, timeout_s=3600)  # type: ignore[dict-item]
-
-
 def test_wait_running_names_the_follower_whose_container_stopped(monkeypatch, cfg: Config) -> None:
     plan = build_plan(cfg)
     f = plan.followers[0].node
     LogEngine.lines, LogEngine.running = {f: ["ValueError: bad flag"]}, {f: False}
     monkeypatch.setattr(wait, "engine_for", lambda node, how=None: LogEngine(node))
     with pytest.raises(BootFailure) as e:
-        wait_running(plan, {f: f}, {f: "c1"}, marker=FOLLOWER_WAITING, timeout_s=5)  # type: ignore[dict-item]
+        wait_running(plan, {f: f}, {f: "c1"})  # type: ignore[dict-item]
     assert e.value.node == f and "stopped (exit code 1)" in e.value.what
     assert "ValueError: bad flag" in e.value.details
 
 
-def test_wait_running_lets_a_quiet_running_rank_through_after_the_timeout(monkeypatch, cfg: Config) -> None:
+def test_wait_running_lets_a_running_rank_through_after_one_look(monkeypatch, cfg: Config) -> None:
     plan = build_plan(cfg)
     f = plan.followers[0].node
     LogEngine.lines, LogEngine.running = {f: ["loading"]}, {}
     monkeypatch.setattr(wait, "engine_for", lambda node, how=None: LogEngine(node))
-    wait_running(plan, {f: f}, {f: "c1"}, marker=re.compile("never logged"), timeout_s=0.05, poll_s=0.01)  # type: ignore[dict-item]
+    wait_running(plan, {f: f}, {f: "c1"})  # type: ignore[dict-item]
 
 
-class FollowedLog:
-    """A followed log another thread may cancel (what the docker engine's ``logs(follow=True)`` returns)."""
+class StartEngine:
+    """Engine stand-in for `up`'s start step: records every call, in order, across nodes."""
 
-    def __init__(self, lines: list[str], after_s: float) -> None:
-        self.lines, self.after_s, self.cancelled = lines, after_s, threading.Event()
+    calls: list[tuple[str, str]] = []
 
-    def __iter__(self) -> FollowedLog:
-        self.cancelled.wait(self.after_s)  # the rank takes a while to log its lines
-        self._it = iter([] if self.cancelled.is_set() else self.lines)
-        return self
+    def __init__(self, node: str) -> None:
+        self.node = node
 
-    def __next__(self) -> str:
-        line = next(self._it)
-        return line
+    def run(self, spec: object, *, create_rw_mount_dirs: bool = True) -> str:
+        time.sleep(0.05 if self.node != "n0" else 0)  # followers take a while to start
+        StartEngine.calls.append(("run", self.node))
+        return f"c-{self.node}"
 
-    def cancel(self) -> None:
-        self.cancelled.set()
+    def state(self, cid: str) -> ContainerState:
+        StartEngine.calls.append(("state", self.node))
+        return ContainerState("running", True, None, False, "", "", "")
 
-
-class FollowEngine(LogEngine):
-    """A rank whose log shows ``lines`` after ``after_s``, to looks and to a follower alike."""
-
-    cancellable_logs = True
-    t0 = 0.0
-    after_s = 0.3
-    looks = 0
-    streams: list[FollowedLog] = []
-
-    def logs(self, cid: str, *, tail: int | None = None, timestamps: bool = False,  # type: ignore[override]
-             follow: bool = False) -> list[str] | FollowedLog:
-        if follow:
-            s = FollowedLog(self.lines.get(self.node, []), self.after_s - (time.monotonic() - self.t0))
-            FollowEngine.streams.append(s)
-            return s
-        FollowEngine.looks += 1
-        return super().logs(cid, tail=tail or 0, timestamps=timestamps) if time.monotonic() - self.t0 > \
-            self.after_s else []
+    def logs(self, cid: str, **kw: object) -> list[str]:
+        StartEngine.calls.append(("logs", self.node))
+        return []
 
 
-@pytest.mark.timeout(30)
-def test_wait_running_wakes_when_the_followed_log_shows_the_marker_not_on_its_next_look(monkeypatch,
-                                                                                     cfg: Config) -> None:
-    plan = build_plan(cfg)
-    f = plan.followers[0].node
-    FollowEngine.lines, FollowEngine.running = {f: ["starting", "Launching vLLM (v0.33.0) headless multiproc "
-                                                     "executor, with head node address 10.0.0.1:29501"]}, {}
-    FollowEngine.t0, FollowEngine.looks, FollowEngine.streams = time.monotonic(), 0, []
-    monkeypatch.setattr(wait, "engine_for", lambda node, how=None: FollowEngine(node))
-    t0 = time.monotonic()
-    wait_running(plan, {f: f}, {f: "c1"}, marker=FOLLOWER_WAITING, poll_s=20)  # type: ignore[dict-item]
-    assert time.monotonic() - t0 < 5  # woken by the log, not by the next look 20 s later
-    assert FollowEngine.looks == 2  # the first look, and the one when it woke
-    assert all(s.cancelled.is_set() for s in FollowEngine.streams)  # no stream left open
+def test_the_head_starts_once_every_follower_runs_without_waiting_for_their_logs(monkeypatch,
+                                                                                 tmp_path: Path) -> None:
+    from _fixtures import config_file
 
-
-def test_a_log_that_cannot_be_stopped_is_not_followed_and_the_looks_come_fast(monkeypatch, cfg: Config) -> None:
-    plan = build_plan(cfg)
-    f = plan.followers[0].node
-    LogEngine.lines, LogEngine.running = {f: ["loading"]}, {}
-    monkeypatch.setattr(wait, "engine_for", lambda node, how=None: LogEngine(node))  # no cancellable_logs
-    t0 = time.monotonic()
-    wait_running(plan, {f: f}, {f: "c1"}, marker=re.compile("never logged"), timeout_s=0.3, poll_s=20)  # type: ignore[dict-item]
-    assert time.monotonic() - t0 < 5  # the fast looks reached the timeout, no 20 s pause
+    cfg3 = load_config(config_file(tmp_path / "c.yaml", {
+        "nodes": [{"name": f"n{i}", "host": f"h{i}.lan", "fabric_ip": f"10.0.0.{i + 1}"} for i in range(3)],
+        "serve": {"tensor_parallel_size": 3}}))
+    plan = build_plan(cfg3)
+    StartEngine.calls = []
+    monkeypatch.setattr(up, "engine_for", lambda node, how=None: StartEngine(node))
+    started: dict[str, list[str]] = {}
+    containers = up._start(plan, {n: n for n in ("n0", "n1", "n2")}, started, lambda _: None)  # type: ignore[misc]
+    assert sorted(StartEngine.calls[:2]) == [("run", "n1"), ("run", "n2")]  # both followers, side by side
+    assert StartEngine.calls[2:] == [("run", "n0")]  # then the head, with nothing read from the followers
+    assert containers == {"n0": "c-n0", "n1": "c-n1", "n2": "c-n2"} and started == {k: [v] for k, v in
+                                                                                   containers.items()}
 
 
 class ApiServer:

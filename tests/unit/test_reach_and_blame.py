@@ -82,7 +82,7 @@ def _boot(monkeypatch, cfg: Config, logs: dict[str, list[tuple[str, str]]],
     monkeypatch.setattr(wait, "engine_for", lambda node, how=None: StampedEngine(node))
     names = [s.node for s in plan.specs]
     with pytest.raises(BootFailure) as e:
-        wait_running(plan, {n: n for n in names}, {n: f"c-{n}" for n in names}, marker=None)  # type: ignore[misc]
+        wait_running(plan, {n: n for n in names}, {n: f"c-{n}" for n in names})  # type: ignore[misc]
     return e.value
 
 
@@ -165,7 +165,7 @@ def test_a_docker_daemon_that_stops_under_a_running_container_is_not_an_engine_e
     StampedEngine.logs_of, StampedEngine.exited = {}, {follower: (0, "2026-12-01T09:53:51Z")}
     monkeypatch.setattr(wait, "engine_for", lambda node, how=None: DaemonGoneEngine(node))
     with pytest.raises(BootFailure) as e:
-        wait_running(plan, {follower: follower}, {follower: "0123456789abcdef"}, marker=None)  # type: ignore[dict-item]
+        wait_running(plan, {follower: follower}, {follower: "0123456789abcdef"})  # type: ignore[dict-item]
     f = e.value
     assert (f.node, f.step) == (follower, "docker") and "exit code" not in f.what
     assert "docker daemon stopped answering" in f.what and "0123456789ab may still be on the node" in f.what
