@@ -40,12 +40,14 @@ import http.client
 import io
 import json
 import os
+import py_compile
 import shutil
 import signal
 import socket
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -526,11 +528,24 @@ def base_tarball() -> Path:
     return tar
 
 
+def emulator_bytecode() -> bytes:
+    """The emulator byte-compiled by this Python (unchecked-hash .pyc: valid whatever the file's mtime in the
+    image). The image's python3 is Debian 12's 3.11, as is the rig's; under another version the tag in the
+    file name differs and the emulator is compiled at each start instead, as before."""
+    with tempfile.TemporaryDirectory() as d:
+        out = Path(d) / "e.pyc"
+        py_compile.compile(str(EMU_DIR / "vllm_emulator.py"), cfile=str(out), doraise=True,
+                           dfile="/opt/sparkserve-emu/vllm_emulator.py",
+                           invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+        return out.read_bytes()
+
+
 def emulator_context() -> tuple[bytes, str]:
     """The emulator image build context (a tar) and its content hash."""
     files = {
         "Dockerfile": (EMU_DIR / "Dockerfile").read_bytes(),
         "vllm_emulator.py": (EMU_DIR / "vllm_emulator.py").read_bytes(),
+        f"__pycache__/vllm_emulator.{sys.implementation.cache_tag}.pyc": emulator_bytecode(),
         "serve-args.json": SERVE_ARGS_JSON.read_bytes(),
         "bin/vllm": (EMU_DIR / "bin" / "vllm").read_bytes(),
         "bin/ray": (EMU_DIR / "bin" / "ray").read_bytes(),

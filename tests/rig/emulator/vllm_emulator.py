@@ -76,6 +76,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import hashlib
 import io
 import json
@@ -89,10 +90,7 @@ import socket
 import sys
 import threading
 import time
-import uuid
-import zipfile
 from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -569,6 +567,8 @@ class _MaskUnpickler(pickle.Unpickler):
 
 def read_mask_embedding(path: Path) -> dict | _Tensor | None:
     """The object torch.load(path, weights_only=True) would return, as plain data (None: no file)."""
+    import zipfile
+
     if not path.is_file():
         return None
     with zipfile.ZipFile(path) as z:
@@ -1256,6 +1256,8 @@ class Emulator:
         mid = self.mask_token_id
         if mid is None or not self.drafter_path:
             return
+        import zipfile
+
         try:
             state = read_mask_embedding(self.drafter_path / "mask_embedding.pt")
         except (zipfile.BadZipFile, pickle.UnpicklingError, StopIteration, OSError) as e:
@@ -1842,7 +1844,8 @@ class Emulator:
         for path, meth in ROUTES:
             self.api("INFO", "route", f"Route: {path}, Methods: {meth}")
         try:
-            server = _Server((a.host or "", a.port), _Handler)
+            server_cls, handler_cls = _http_classes()
+            server = server_cls((a.host or "", a.port), handler_cls)
         except OSError as e:
             self.log.raw(traceback_text(FRAMES_API_START[:4], f"OSError: [Errno {e.errno}] {e.strerror}") + "\n")
             return 1
@@ -2093,365 +2096,378 @@ def mem_available_gib() -> float:
 # ================================================================================================ HTTP
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
-    emu: Emulator
+@functools.cache
+def _http_classes() -> tuple[type, type]:
+    """The API server's classes, made on first use: http.server (with the http.client, email and ssl it
+    imports) is a fifth of the emulator's start-up, and a headless follower serves no HTTP."""
+    import uuid
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class _Server(ThreadingHTTPServer):
+        daemon_threads = True
+        allow_reuse_address = True
+        request_queue_size = 128
+        emu: Emulator
 
 
-class _Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "uvicorn"
-    sys_version = ""
-    server: _Server
+    class _Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        server_version = "uvicorn"
+        sys_version = ""
+        server: _Server
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
-        pass
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
 
-    def handle(self) -> None:
-        """A client that resets its keep-alive connection ends it quietly, as uvicorn does (socketserver would
-        print a traceback no vLLM format produces)."""
-        try:
-            super().handle()
-        except ConnectionError:
-            self.close_connection = True
+        def handle(self) -> None:
+            """A client that resets its keep-alive connection ends it quietly, as uvicorn does (socketserver would
+            print a traceback no vLLM format produces)."""
+            try:
+                super().handle()
+            except ConnectionError:
+                self.close_connection = True
 
-    def access(self, code: int) -> None:
-        if self.server.emu.args.disable_uvicorn_access_log:
-            return
-        phrase = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 500: "Internal Server Error",
-                  503: "Service Unavailable"}.get(code, "")
-        host, port = self.client_address[:2]
-        self.server.emu.log.uvicorn(f'{host}:{port} - "{self.command} {self.path} HTTP/1.1" {code} {phrase}',
-                                    stream=sys.stdout)
-
-    def send_json(self, code: int, obj: Any, content_type: str = "application/json") -> None:
-        body = obj if isinstance(obj, bytes) else json.dumps(obj, separators=(",", ":")).encode()
-        self.access(code)
-        self.send_response(code)
-        self.send_header("content-type", content_type)
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def error_json(self, code: int, message: str, typ: str, param: str | None = None) -> None:
-        self.send_json(code, {"error": {"message": message, "type": typ, "param": param, "code": code}})
-
-    def do_GET(self) -> None:  # noqa: N802
-        emu = self.server.emu
-        path = self.path.split("?", 1)[0]
-        if path in ("/health", "/ping"):
-            if emu.engine_dead:
-                self.access(503)
-                self.send_response(503)
-                self.send_header("content-length", "0")
-                self.end_headers()
+        def access(self, code: int) -> None:
+            if self.server.emu.args.disable_uvicorn_access_log:
                 return
-            self.send_json(200, b"", "application/json")
-        elif path == "/version":
-            self.send_json(200, {"version": VERSION})
-        elif path == "/load":
-            self.send_json(200, {"server_load": emu.engine.running if emu.engine else 0})
-        elif path == "/metrics":
-            self.send_json(200, metrics_text(emu).encode(), "text/plain; version=0.0.4; charset=utf-8")
-        elif path == "/v1/models":
+            phrase = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found",
+                      500: "Internal Server Error", 503: "Service Unavailable"}.get(code, "")
+            host, port = self.client_address[:2]
+            self.server.emu.log.uvicorn(f'{host}:{port} - "{self.command} {self.path} HTTP/1.1" {code} {phrase}',
+                                        stream=sys.stdout)
+
+        def send_json(self, code: int, obj: Any, content_type: str = "application/json") -> None:
+            body = obj if isinstance(obj, bytes) else json.dumps(obj, separators=(",", ":")).encode()
+            self.access(code)
+            self.send_response(code)
+            self.send_header("content-type", content_type)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def error_json(self, code: int, message: str, typ: str, param: str | None = None) -> None:
+            self.send_json(code, {"error": {"message": message, "type": typ, "param": param, "code": code}})
+
+        def do_GET(self) -> None:  # noqa: N802
+            emu = self.server.emu
+            path = self.path.split("?", 1)[0]
+            if path in ("/health", "/ping"):
+                if emu.engine_dead:
+                    self.access(503)
+                    self.send_response(503)
+                    self.send_header("content-length", "0")
+                    self.end_headers()
+                    return
+                self.send_json(200, b"", "application/json")
+            elif path == "/version":
+                self.send_json(200, {"version": VERSION})
+            elif path == "/load":
+                self.send_json(200, {"server_load": emu.engine.running if emu.engine else 0})
+            elif path == "/metrics":
+                self.send_json(200, metrics_text(emu).encode(), "text/plain; version=0.0.4; charset=utf-8")
+            elif path == "/v1/models":
+                if not self.authorized():
+                    return
+                self.send_json(200, {"object": "list", "data": [{
+                    "id": emu.served, "object": "model", "created": int(time.time()), "owned_by": "vllm",
+                    "root": emu.model, "parent": None, "max_model_len": emu.max_model_len,
+                    "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
+                                    "created": int(time.time()), "allow_create_engine": False, "allow_sampling": True,
+                                    "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
+                                    "allow_fine_tuning": False, "organization": "*", "group": None,
+                                    "is_blocking": False}]}]})
+            else:
+                self.send_json(404, {"detail": "Not Found"})
+
+        def authorized(self) -> bool:
+            keys = list(self.server.emu.args.api_key or [])
+            if os.environ.get("VLLM_API_KEY"):
+                keys.append(os.environ["VLLM_API_KEY"])
+            if not keys:
+                return True
+            auth = self.headers.get("Authorization", "")
+            if auth.startswith("Bearer ") and auth[7:] in keys:
+                return True
+            self.send_json(401, {"error": "Unauthorized"})
+            return False
+
+        def do_POST(self) -> None:  # noqa: N802
+            emu = self.server.emu
+            path = self.path.split("?", 1)[0]
+            length = int(self.headers.get("content-length") or 0)
+            raw = self.rfile.read(length) if length else b""
+            if path == "/ping":
+                self.send_json(200 if not emu.engine_dead else 503, b"")
+                return
+            if path not in ("/v1/completions", "/v1/chat/completions"):
+                self.send_json(404, {"detail": "Not Found"})
+                return
             if not self.authorized():
                 return
-            self.send_json(200, {"object": "list", "data": [{
-                "id": emu.served, "object": "model", "created": int(time.time()), "owned_by": "vllm",
-                "root": emu.model, "parent": None, "max_model_len": emu.max_model_len,
-                "permission": [{"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission",
-                                "created": int(time.time()), "allow_create_engine": False, "allow_sampling": True,
-                                "allow_logprobs": True, "allow_search_indices": False, "allow_view": True,
-                                "allow_fine_tuning": False, "organization": "*", "group": None,
-                                "is_blocking": False}]}]})
-        else:
-            self.send_json(404, {"detail": "Not Found"})
-
-    def authorized(self) -> bool:
-        keys = list(self.server.emu.args.api_key or [])
-        if os.environ.get("VLLM_API_KEY"):
-            keys.append(os.environ["VLLM_API_KEY"])
-        if not keys:
-            return True
-        auth = self.headers.get("Authorization", "")
-        if auth.startswith("Bearer ") and auth[7:] in keys:
-            return True
-        self.send_json(401, {"error": "Unauthorized"})
-        return False
-
-    def do_POST(self) -> None:  # noqa: N802
-        emu = self.server.emu
-        path = self.path.split("?", 1)[0]
-        length = int(self.headers.get("content-length") or 0)
-        raw = self.rfile.read(length) if length else b""
-        if path == "/ping":
-            self.send_json(200 if not emu.engine_dead else 503, b"")
-            return
-        if path not in ("/v1/completions", "/v1/chat/completions"):
-            self.send_json(404, {"detail": "Not Found"})
-            return
-        if not self.authorized():
-            return
-        try:
-            body = json.loads(raw or b"{}")
-            assert isinstance(body, dict)
-        except (ValueError, AssertionError):
-            self.error_json(400, "Expecting value: line 1 column 1 (char 0)", "BadRequestError")
-            return
-        if emu.engine_dead:
-            self.error_json(500, "The server had an error while processing your request.", "InternalServerError")
-            return
-        model = body.get("model")
-        if model not in (None, emu.served) and model not in (emu.args.served_model_name or []):
-            self.error_json(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
-            return
-        chat = path.endswith("chat/completions")
-        try:
-            req = self.make_request(body, chat)
-        except ValueError as e:
-            self.error_json(400, str(e), "BadRequestError")
-            return
-        stream = bool(body.get("stream"))
-        usage_opt = bool((body.get("stream_options") or {}).get("include_usage"))
-        n = emu.begin_request()
-        req.index = n
-        try:
-            if stream:
-                self.stream(req, chat, usage_opt, n)
-            else:
-                self.complete(req, chat, n)
-        except (BrokenPipeError, ConnectionResetError):
-            with emu.engine.lock:
-                emu.engine.success["abort"] += 1
-
-    def make_request(self, body: dict, chat: bool) -> Req:
-        emu = self.server.emu
-        if chat:
-            msgs = body.get("messages")
-            if not isinstance(msgs, list) or not msgs:
-                raise ValueError("messages must be a non-empty list")
-            text = " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
-            prompt_tokens = count_tokens(text) + 4 * len(msgs) + 2
-        else:
-            p = body.get("prompt")
-            if p is None:
-                raise ValueError("prompt is required")
-            if isinstance(p, list) and p and isinstance(p[0], int):
-                prompt_tokens = len(p)
-            else:
-                prompt_tokens = count_tokens(p if isinstance(p, str) else " ".join(map(str, p)))
-        mt = body.get("max_completion_tokens", body.get("max_tokens"))
-        max_tokens = int(mt) if mt is not None else max(1, emu.max_model_len - prompt_tokens)
-        if max_tokens < 1:
-            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}.")
-        if prompt_tokens + max_tokens > emu.max_model_len:
-            raise ValueError(f"This model's maximum context length is {emu.max_model_len} tokens. However, you "
-                             f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
-                             f"{max_tokens} in the completion). Please reduce the length of the messages or "
-                             "completion.")
-        temp = float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0)
-        top_p = float(body.get("top_p", 1.0) if body.get("top_p") is not None else 1.0)
-        if not 0 < top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
-        if temp < 0:
-            raise ValueError(f"temperature must be non-negative, got {temp}.")
-        ctk = body.get("chat_template_kwargs") or {}
-        seed = body.get("seed")
-        return Req(
-            rid=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
-            prompt_tokens=prompt_tokens, max_tokens=max_tokens, min_tokens=int(body.get("min_tokens") or 0),
-            ignore_eos=bool(body.get("ignore_eos")), temperature=temp,
-            seed=int(seed) if seed is not None else -1, thinking=bool(ctk.get("enable_thinking", False)) and chat,
-            index=0,
-        )
-
-    # generation ---------------------------------------------------------------------------------------
-
-    def steps(self, req: Req, n: int):
-        """Yields lists of token strings, one list per engine step (accepted drafts + the bonus token)."""
-        emu = self.server.emu
-        eng = emu.engine
-        assert eng is not None
-        rng = random.Random(eng.seed * 1_000_003 + (req.seed if req.seed >= 0 else n))
-        words = random.Random(req.seed if req.temperature > 0 and req.seed >= 0 else req.prompt_tokens)
-        limit = req.max_tokens
-        stop_at = None
-        if eng.eos_after is not None and not req.ignore_eos:
-            stop_at = max(eng.eos_after, req.min_tokens)
-        produced = 0
-        steps = 0
-        emu.wait_collective(n)
-        t0 = time.monotonic()
-        with eng.lock:
-            eng.running += 1
-            eng.prompt_tokens += req.prompt_tokens
-            eng.iv_prompt += req.prompt_tokens
-        try:
-            while produced < limit and (stop_at is None or produced < stop_at):
-                if not emu.cluster_ok():
-                    emu.hang_forever()
-                if emu.engine_dead:
-                    raise EngineDead()
-                a = eng.draw_accepted(rng) if eng.k else 0
-                eng.count_step(a)
-                cap = limit - produced if stop_at is None else min(limit, stop_at) - produced
-                k = min(a + 1, cap)
-                toks = []
-                for _ in range(k):
-                    i = produced + len(toks)
-                    if req.thinking and i == 0:
-                        toks.append("<think>")
-                    elif req.thinking and i == 8:
-                        toks.append("</think>\n\n")
-                    else:
-                        toks.append(" " + WORDS[words.randrange(len(WORDS))])
-                produced += k
-                with eng.lock:
-                    eng.gen_tokens += k
-                    eng.iv_gen += k
-                steps += 1
-                if eng.step_rate > 0:
-                    wait = t0 + steps / eng.step_rate - time.monotonic()
-                    if wait > 0:
-                        time.sleep(wait)
-                elif eng.rate > 0:
-                    wait = t0 + produced / eng.rate - time.monotonic()
-                    if wait > 0:
-                        time.sleep(wait)
-                yield toks
-        finally:
-            with eng.lock:
-                eng.running -= 1
-
-    def finish_reason(self, req: Req, produced: int) -> str:
-        eng = self.server.emu.engine
-        if eng.eos_after is not None and not req.ignore_eos and produced < req.max_tokens:
-            return "stop"
-        return "length"
-
-    def record(self, req: Req, produced: int, reason: str, t0: float, ttft: float | None) -> None:
-        eng = self.server.emu.engine
-        with eng.lock:
-            eng.success[reason] += 1
-            eng.hist["prompt"].append(req.prompt_tokens)
-            eng.hist["gen"].append(produced)
-            eng.hist["e2e"].append(time.monotonic() - t0)
-            if ttft is not None:
-                eng.hist["ttft"].append(ttft)
-
-    def stream_error_at(self, n: int) -> bool:
-        f = self.server.emu.faults.get("stream_error")
-        return bool(f) and f.int("request", 1) == n
-
-    def complete(self, req: Req, chat: bool, n: int) -> None:
-        emu = self.server.emu
-        t0 = time.monotonic()
-        parts: list[str] = []
-        ttft = None
-        try:
-            for toks in self.steps(req, n):
-                if ttft is None:
-                    ttft = time.monotonic() - t0
-                parts += toks
-                if self.stream_error_at(n) and len(parts) >= min(4, req.max_tokens):
-                    emu.api("ERROR", "req_error", f"Request {req.rid} failed with an internal error during generation")
-                    self.record(req, len(parts), "error", t0, ttft)
-                    self.error_json(500, "Internal server error", "InternalServerError")
-                    return
-        except EngineDead:
-            self.error_json(500, "The server had an error while processing your request.", "InternalServerError")
-            return
-        produced = len(parts)
-        reason = self.finish_reason(req, produced)
-        self.record(req, produced, reason, t0, ttft)
-        text = "".join(parts)
-        created = int(time.time())
-        usage = {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + produced,
-                 "completion_tokens": produced, "prompt_tokens_details": None}
-        if chat:
-            content, reasoning = split_thinking(text) if req.thinking else (text, None)
-            obj = {"id": req.rid, "object": "chat.completion", "created": created, "model": emu.served,
-                   "choices": [{"index": 0, "message": {"role": "assistant", "content": content, "refusal": None,
-                                                        "annotations": None, "audio": None, "function_call": None,
-                                                        "tool_calls": [], "reasoning_content": reasoning},
-                                "logprobs": None, "finish_reason": reason, "stop_reason": None}],
-                   "service_tier": None, "system_fingerprint": None, "usage": usage, "prompt_logprobs": None,
-                   "kv_transfer_params": None}
-        else:
-            obj = {"id": req.rid, "object": "text_completion", "created": created, "model": emu.served,
-                   "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason,
-                                "stop_reason": None, "prompt_logprobs": None}],
-                   "service_tier": None, "system_fingerprint": None, "usage": usage, "kv_transfer_params": None}
-        self.send_json(200, obj)
-
-    def chunk(self, data: str) -> None:
-        b = data.encode()
-        self.wfile.write(f"{len(b):x}\r\n".encode() + b + b"\r\n")
-
-    def stream(self, req: Req, chat: bool, include_usage: bool, n: int) -> None:
-        emu = self.server.emu
-        self.access(200)
-        self.send_response(200)
-        self.send_header("content-type", "text/event-stream; charset=utf-8")
-        self.send_header("transfer-encoding", "chunked")
-        self.end_headers()
-        self.wfile.flush()
-        created = int(time.time())
-        base = {"id": req.rid, "object": "chat.completion.chunk" if chat else "text_completion",
-                "created": created, "model": emu.served}
-        t0 = time.monotonic()
-        ttft = None
-        produced = 0
-        first = True
-        try:
-            for toks in self.steps(req, n):
-                if ttft is None:
-                    ttft = time.monotonic() - t0
-                if chat and first:
-                    self.chunk("data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {
-                        "role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]},
-                        separators=(",", ":")) + "\n\n")
-                first = False
-                produced += len(toks)
-                if self.stream_error_at(n) and produced >= min(4, req.max_tokens):
-                    emu.api("ERROR", "req_error", f"Request {req.rid} failed with an internal error during generation")
-                    self.record(req, produced, "error", t0, ttft)
-                    self.chunk("data: " + json.dumps({"error": {"message": "Internal server error", "type":
-                                                                 "InternalServerError", "param": None, "code": 500}},
-                                                     separators=(",", ":")) + "\n\n")
-                    self.chunk("data: [DONE]\n\n")
-                    self.wfile.write(b"0\r\n\r\n")
-                    return
-                text = "".join(toks)
-                if chat:
-                    choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+            try:
+                body = json.loads(raw or b"{}")
+                assert isinstance(body, dict)
+            except (ValueError, AssertionError):
+                self.error_json(400, "Expecting value: line 1 column 1 (char 0)", "BadRequestError")
+                return
+            if emu.engine_dead:
+                self.error_json(500, "The server had an error while processing your request.", "InternalServerError")
+                return
+            model = body.get("model")
+            if model not in (None, emu.served) and model not in (emu.args.served_model_name or []):
+                self.error_json(404, f"The model `{model}` does not exist.", "NotFoundError", "model")
+                return
+            chat = path.endswith("chat/completions")
+            try:
+                req = self.make_request(body, chat)
+            except ValueError as e:
+                self.error_json(400, str(e), "BadRequestError")
+                return
+            stream = bool(body.get("stream"))
+            usage_opt = bool((body.get("stream_options") or {}).get("include_usage"))
+            n = emu.begin_request()
+            req.index = n
+            try:
+                if stream:
+                    self.stream(req, chat, usage_opt, n)
                 else:
-                    choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None, "stop_reason": None}
-                self.chunk("data: " + json.dumps({**base, "choices": [choice]}, separators=(",", ":")) + "\n\n")
-        except EngineDead:
-            self.chunk("data: " + json.dumps({"error": {"message": "The server had an error while processing your "
-                                                                   "request.", "type": "InternalServerError",
-                                                        "param": None, "code": 500}}, separators=(",", ":")) + "\n\n")
+                    self.complete(req, chat, n)
+            except (BrokenPipeError, ConnectionResetError):
+                with emu.engine.lock:
+                    emu.engine.success["abort"] += 1
+
+        def make_request(self, body: dict, chat: bool) -> Req:
+            emu = self.server.emu
+            if chat:
+                msgs = body.get("messages")
+                if not isinstance(msgs, list) or not msgs:
+                    raise ValueError("messages must be a non-empty list")
+                text = " ".join(str(m.get("content", "")) for m in msgs if isinstance(m, dict))
+                prompt_tokens = count_tokens(text) + 4 * len(msgs) + 2
+            else:
+                p = body.get("prompt")
+                if p is None:
+                    raise ValueError("prompt is required")
+                if isinstance(p, list) and p and isinstance(p[0], int):
+                    prompt_tokens = len(p)
+                else:
+                    prompt_tokens = count_tokens(p if isinstance(p, str) else " ".join(map(str, p)))
+            mt = body.get("max_completion_tokens", body.get("max_tokens"))
+            max_tokens = int(mt) if mt is not None else max(1, emu.max_model_len - prompt_tokens)
+            if max_tokens < 1:
+                raise ValueError(f"max_tokens must be at least 1, got {max_tokens}.")
+            if prompt_tokens + max_tokens > emu.max_model_len:
+                raise ValueError(f"This model's maximum context length is {emu.max_model_len} tokens. However, you "
+                                 f"requested {prompt_tokens + max_tokens} tokens ({prompt_tokens} in the messages, "
+                                 f"{max_tokens} in the completion). Please reduce the length of the messages or "
+                                 "completion.")
+            temp = float(body.get("temperature", 1.0) if body.get("temperature") is not None else 1.0)
+            top_p = float(body.get("top_p", 1.0) if body.get("top_p") is not None else 1.0)
+            if not 0 < top_p <= 1:
+                raise ValueError(f"top_p must be in (0, 1], got {top_p}.")
+            if temp < 0:
+                raise ValueError(f"temperature must be non-negative, got {temp}.")
+            ctk = body.get("chat_template_kwargs") or {}
+            seed = body.get("seed")
+            return Req(
+                rid=("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex,
+                prompt_tokens=prompt_tokens, max_tokens=max_tokens, min_tokens=int(body.get("min_tokens") or 0),
+                ignore_eos=bool(body.get("ignore_eos")), temperature=temp,
+                seed=int(seed) if seed is not None else -1, thinking=bool(ctk.get("enable_thinking", False)) and chat,
+                index=0,
+            )
+
+        # generation ---------------------------------------------------------------------------------------
+
+        def steps(self, req: Req, n: int):
+            """Yields lists of token strings, one list per engine step (accepted drafts + the bonus token)."""
+            emu = self.server.emu
+            eng = emu.engine
+            assert eng is not None
+            rng = random.Random(eng.seed * 1_000_003 + (req.seed if req.seed >= 0 else n))
+            words = random.Random(req.seed if req.temperature > 0 and req.seed >= 0 else req.prompt_tokens)
+            limit = req.max_tokens
+            stop_at = None
+            if eng.eos_after is not None and not req.ignore_eos:
+                stop_at = max(eng.eos_after, req.min_tokens)
+            produced = 0
+            steps = 0
+            emu.wait_collective(n)
+            t0 = time.monotonic()
+            with eng.lock:
+                eng.running += 1
+                eng.prompt_tokens += req.prompt_tokens
+                eng.iv_prompt += req.prompt_tokens
+            try:
+                while produced < limit and (stop_at is None or produced < stop_at):
+                    if not emu.cluster_ok():
+                        emu.hang_forever()
+                    if emu.engine_dead:
+                        raise EngineDead()
+                    a = eng.draw_accepted(rng) if eng.k else 0
+                    eng.count_step(a)
+                    cap = limit - produced if stop_at is None else min(limit, stop_at) - produced
+                    k = min(a + 1, cap)
+                    toks = []
+                    for _ in range(k):
+                        i = produced + len(toks)
+                        if req.thinking and i == 0:
+                            toks.append("<think>")
+                        elif req.thinking and i == 8:
+                            toks.append("</think>\n\n")
+                        else:
+                            toks.append(" " + WORDS[words.randrange(len(WORDS))])
+                    produced += k
+                    with eng.lock:
+                        eng.gen_tokens += k
+                        eng.iv_gen += k
+                    steps += 1
+                    if eng.step_rate > 0:
+                        wait = t0 + steps / eng.step_rate - time.monotonic()
+                        if wait > 0:
+                            time.sleep(wait)
+                    elif eng.rate > 0:
+                        wait = t0 + produced / eng.rate - time.monotonic()
+                        if wait > 0:
+                            time.sleep(wait)
+                    yield toks
+            finally:
+                with eng.lock:
+                    eng.running -= 1
+
+        def finish_reason(self, req: Req, produced: int) -> str:
+            eng = self.server.emu.engine
+            if eng.eos_after is not None and not req.ignore_eos and produced < req.max_tokens:
+                return "stop"
+            return "length"
+
+        def record(self, req: Req, produced: int, reason: str, t0: float, ttft: float | None) -> None:
+            eng = self.server.emu.engine
+            with eng.lock:
+                eng.success[reason] += 1
+                eng.hist["prompt"].append(req.prompt_tokens)
+                eng.hist["gen"].append(produced)
+                eng.hist["e2e"].append(time.monotonic() - t0)
+                if ttft is not None:
+                    eng.hist["ttft"].append(ttft)
+
+        def stream_error_at(self, n: int) -> bool:
+            f = self.server.emu.faults.get("stream_error")
+            return bool(f) and f.int("request", 1) == n
+
+        def complete(self, req: Req, chat: bool, n: int) -> None:
+            emu = self.server.emu
+            t0 = time.monotonic()
+            parts: list[str] = []
+            ttft = None
+            try:
+                for toks in self.steps(req, n):
+                    if ttft is None:
+                        ttft = time.monotonic() - t0
+                    parts += toks
+                    if self.stream_error_at(n) and len(parts) >= min(4, req.max_tokens):
+                        emu.api("ERROR", "req_error",
+                                f"Request {req.rid} failed with an internal error during generation")
+                        self.record(req, len(parts), "error", t0, ttft)
+                        self.error_json(500, "Internal server error", "InternalServerError")
+                        return
+            except EngineDead:
+                self.error_json(500, "The server had an error while processing your request.", "InternalServerError")
+                return
+            produced = len(parts)
+            reason = self.finish_reason(req, produced)
+            self.record(req, produced, reason, t0, ttft)
+            text = "".join(parts)
+            created = int(time.time())
+            usage = {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + produced,
+                     "completion_tokens": produced, "prompt_tokens_details": None}
+            if chat:
+                content, reasoning = split_thinking(text) if req.thinking else (text, None)
+                obj = {"id": req.rid, "object": "chat.completion", "created": created, "model": emu.served,
+                       "choices": [{"index": 0, "message": {"role": "assistant", "content": content, "refusal": None,
+                                                            "annotations": None, "audio": None, "function_call": None,
+                                                            "tool_calls": [], "reasoning_content": reasoning},
+                                    "logprobs": None, "finish_reason": reason, "stop_reason": None}],
+                       "service_tier": None, "system_fingerprint": None, "usage": usage, "prompt_logprobs": None,
+                       "kv_transfer_params": None}
+            else:
+                obj = {"id": req.rid, "object": "text_completion", "created": created, "model": emu.served,
+                       "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": reason,
+                                    "stop_reason": None, "prompt_logprobs": None}],
+                       "service_tier": None, "system_fingerprint": None, "usage": usage, "kv_transfer_params": None}
+            self.send_json(200, obj)
+
+        def chunk(self, data: str) -> None:
+            b = data.encode()
+            self.wfile.write(f"{len(b):x}\r\n".encode() + b + b"\r\n")
+
+        def stream(self, req: Req, chat: bool, include_usage: bool, n: int) -> None:
+            emu = self.server.emu
+            self.access(200)
+            self.send_response(200)
+            self.send_header("content-type", "text/event-stream; charset=utf-8")
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            self.wfile.flush()
+            created = int(time.time())
+            base = {"id": req.rid, "object": "chat.completion.chunk" if chat else "text_completion",
+                    "created": created, "model": emu.served}
+            t0 = time.monotonic()
+            ttft = None
+            produced = 0
+            first = True
+            try:
+                for toks in self.steps(req, n):
+                    if ttft is None:
+                        ttft = time.monotonic() - t0
+                    if chat and first:
+                        self.chunk("data: " + json.dumps({**base, "choices": [{"index": 0, "delta": {
+                            "role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}]},
+                            separators=(",", ":")) + "\n\n")
+                    first = False
+                    produced += len(toks)
+                    if self.stream_error_at(n) and produced >= min(4, req.max_tokens):
+                        emu.api("ERROR", "req_error",
+                                f"Request {req.rid} failed with an internal error during generation")
+                        self.record(req, produced, "error", t0, ttft)
+                        err = {"message": "Internal server error", "type": "InternalServerError", "param": None,
+                               "code": 500}
+                        self.chunk("data: " + json.dumps({"error": err}, separators=(",", ":")) + "\n\n")
+                        self.chunk("data: [DONE]\n\n")
+                        self.wfile.write(b"0\r\n\r\n")
+                        return
+                    text = "".join(toks)
+                    if chat:
+                        choice = {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
+                    else:
+                        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": None,
+                                  "stop_reason": None}
+                    self.chunk("data: " + json.dumps({**base, "choices": [choice]}, separators=(",", ":")) + "\n\n")
+            except EngineDead:
+                err = {"message": "The server had an error while processing your request.",
+                       "type": "InternalServerError", "param": None, "code": 500}
+                self.chunk("data: " + json.dumps({"error": err}, separators=(",", ":")) + "\n\n")
+                self.chunk("data: [DONE]\n\n")
+                self.wfile.write(b"0\r\n\r\n")
+                return
+            reason = self.finish_reason(req, produced)
+            self.record(req, produced, reason, t0, ttft)
+            if chat:
+                last = {"index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": reason,
+                        "stop_reason": None}
+            else:
+                last = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason, "stop_reason": None}
+            self.chunk("data: " + json.dumps({**base, "choices": [last]}, separators=(",", ":")) + "\n\n")
+            if include_usage:
+                usage = {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + produced,
+                         "completion_tokens": produced}
+                self.chunk("data: " + json.dumps({**base, "choices": [], "usage": usage}, separators=(",", ":"))
+                           + "\n\n")
             self.chunk("data: [DONE]\n\n")
             self.wfile.write(b"0\r\n\r\n")
-            return
-        reason = self.finish_reason(req, produced)
-        self.record(req, produced, reason, t0, ttft)
-        if chat:
-            last = {"index": 0, "delta": {"content": ""}, "logprobs": None, "finish_reason": reason,
-                    "stop_reason": None}
-        else:
-            last = {"index": 0, "text": "", "logprobs": None, "finish_reason": reason, "stop_reason": None}
-        self.chunk("data: " + json.dumps({**base, "choices": [last]}, separators=(",", ":")) + "\n\n")
-        if include_usage:
-            usage = {"prompt_tokens": req.prompt_tokens, "total_tokens": req.prompt_tokens + produced,
-                     "completion_tokens": produced}
-            self.chunk("data: " + json.dumps({**base, "choices": [], "usage": usage}, separators=(",", ":")) + "\n\n")
-        self.chunk("data: [DONE]\n\n")
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
+            self.wfile.flush()
+
+    return _Server, _Handler
 
 
 def split_thinking(text: str) -> tuple[str, str | None]:
