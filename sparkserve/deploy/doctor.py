@@ -9,10 +9,11 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from sparkserve.config import Config, NodeConfig
 from sparkserve.deploy.probe import probe_node
+from sparkserve.deploy.sync import RemoteState, manifest_args, state_from
 from sparkserve.deploy.watchdog import mem_available
 from sparkserve.errors import SparkserveError
 from sparkserve.nodes.base import Node
@@ -53,11 +54,13 @@ def head_ports(cfg: Config) -> list[tuple[str, int]]:
 
 def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: Plan | None,
                *, check_ports: bool = True, drafter_bytes: int = 0, mkdirs: list[str] | None = None,
-               fabric_out: dict[str, FabricFacts] | None = None) -> list[Check]:
+               fabric_out: dict[str, FabricFacts] | None = None,
+               manifest_out: dict[str, RemoteState | None] | None = None) -> list[Check]:
     """Every check for one node (one remote round trip). Raises only when the node cannot be reached at all.
 
     ``mkdirs`` are created on the node (`up`: the containers' writable mount dirs); ``fabric_out`` receives
-    the node's fabric facts, so `up` does not read sysfs twice."""
+    the node's fabric facts, so `up` does not read sysfs twice; ``manifest_out`` the drafter's manifest from
+    the node's cache, asked in the same round trip (None: the node could not answer it)."""
     out: list[Check] = []
     name = node_cfg.name
 
@@ -79,7 +82,10 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
     target, drafter = str(cfg.model.target), str(cfg.drafter.path)
     sysfs = str(cfg.fabric.sysfs_root)
     facts = probe_node(node, paths=[target, drafter], disk=[drafter, str(cfg.container.cache_root)],
-                       ports=ports, sysfs=sysfs, mkdirs=mkdirs or [])
+                       ports=ports, sysfs=sysfs, mkdirs=mkdirs or [],
+                       manifest=None if manifest_out is None else manifest_args(drafter, cached_only=True))
+    if manifest_out is not None:
+        manifest_out[name] = _manifest_state(drafter, facts.manifest)
     add("target", "ok" if facts.paths[target] else "fail",
         f"{target} present" if facts.paths[target] else f"model.target: {target} is missing on {name}")
     free = facts.disk[drafter]
@@ -120,9 +126,21 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
     return out
 
 
+def _manifest_state(drafter: str, answer: dict[str, Any] | None) -> RemoteState | None:
+    """The probe's manifest answer as a RemoteState; None when the node could not answer it (the drafter
+    step then reads the manifest itself and says why)."""
+    if answer is None or "error" in answer:
+        return None
+    try:
+        return state_from(drafter, answer)
+    except (KeyError, ValueError, TypeError):
+        return None
+
+
 def check_all(cfg: Config, nodes: dict[str, Node], plan: Plan | None = None, *,
               check_ports: bool = True, drafter_bytes: int = 0, mkdirs: dict[str, list[str]] | None = None,
               fabric_out: dict[str, FabricFacts] | None = None,
+              manifest_out: dict[str, RemoteState | None] | None = None,
               unreachable: Mapping[str, SparkserveError] | None = None) -> list[Check]:
     """Every node's checks, in config order. A node in ``unreachable`` (it did not connect), or one whose
     checks could not run (its link dropped), gets one failed check naming the step that failed; every
@@ -134,7 +152,7 @@ def check_all(cfg: Config, nodes: dict[str, Node], plan: Plan | None = None, *,
         try:
             return check_node(cfg, by_name[node.name], node, ranks[node.name], plan, check_ports=check_ports,
                               drafter_bytes=drafter_bytes, mkdirs=(mkdirs or {}).get(node.name),
-                              fabric_out=fabric_out)
+                              fabric_out=fabric_out, manifest_out=manifest_out)
         except SparkserveError as e:
             return [_cut_off(node.name, e)]
 

@@ -13,7 +13,7 @@ from pathlib import Path
 from sparkserve.config import Config
 from sparkserve.deploy.sync import RemoteState, remote_manifest, sync_all
 from sparkserve.deploy.teardown import Reporter
-from sparkserve.errors import BadInput, RemoteFailure, SparkserveError
+from sparkserve.errors import BadInput, RemoteFailure
 from sparkserve.models.manifest import manifest
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.parallel import on_all
@@ -38,22 +38,20 @@ def local_drafter(cfg: Config) -> Path | None:
     return p if p.is_dir() else None
 
 
-def cached_states(cfg: Config, nodes: dict[str, Node]) -> dict[str, RemoteState] | None:
-    """Every node's drafter manifest from its cache alone (no file content read, so it may run before the
-    drafter is validated), or None when a node's cache cannot answer for every file (or cannot be asked)."""
-    ordered = [nodes[n.name] for n in cfg.nodes]
-    path = str(cfg.drafter.path)
-    try:
-        states = on_all(ordered, lambda n: remote_manifest(n, path, cached_only=True), name=lambda n: n.name)
-    except SparkserveError:
-        return None  # the full read says why
-    return None if any(s.uncached for s in states.values()) else states
+def all_cached(cfg: Config, states: dict[str, RemoteState | None]) -> dict[str, RemoteState] | None:
+    """Every node's drafter manifest as its cache answered it (deploy.doctor's ``manifest_out``: no file
+    content read, so it may be asked before the drafter is validated), or None when a node could not
+    answer or its cache could not answer for every file: then :func:`sync_drafter` reads them in full."""
+    found = {n.name: states.get(n.name) for n in cfg.nodes}
+    if any(s is None or s.uncached for s in found.values()):
+        return None
+    return {k: s for k, s in found.items() if s is not None}
 
 
 def sync_drafter(cfg: Config, nodes: dict[str, Node], say: Reporter,
                  known: dict[str, RemoteState] | None = None) -> DrafterSync:
     """Make the drafter identical on every node (see the module docstring). ``known``: every node's
-    manifest already read (:func:`cached_states`), used when there is nothing to copy."""
+    manifest already read (:func:`all_cached`), used when there is nothing to copy."""
     ordered = [nodes[n.name] for n in cfg.nodes]
     src = local_drafter(cfg)
     path = str(cfg.drafter.path)

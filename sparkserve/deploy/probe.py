@@ -7,18 +7,23 @@
 
 One ``python3 -c`` program (:data:`PROBE_PROGRAM`, stdlib only) answers: which paths exist, free disk
 under each path, which ports are free to bind, the writable mount dirs it creates, /proc/meminfo, and
-the sysfs files fabric detection needs (:func:`_node_read_sysfs`). The question travels on stdin as
-JSON — paths are data, never shell words.
+the sysfs files fabric detection needs (:func:`_node_read_sysfs`), and — for `up` — the drafter's manifest
+from the node's cache (the drafter sync's own program, :mod:`sparkserve.deploy.sync_remote`, run in the same
+interpreter: one python3 start per node for the whole pre-flight). The question travels on stdin as JSON —
+paths are data, never shell words.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from sparkserve.deploy.sync_remote import manifest_source
 from sparkserve.nodes.base import Node, NodeError
 
 # -- run on the node (stdlib only, self-contained; shipped by source) -----------------------------------
@@ -105,6 +110,11 @@ def _node_answer(a: dict) -> dict:  # type: ignore[type-arg]
     with open("/proc/meminfo") as f:
         out["meminfo"] = f.read()
     out["sysfs"] = _node_read_sysfs(a["sysfs"]) if a.get("sysfs") else None
+    if a.get("manifest") is not None:  # the program then holds deploy.sync_remote's _remote_main too
+        try:
+            out["manifest"] = _remote_main(a["manifest"])  # noqa: F821
+        except Exception as e:  # noqa: BLE001 - answered as the manifest's failure, the checks still stand
+            out["manifest"] = {"error": f"{type(e).__name__}: {e}"}
     return out
 
 
@@ -112,6 +122,12 @@ PROBE_PROGRAM = (
     inspect.getsource(_node_read_sysfs) + "\n" + inspect.getsource(_node_answer)
     + "\nimport json, sys\nprint(json.dumps(_node_answer(json.loads(sys.stdin.read()))))\n"
 )
+
+
+@functools.cache
+def _probe_with_manifest() -> str:
+    """The probe that also answers the drafter's manifest question (:mod:`sparkserve.deploy.sync_remote`)."""
+    return manifest_source() + "\n" + PROBE_PROGRAM
 
 
 # -- on the controller --------------------------------------------------------------------------------------
@@ -128,15 +144,21 @@ class NodeFacts:
     mkdirs: dict[str, str]
     meminfo: str
     sysfs: dict[str, str] | None
+    manifest: dict[str, Any] | None = None  # the manifest program's answer, or {"error": …}; None: not asked
 
 
 def probe_node(node: Node, *, paths: Sequence[str] = (), disk: Sequence[str] = (),
                ports: Sequence[tuple[str, int]] = (), sysfs: str | Path | None = None,
-               mkdirs: Sequence[str] = (), timeout: float = 30) -> NodeFacts:
-    """Ask ``node`` every question at once (one ``python3`` command). NodeError if it cannot answer."""
+               mkdirs: Sequence[str] = (), manifest: dict[str, object] | None = None,
+               timeout: float = 30) -> NodeFacts:
+    """Ask ``node`` every question at once (one ``python3`` command). NodeError if it cannot answer.
+    ``manifest``: the drafter manifest program's arguments (deploy.sync.manifest_args), answered in the same
+    run (``NodeFacts.manifest``)."""
     question = json.dumps({"paths": list(paths), "disk": list(disk), "ports": [list(p) for p in ports],
-                           "sysfs": str(sysfs) if sysfs else None, "mkdirs": list(mkdirs)}).encode()
-    res = node.run(["python3", "-c", PROBE_PROGRAM], stdin=question, step="preflight", timeout=timeout,
+                           "sysfs": str(sysfs) if sysfs else None, "mkdirs": list(mkdirs),
+                           "manifest": manifest}).encode()
+    program = PROBE_PROGRAM if manifest is None else _probe_with_manifest()
+    res = node.run(["python3", "-c", program], stdin=question, step="preflight", timeout=timeout,
                    check=False)
     if res.exit_code == 127:
         raise NodeError(node.name, "preflight", "python3 not found on the node (the node checks need it)",
@@ -153,4 +175,5 @@ def probe_node(node: Node, *, paths: Sequence[str] = (), disk: Sequence[str] = (
     sysfs_files = data["sysfs"]
     return NodeFacts(paths=data["paths"], disk=data["disk"], ports=data["ports"], mkdirs=data["mkdirs"],
                      meminfo=data["meminfo"],
-                     sysfs=None if sysfs_files is None else {str(k): str(v) for k, v in sysfs_files.items()})
+                     sysfs=None if sysfs_files is None else {str(k): str(v) for k, v in sysfs_files.items()},
+                     manifest=data.get("manifest"))

@@ -39,7 +39,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from sparkserve.deploy.sync_remote import remote_program, verify_program
 from sparkserve.models.manifest import FileEntry, Manifest, manifest
@@ -92,6 +92,23 @@ class RemoteState:
     uncached: list[str] = field(default_factory=list)  # cached_only: files the cache could not answer for
 
 
+def manifest_args(remote_dir: str, *, rehash: list[str] | None = None, delete: list[str] | None = None,
+                  create: bool = False, cached_only: bool = False) -> dict[str, object]:
+    """The manifest program's arguments (see :func:`remote_manifest`); the node's cache file is keyed by the
+    directory ("~" in its path is expanded by the node's python, not a shell)."""
+    return {"root": remote_dir, "cache": _cache_file(remote_dir), "rehash": rehash or [], "delete": delete or [],
+            "create": create, "cached_only": cached_only}
+
+
+def state_from(remote_dir: str, data: dict[str, Any]) -> RemoteState:
+    """The manifest program's JSON answer for ``remote_dir`` as a RemoteState (KeyError, ValueError or
+    TypeError when it is malformed)."""
+    files = {rel: FileEntry(sha, int(size)) for rel, (sha, size) in data["files"].items()}
+    m = Manifest(root=remote_dir, files=files, hashed_bytes=int(data["hashed_bytes"]))
+    return RemoteState(bool(data["exists"]), m, bool(data["rsync"]), list(data["deleted"]),
+                       dict(data.get("idents", {})), list(data.get("uncached", [])))
+
+
 def remote_manifest(
     node: Node,
     remote_dir: str,
@@ -105,10 +122,8 @@ def remote_manifest(
 ) -> RemoteState:
     """Run the remote program once: delete ``delete``, then the manifest of ``remote_dir`` on ``node``.
     ``cached_only``: read no file's content; what the node's cache cannot answer for is ``uncached``."""
-    cache = _cache_file(remote_dir)
-    args: dict[str, object] = {"root": remote_dir, "cache": cache, "rehash": rehash or [],
-                               "delete": delete or [], "create": create, "cached_only": cached_only}
-    program = remote_program(args)  # "~" in the cache path is expanded by the node's python, not a shell
+    args = manifest_args(remote_dir, rehash=rehash, delete=delete, create=create, cached_only=cached_only)
+    program = remote_program(args)
     res = node.run(["python3", "-"], stdin=program.encode(), timeout=timeout, step=step, check=False)
     if res.exit_code == 127:
         raise NodeError(node.name, step, "python3 not found on the node (the drafter check needs it)",
@@ -122,10 +137,7 @@ def remote_manifest(
     except ValueError:
         raise NodeError(node.name, step, "the manifest program printed something that is not JSON",
                         last_lines=res.tail()) from None
-    files = {rel: FileEntry(sha, int(size)) for rel, (sha, size) in data["files"].items()}
-    m = Manifest(root=remote_dir, files=files, hashed_bytes=int(data["hashed_bytes"]))
-    return RemoteState(bool(data["exists"]), m, bool(data["rsync"]), list(data["deleted"]),
-                       dict(data.get("idents", {})), list(data.get("uncached", [])))
+    return state_from(remote_dir, data)
 
 
 # -- copying ------------------------------------------------------------------------------------------------

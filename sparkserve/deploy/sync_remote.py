@@ -207,11 +207,17 @@ def _remote_main(args: dict) -> dict:  # type: ignore[type-arg]
     return out
 
 
+def manifest_source() -> str:
+    """The manifest program's functions without a call: the pre-flight probe runs ``_remote_main`` in its own
+    interpreter too (deploy.probe), so a node answers its checks and its drafter manifest in one start."""
+    return _node_prelude() + _source(_remote_main)
+
+
 def remote_program(args: dict[str, object]) -> str:
     """The exact program sent on stdin to ``python3 -``: the function source plus its arguments as data."""
     call = f"_remote_main(json.loads({json.dumps(args)!r}))"
     tail = f"\nimport json, sys\nsys.stdout.write(json.dumps({call}))\n"
-    return _node_prelude() + _source(_remote_main) + tail
+    return manifest_source() + tail
 
 
 # -- the verifier -------------------------------------------------------------------------------------------

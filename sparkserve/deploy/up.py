@@ -26,10 +26,11 @@ from typing import Any
 from sparkserve.config import Config, resolve_api_key
 from sparkserve.deploy import lock
 from sparkserve.deploy.doctor import Check, check_all, check_ports
-from sparkserve.deploy.drafter import DrafterSync, cached_states, local_drafter, sync_drafter
+from sparkserve.deploy.drafter import DrafterSync, all_cached, local_drafter, sync_drafter
 from sparkserve.deploy.inputs import validate_inputs
 from sparkserve.deploy.parity import check_parity
 from sparkserve.deploy.stack import managed_on_all
+from sparkserve.deploy.sync import RemoteState
 from sparkserve.deploy.teardown import Reporter, explain_failure, interrupted, interrupted_what, quiet, teardown
 from sparkserve.deploy.wait import NodeView, served_models, wait_ready, wait_running, watch_alive
 from sparkserve.deploy.watchdog import Floors
@@ -180,41 +181,35 @@ def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool,
 def _preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_drafter: bool,
                say: Reporter) -> _Found:
     """Every read-only question at once, each node in parallel: input validation, node checks (one round
-    trip: paths, disk, ports, memory, fabric facts, and the containers' writable mount dirs made), image
-    identity, the running containers, the drafter's digest (when there is nothing to copy). Failures are
-    then reported in that order; a drafter to copy is copied only once every check passed."""
+    trip: paths, disk, ports, memory, fabric facts, the drafter's manifest from the node's cache when there
+    is nothing to copy, and the containers' writable mount dirs made), image identity, the running
+    containers. Failures are then reported in that order; a drafter to copy is copied only once every check
+    passed."""
     say("preflight: checking every node")
     fabric: dict[str, FabricFacts] = {}
-    drafter_msgs: list[str] = []
+    # the drafter's manifest from each node's cache reads no weights, so the node probe answers it too
+    # (before validation: one python3 start per node for every check); a cache miss is read in full after
+    cached: dict[str, RemoteState | None] | None = None if copy_drafter else {}
     rw = {s.node: [m.source for m in s.mounts if not m.read_only] for s in build_plan(cfg).specs}
-    drafter: DrafterSync | None = None
     with ThreadPoolExecutor(max_workers=6) as pool:
         f_valid = pool.submit(validate_inputs, cfg, nodes) if validate else None
-        # the drafter's manifest from each node's cache reads no weights, so it need not wait for validation
-        f_cached = None if copy_drafter else pool.submit(cached_states, cfg, nodes)
-        f_checks = pool.submit(check_all, cfg, nodes, None, check_ports=True, mkdirs=rw, fabric_out=fabric)
+        f_checks = pool.submit(check_all, cfg, nodes, None, check_ports=True, mkdirs=rw, fabric_out=fabric,
+                               manifest_out=cached)
         f_image = pool.submit(ensure_same_engine, cfg, [nodes[n.name] for n in cfg.nodes])
         # docker: after the image question, so each node's questions share one connection (each more
         # connection starts another `docker system dial-stdio` on the node)
         f_existing = pool.submit(after, f_image if cfg.runtime == "docker" else None, managed_on_all, nodes, cfg)
         if f_valid is not None:
             f_valid.result()  # BadInput (exit 2): nothing was started
-        # Hashing the drafter on every node waits for validation: a wrong drafter must not cost a full read
-        # of its weights (leaving the pool would wait for that read) before its exit 2.
-        f_drafter = None if f_cached is None else pool.submit(sync_drafter, cfg, nodes, drafter_msgs.append,
-                                                              f_cached.result())
         checks = f_checks.result()
         _raise_failed_checks(checks)
         image_id = f_image.result()
         say(f"image: {cfg.image.ref} is {image_id[:19]} on every node" if cfg.runtime == "docker" else
             f"engine: serve.vllm {cfg.serve.vllm} is {image_id[:19]} on every node")
         existing = f_existing.result()
-        if f_drafter is not None:
-            drafter = f_drafter.result()
-            for m in drafter_msgs:
-                say(m)
-    if drafter is None:
-        drafter = sync_drafter(cfg, nodes, say)
+    # Hashing the drafter on a node whose cache missed comes after validation: a wrong drafter must not cost
+    # a full read of its weights before its exit 2.
+    drafter = sync_drafter(cfg, nodes, say, None if cached is None else all_cached(cfg, cached))
     return _Found(checks, fabric, image_id, existing, drafter)
 
 
