@@ -69,6 +69,14 @@ def rigcmd(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
                           text=True, env=env, timeout=1200)
 
 
+def machine_busy() -> float:
+    """CPU-seconds this whole machine has spent busy since boot (every process: the rig's daemons and
+    engines too), from /proc/stat."""
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:]]
+    return (sum(v) - v[3] - v[4]) / os.sysconf("SC_CLK_TCK")
+
+
 def head_started_at(client, container_id: str) -> float:
     """The head container's start (docker State.StartedAt), unix seconds."""
     from bench_up_overhead import ts
@@ -79,7 +87,8 @@ def head_started_at(client, container_id: str) -> float:
 def up_overhead(info: dict, n: int, runs: int, tmp: Path, env: dict[str, str]) -> tuple[float, ...]:
     """Medians of warm `up` on the first ``n`` nodes: (overhead = wall − head boot, wall, head boot, before
     the head starts = `up` started → the head container started, after it serves = its ``Application
-    startup complete.`` → `up` exited). The rig's clocks are this machine's, so the stamps compare."""
+    startup complete.`` → `up` exited, the machine's busy CPU-seconds during `up`, the `up` process's own
+    CPU-seconds). The rig's clocks are this machine's, so the stamps compare."""
     import docker
 
     data = yaml.safe_load(Path(info["rig_yaml"]).read_text())
@@ -101,27 +110,30 @@ def up_overhead(info: dict, n: int, runs: int, tmp: Path, env: dict[str, str]) -
     try:
         for i in range(runs + 1):
             subprocess.run(down, env=env, capture_output=True, check=True, timeout=300)
+            b0, r0 = machine_busy(), resource.getrusage(resource.RUSAGE_CHILDREN)
             t0, u0 = time.monotonic(), time.time()
             p = subprocess.run(up, env=env, capture_output=True, text=True, timeout=300)
             w = time.monotonic() - t0
+            r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+            busy, own_cpu = machine_busy() - b0, r1.ru_utime - r0.ru_utime + r1.ru_stime - r0.ru_stime
             if p.returncode != 0:
                 raise RuntimeError(f"up on {n} nodes failed:\n{p.stderr[-3000:]}")
             started = json.loads(p.stdout)["containers"]
             boot = head_boot_seconds(client, started[head.name])
             before = head_started_at(client, started[head.name]) - u0
             if i:
-                rows.append((w - boot, w, boot, before, w - boot - before))
+                rows.append((w - boot, w, boot, before, w - boot - before, busy, own_cpu))
         subprocess.run(down, env=env, capture_output=True, check=True, timeout=300)
     finally:
         for c in clients:
             c.close()
-    return tuple(statistics.median(r[k] for r in rows) for k in range(5))
+    return tuple(statistics.median(r[k] for r in rows) for k in range(7))
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=7, help="runs of --help and status")
-    ap.add_argument("--up-runs", type=int, default=3, help="warm `up` runs per node count")
+    ap.add_argument("--up-runs", type=int, default=5, help="warm `up` runs per node count")
     ap.add_argument("--no-up", action="store_true", help="skip the 2/3/4-node `up` part (no second rig)")
     a = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="bench-cli-"))
@@ -159,12 +171,15 @@ def main() -> int:
         with riglib.exclusive_use():
             for n in (2, 3, 4):
                 over[n] = up_overhead(info, n, a.up_runs, tmp, env)
-                o, w, b, before, after = over[n]
+                o, w, b, before, after, busy, own_cpu = over[n]
                 print(f"warm `up` on {n} nodes: wall {w:.2f} s, emulator boot {b:.2f} s -> overhead {o:.2f} s = "
                       f"{o / UP_GOAL_S:.2f}x the 1.5 s goal (before the head starts {before:.2f} s, after it "
-                      f"serves {after:.2f} s)", flush=True)
+                      f"serves {after:.2f} s); CPU: the machine {busy:.2f} s ({busy / w / (os.cpu_count() or 1):.0%}"
+                      f" of its {os.cpu_count()} cores), the `up` process {own_cpu:.2f} s", flush=True)
         print(f"overhead 4 nodes / 2 nodes: {over[4][0] / over[2][0]:.2f}x (goal <= {FLAT_GOAL}x; every node's "
-              f"sshd, dockerd and engine share this machine's {os.cpu_count()} cores)")
+              f"sshd, dockerd and engine share this machine's {os.cpu_count()} cores); per node added, the machine "
+              f"spends {(over[4][5] - over[2][5]) / 2:.2f} CPU-s more, the `up` process "
+              f"{(over[4][6] - over[2][6]) / 2:.2f}")
     finally:
         rigcmd(renv, "down", "--purge")
         shutil.rmtree(d, ignore_errors=True)
