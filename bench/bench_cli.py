@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the operator waits for at the command line: `--help`, `status`, and warm `up` overhead on 2/3/4 nodes.
 
-    .venv/bin/python bench/bench_cli.py [--runs 5] [--up-runs 3] [--no-up]
+    .venv/bin/python bench/bench_cli.py [--runs 7] [--up-runs 5] [--no-up]
 
 * ``--help``: wall time of ``sparkserve --help`` (a fresh interpreter each run), median; anchors: the
   0.25 s goal, and ``python -c pass``.
