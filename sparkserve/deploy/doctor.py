@@ -133,7 +133,7 @@ def _manifest_state(drafter: str, answer: dict[str, Any] | None) -> RemoteState 
         return None
     try:
         return state_from(drafter, answer)
-    except (KeyError, ValueError, TypeError):
+    except (KeyError, ValueError, TypeError, AttributeError):
         return None
 
 

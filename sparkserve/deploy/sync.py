@@ -101,8 +101,8 @@ def manifest_args(remote_dir: str, *, rehash: list[str] | None = None, delete: l
 
 
 def state_from(remote_dir: str, data: dict[str, Any]) -> RemoteState:
-    """The manifest program's JSON answer for ``remote_dir`` as a RemoteState (KeyError, ValueError or
-    TypeError when it is malformed)."""
+    """The manifest program's JSON answer for ``remote_dir`` as a RemoteState (KeyError, ValueError,
+    TypeError or AttributeError when it is malformed)."""
     files = {rel: FileEntry(sha, int(size)) for rel, (sha, size) in data["files"].items()}
     m = Manifest(root=remote_dir, files=files, hashed_bytes=int(data["hashed_bytes"]))
     return RemoteState(bool(data["exists"]), m, bool(data["rsync"]), list(data["deleted"]),
