@@ -474,6 +474,9 @@ def main() -> int:
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--probes", action="store_true", help="run the three failing boots instead of the scenario")
+    ap.add_argument("--parts", default="",
+                    help="comma-separated extra parts (tests/real/part_<name>.py, each `steps(s)`): boot, gates, "
+                         "then each part's steps instead of the main scenario's")
     ap.add_argument("--skip", default="", help="comma-separated scenario steps to leave out (a second call)")
     ap.add_argument("--deadline", type=float, default=0, help="epoch seconds the run must be done by (0: none)")
     args = ap.parse_args()
@@ -483,8 +486,15 @@ def main() -> int:
     # (name, step, seconds it may take): a step that would run past --deadline is skipped, so that `down` and
     # the collection of results still happen inside the device call
     steps = [("facts", s.facts, 30), ("models", s.make_models, 60)]
+    parts = [x for x in args.parts.split(",") if x]
     if args.probes:
         steps += [("probes", s.probes, 300)]
+    elif parts:
+        steps += [("config", s.write_config, 5), ("up", s.up, 240),
+                  ("gates", lambda: s.gates("gates", want_ok=True), 60)]
+        for name in parts:  # a part's own steps: tests/real/part_<name>.py defines steps(s) -> [(name, fn, takes)]
+            sys.path.insert(0, str(HERE))
+            steps += __import__(f"part_{name}").steps(s)
     else:
         steps += [("config", s.write_config, 5), ("up", s.up, 240),
                   ("gates", lambda: s.gates("gates", want_ok=True), 60), ("metrics", lambda: s.metrics("before"), 5),
