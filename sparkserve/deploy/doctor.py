@@ -20,7 +20,7 @@ from sparkserve.nodes.base import Node
 from sparkserve.nodes.parallel import on_all
 from sparkserve.nodes.runtime import engine_for
 from sparkserve.plan.build import Plan
-from sparkserve.plan.fabric import FabricError, FabricFacts, parse_sysfs, resolve
+from sparkserve.plan.fabric import FabricError, FabricFacts, compare_nodes, parse_sysfs, resolve
 from sparkserve.units import human_bytes
 
 Status = Literal["ok", "warn", "fail"]
@@ -118,7 +118,10 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
         return out
     try:
         fab = resolve(parse_sysfs(facts.sysfs or {}), cfg.fabric, node_cfg.fabric_ip, node=name, sysfs_root=sysfs)
-        add("fabric", "ok", ", ".join(f"{k}={v}" for k, v in sorted(fab.env().items())))
+        rec = fab.fabric_env()
+        add("fabric", "ok", f"{rec.rule}: " + ", ".join(f"{k}={v}" for k, v in sorted(rec.env.items())))
+        for w in rec.warnings:  # each computed warning is shown, with its fix (issue 26)
+            add("fabric", "warn", w)
         if fabric_out is not None:
             fabric_out[name] = fab
     except FabricError as e:
@@ -156,10 +159,16 @@ def check_all(cfg: Config, nodes: dict[str, Node], plan: Plan | None = None, *,
         except SparkserveError as e:
             return [_cut_off(node.name, e)]
 
+    fabric_out = {} if fabric_out is None else fabric_out
     reached = [nodes[n.name] for n in cfg.nodes if n.name in nodes]
     results = on_all(reached, one, name=lambda node: node.name)
     results |= {k: [_cut_off(k, e)] for k, e in (unreachable or {}).items()}
-    return [c for n in cfg.nodes for c in results.get(n.name, [])]
+    checks = [c for n in cfg.nodes for c in results.get(n.name, [])]
+    # the nodes' fabrics side by side: MTU, link rate, the HCA set (one rank on a slower or smaller link caps both)
+    order = [n.name for n in cfg.nodes if n.name in fabric_out]
+    checks += [Check("all", "fabric parity", "warn", m.message())
+               for m in compare_nodes({k: fabric_out[k] for k in order})]
+    return checks
 
 
 def _cut_off(node: str, e: SparkserveError) -> Check:

@@ -64,7 +64,7 @@ def _node_read_sysfs(root: str) -> dict[str, str]:
         ls(f"{base}/device/net")
         for port in ls(f"{base}/ports"):
             p = f"{base}/ports/{port}"
-            for attr in ("state", "phys_state", "link_layer"):
+            for attr in ("state", "phys_state", "link_layer", "rate"):
                 read(f"{p}/{attr}")
             for idx in ls(f"{p}/gids"):
                 gid = read(f"{p}/gids/{idx}")

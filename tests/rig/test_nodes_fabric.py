@@ -40,6 +40,7 @@ def test_each_node_gets_its_own_gid_index_and_both_twins(
         assert f.hcas == ("rocep1s0f1", "roceP2p1s0f1")
         assert f.link_up and f.mtu == 9000 and not f.warnings
         assert all(v for v in f.env().values())
+        assert f.hca_gids == {"rocep1s0f1": n["gid_index"], "roceP2p1s0f1": n["gid_index"]}  # NCCL's own pick
     assert len({f.gid_index for f in facts.values()}) == len(facts)  # never one literal for every rank
 
 
@@ -47,7 +48,10 @@ def test_the_plan_carries_each_nodes_detected_env(rig_cfg: Config, rig_nodes: di
     _, facts = _detect_all(rig_cfg, rig_nodes)
     plan = build_plan(rig_cfg, fabric_env=fabric_envs(facts))
     for spec in plan.specs:
-        assert spec.env["NCCL_IB_GID_INDEX"] == str(facts[spec.node].gid_index)
+        # two twins with their own GIDs: the dual-rail rule (issue 26) — no global GID index, NCCL picks per HCA
+        assert "NCCL_IB_GID_INDEX" not in spec.env
+        assert spec.env["NCCL_IB_ADDR_RANGE"] == facts[spec.node].addr_range
+        assert (spec.env["NCCL_IB_ROCE_VERSION_NUM"], spec.env["NCCL_IB_ADDR_FAMILY"]) == ("2", "AF_INET")
         assert spec.env["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1"
         assert spec.env["GLOO_SOCKET_IFNAME"] == "enp1s0f1np1"
 

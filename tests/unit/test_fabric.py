@@ -16,7 +16,18 @@ import pytest
 from sparkserve.config import FabricConfig
 from sparkserve.deploy.probe import PROBE_PROGRAM, probe_node
 from sparkserve.nodes import LocalNode
-from sparkserve.plan.fabric import FabricError, parse_sysfs, resolve, twin_key
+from sparkserve.plan.fabric import (
+    FabricError,
+    Gid,
+    Port,
+    addr_range,
+    compare_nodes,
+    fabric_env_records,
+    nccl_gid_pick,
+    parse_sysfs,
+    resolve,
+    twin_key,
+)
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
 IP = {"spark-a": "192.168.200.1", "spark-b": "192.168.200.2", "spark-c": "192.168.200.3"}
@@ -50,24 +61,82 @@ def test_fixtures_are_what_build_py_writes(tmp_path: Path) -> None:
         assert read_tree(tmp_path / name) == read_tree(FIX / name), stale
 
 
-def test_env_names_interface_both_twins_and_gid_index() -> None:
-    env = facts("spark-a").env()
-    assert env == {
+def test_two_twins_with_gids_are_dual_rail_with_the_gid_index_left_unset() -> None:
+    f = facts("spark-a")
+    assert f.env() == {
         "NCCL_SOCKET_IFNAME": "enp1s0f1np1",
         "GLOO_SOCKET_IFNAME": "enp1s0f1np1",
         "TP_SOCKET_IFNAME": "enp1s0f1np1",
         "UCX_NET_DEVICES": "enp1s0f1np1",
         "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1",
-        "NCCL_IB_GID_INDEX": "3",
+        "NCCL_IB_ROCE_VERSION_NUM": "2",
+        "NCCL_IB_ADDR_FAMILY": "AF_INET",
+        "NCCL_IB_ADDR_RANGE": "192.168.200.0/23",  # both twins' subnets: NCCL drops GIDs outside the range
     }
+    rec = f.fabric_env()
+    assert (rec.rule, rec.unset, rec.env) == ("dual-rail", ("NCCL_IB_GID_INDEX",), f.env())
+    assert f.hca_gids == {"rocep1s0f1": 3, "roceP2p1s0f1": 3} and not f.warnings
+
+
+def test_one_hca_gets_its_gid_index_detected_per_node() -> None:
+    f = facts("one-hca")
+    assert f.hcas == ("rocep1s0f1",) and f.gid_index == 5
+    env = f.env()
+    assert env["NCCL_IB_HCA"] == "rocep1s0f1" and env["NCCL_IB_GID_INDEX"] == "5"
+    assert not {"NCCL_IB_ADDR_RANGE", "NCCL_IB_ROCE_VERSION_NUM", "NCCL_IB_ADDR_FAMILY"} & set(env)
+    rec = f.fabric_env()
+    assert (rec.rule, rec.unset) == ("single-hca", ())
+
+
+def test_a_twin_without_its_own_roce_v2_ipv4_gid_is_left_out_with_the_fix() -> None:
+    f = facts("twin-no-gid")
+    assert f.hcas == ("rocep1s0f1",)
+    assert f.env()["NCCL_IB_GID_INDEX"] == "3" and f.fabric_env().rule == "single-hca"
+    [w] = [w for w in f.warnings if "roceP2p1s0f1" in w]
+    assert "ACTIVE but has no RoCE v2 IPv4 GID" in w and "fix: give enP2p1s0f1np1 its own address" in w
+
+
+def test_the_twins_gid_at_index_5_is_left_to_nccl_per_hca() -> None:
+    f = facts("twin-gid-5")
+    assert f.hcas == ("rocep1s0f1", "roceP2p1s0f1")
+    assert "NCCL_IB_GID_INDEX" not in f.env()  # one global 3 would put the twin on a link-local/v1 entry
+    assert f.hca_gids == {"rocep1s0f1": 3, "roceP2p1s0f1": 5}  # what NCCL's own walk picks on each
+    assert f.hca_ips == {"rocep1s0f1": "192.168.200.1", "roceP2p1s0f1": "192.168.201.1"}
+    assert not f.warnings
+
+
+def test_a_pinned_gid_index_with_twins_must_hold_on_every_hca() -> None:
+    with pytest.raises(FabricError, match=r"roceP2p1s0f1 has no RoCE v2 IPv4 GID at 3 — fix: set fabric.gid_index"):
+        facts("twin-gid-5", gid_index=3)
+    f = facts("spark-a", gid_index=3)  # it holds on both: the user's choice is kept
+    assert f.env()["NCCL_IB_GID_INDEX"] == "3" and "NCCL_IB_ADDR_RANGE" not in f.env()
 
 
 @pytest.mark.parametrize(("tree", "gid"), [("spark-a", 3), ("spark-b", 5), ("spark-c", 7)])
 def test_gid_index_is_resolved_per_node_from_the_roce_v2_ipv4_entry(tree: str, gid: int) -> None:
     f = facts(tree, IP[tree])
     assert f.gid_index == gid
-    assert f.env()["NCCL_IB_GID_INDEX"] == str(gid)
+    assert f.hca_gids == {"rocep1s0f1": gid, "roceP2p1s0f1": gid}
     assert not f.warnings
+
+
+def test_nccl_gid_pick_follows_ncclUpdateGidIndex() -> None:
+    ll = "fe80:0000:0000:0000:5e25:73ff:fe00:0001"
+    v4 = "0000:0000:0000:0000:0000:ffff:c0a8:c801"  # ::ffff:192.168.200.1
+    other = "0000:0000:0000:0000:0000:ffff:0a00:0001"  # ::ffff:10.0.0.1
+    port = Port(1, "ACTIVE", "LinkUp", "Ethernet", (
+        Gid(0, ll, "IB/RoCE v1", "e"), Gid(1, ll, "RoCE v2", "e"), Gid(2, other, "IB/RoCE v1", "e"),
+        Gid(3, other, "RoCE v2", "e"), Gid(4, v4, "IB/RoCE v1", "e"), Gid(5, v4, "RoCE v2", "e")))
+    assert nccl_gid_pick(port, None) == 3  # no range: the first v2 IPv4 entry wins
+    assert nccl_gid_pick(port, "192.168.200.0/23") == 5  # the range keeps only the fabric's
+    assert nccl_gid_pick(port, "172.16.0.0/24") == 0  # nothing in range: NCCL stays on 0 (init then fails)
+    assert nccl_gid_pick(port, None, roce_version=1) == 2
+
+
+def test_addr_range_is_the_smallest_network_holding_every_hca_never_narrower_than_24() -> None:
+    assert addr_range(["192.168.100.10", "192.168.101.10"]) == "192.168.100.0/23"
+    assert addr_range(["10.0.0.5", "10.0.0.9"]) == "10.0.0.0/24"
+    assert addr_range(["127.0.0.2", "127.1.0.12"]) == "127.0.0.0/15"
 
 
 def test_no_value_is_ever_empty() -> None:
@@ -79,6 +148,12 @@ def test_the_twin_ip_selects_the_twin_as_interface() -> None:
     f = facts("spark-a", "192.168.201.1")
     assert f.interface == "enP2p1s0f1np1"
     assert f.hcas == ("roceP2p1s0f1", "rocep1s0f1")
+
+
+def test_records_for_every_node() -> None:
+    recs = fabric_env_records({t: facts(t, IP.get(t, "192.168.200.1")) for t in ("spark-b", "one-hca")})
+    assert recs["spark-b"].rule == "dual-rail" and recs["spark-b"].node == "spark-b"
+    assert recs["one-hca"].env["NCCL_IB_GID_INDEX"] == "5"
 
 
 def test_twin_port_down_leaves_it_out_with_a_warning() -> None:
@@ -107,10 +182,23 @@ def test_no_rdma_devices_is_an_error() -> None:
         facts("no-rdma")
 
 
-def test_small_mtu_is_a_warning_with_the_value() -> None:
+def test_small_mtu_is_a_warning_with_the_value_and_its_fix() -> None:
     f = facts("mtu-1500")
     assert f.mtu == 1500
-    assert any("MTU is 1500" in w for w in f.warnings)
+    [w, _twin] = [w for w in f.warnings if "MTU is 1500" in w]
+    assert w.startswith("enp1s0f1np1 MTU is 1500") and "`sudo ip link set enp1s0f1np1 mtu 9000`" in w
+
+
+def test_nodes_compared_side_by_side_mtu_rate_and_hca_set() -> None:
+    a, b = facts("spark-a"), facts("spark-b", IP["spark-b"])
+    assert compare_nodes({"a": a, "b": b}) == []
+    assert compare_nodes({"a": a}) == []
+    got = {m.what: m for m in compare_nodes({"a": a, "m": facts("mtu-1500"), "one": facts("one-hca"),
+                                              "slow": facts("twin-slow", "192.168.200.2")})}
+    assert got["MTU"].values == {"a": "9000", "m": "1500", "one": "9000", "slow": "9000"}
+    assert got["HCA set"].values["one"] == "rocep1s0f1"
+    assert got["link rate"].values["slow"] == "100 Gb/sec (2X HDR),200 Gb/sec (4X HDR)"
+    assert "MTU differs between nodes: a 9000, m 1500" in got["MTU"].message() and "fix:" in got["MTU"].message()
 
 
 def test_explicit_values_are_used_and_checked() -> None:
@@ -120,7 +208,9 @@ def test_explicit_values_are_used_and_checked() -> None:
         facts("spark-a", interface="eth9")
     with pytest.raises(FabricError, match="fabric.hca mlx5_9 does not exist"):
         facts("spark-a", hca="mlx5_9")
-    assert any("is set but" in w for w in facts("spark-b", IP["spark-b"], gid_index=3).warnings)
+    assert any("is set but" in w for w in facts("spark-b", IP["spark-b"], hca="rocep1s0f1", gid_index=3).warnings)
+    with pytest.raises(FabricError, match="applies to every HCA"):  # twins: it would break NCCL init
+        facts("spark-b", IP["spark-b"], gid_index=3)
 
 
 def test_explicit_interface_must_carry_the_fabric_ip() -> None:
@@ -165,8 +255,59 @@ def test_every_node_question_and_the_fabric_are_one_remote_command() -> None:
     assert [c[:2] for c in calls] == [["python3", "-c"]]
     assert facts.paths[str(FIX)] and facts.disk[str(FIX)] > 0
     f = resolve(parse_sysfs(facts.sysfs or {}), FabricConfig(sysfs_root=FIX / "spark-b"), IP["spark-b"])
-    assert f.gid_index == 5
+    assert f.gid_index == 5 and f.rates["rocep1s0f1"] == "200 Gb/sec (4X HDR)"
     nothing = probe_node(node, sysfs=FIX / "no-rdma").sysfs or {}
     with pytest.raises(FabricError, match=r"^no RDMA devices under .*/no-rdma/class/infiniband"):
         resolve(parse_sysfs(nothing), FabricConfig(sysfs_root=FIX / "no-rdma"), IP["spark-b"],
                 sysfs_root=str(FIX / "no-rdma"))
+
+
+def _doctor_fabric(tmp_path: Path, tree: str) -> list:
+    """`doctor`'s checks of one node (the head of a two-node config) whose sysfs is the fixture ``tree``."""
+    from _fixtures import config_file
+
+    from sparkserve.config import load_config
+    from sparkserve.deploy.doctor import check_node
+
+    cfg = load_config(config_file(tmp_path / "c.yaml", {"runtime": "process",
+                                                         "fabric": {"sysfs_root": str(FIX / tree)}}))
+    checks = check_node(cfg, cfg.nodes[0], LocalNode(cfg.nodes[0].name), 0, None, check_ports=False)
+    return [c for c in checks if c.name == "fabric"]
+
+
+def test_doctor_prints_every_fabric_warning_with_its_fix(tmp_path: Path) -> None:
+    ok, *warns = _doctor_fabric(tmp_path, "mtu-1500")
+    assert ok.status == "ok" and ok.detail.startswith("dual-rail: ") and "NCCL_IB_ADDR_RANGE=" in ok.detail
+    assert [w.status for w in warns] == ["warn", "warn"]  # both twins' netdevs at MTU 1500
+    assert "enp1s0f1np1 MTU is 1500" in warns[0].detail and "sudo ip link set enp1s0f1np1 mtu 9000" in warns[0].detail
+    ok, *warns = _doctor_fabric(tmp_path, "twin-no-gid")
+    assert ok.detail.startswith("single-hca: ") and "NCCL_IB_GID_INDEX=3" in ok.detail
+    assert len(warns) == 1 and "fix: give enP2p1s0f1np1 its own address" in warns[0].detail
+    assert [c.status for c in _doctor_fabric(tmp_path, "spark-a")] == ["ok"]
+
+
+def test_doctor_compares_the_nodes_fabrics(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """check_all sets every node's fabric side by side; a node on another layout is a `fabric parity` warning."""
+    from _fixtures import config_file
+
+    from sparkserve.config import load_config
+    from sparkserve.deploy import doctor
+
+    cfg = load_config(config_file(tmp_path / "c.yaml", {"runtime": "process",
+                                                         "fabric": {"sysfs_root": str(FIX / "spark-a")}}))
+    nodes = {n.name: LocalNode(n.name) for n in cfg.nodes}
+    same = doctor.check_all(cfg, nodes, check_ports=False)
+    assert not [c for c in same if c.name == "fabric parity"]
+    real_probe = doctor.probe_node
+
+    def per_node_sysfs(node, **kw):  # spark-b's node reads the single-HCA tree
+        if node.name == "spark-b":
+            kw["sysfs"] = str(FIX / "one-hca")
+        return real_probe(node, **kw)
+
+    monkeypatch.setattr(doctor, "probe_node", per_node_sysfs)
+    cfg.nodes[1].fabric_ip = "192.168.200.1"  # the one-hca tree's address
+    [parity] = [c for c in doctor.check_all(cfg, nodes, check_ports=False) if c.name == "fabric parity"]
+    assert parity.status == "warn" and parity.node == "all"
+    assert parity.detail.startswith("HCA set differs between nodes: "
+                                    "spark-a rocep1s0f1,roceP2p1s0f1, spark-b rocep1s0f1")
