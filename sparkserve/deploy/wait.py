@@ -22,13 +22,13 @@ from typing import Literal
 from urllib.parse import SplitResult, urlsplit
 
 from sparkserve.config import API_KEY_ENV
-from sparkserve.deploy.watchdog import Floors, Phase, check, mem_available, phase_of_line
+from sparkserve.deploy.watchdog import Floors, Phase, phase_of_line
 from sparkserve.errors import RemoteFailure
 from sparkserve.nodes.base import Node, NodeError
 from sparkserve.nodes.engine import NoSuchContainer
 from sparkserve.nodes.parallel import on_all
 from sparkserve.nodes.runtime import Runtime, engine_for
-from sparkserve.observe.logpatterns import FATAL
+from sparkserve.observe.logpatterns import FATAL, PEER_LOST
 from sparkserve.plan.build import Plan
 
 
@@ -142,19 +142,22 @@ def _poll_node(view: NodeView, eng: Runtime, node: Node, floors: Floors | None) 
         why = f"exit code {'unknown' if st.exit_code is None else st.exit_code}" + (
             ", OOM-killed" if st.oom_killed else "")
         noun = getattr(eng, "noun", "container")
+        cause = next(iter(_root_causes(lines)), None)  # the headline names the cause the log gives
         view.failure = BootFailure(view.node, "boot", f"rank {view.rank} {noun} {view.container[:12]} stopped "
-                                   f"({why})", explain(lines))
+                                   f"({why})" + (f": {headline(cause)}" if cause else ""), explain(lines))
         ended = _stamp(st.finished_at)
         view.failed_at = min(x for x in (fatal_at, ended, time.time()) if x is not None)
         return
     if view.fatal:
-        what = f"rank {view.rank} logged a fatal line: {headline(view.fatal)}"
+        # the headline names the cause: the log reader's first fault (a traceback's exception line with its
+        # message), not the `WorkerProc failed to start.` / `EngineCore failed to start.` header above it
+        cause = next(iter(_root_causes(lines)), None) or view.fatal
+        what = f"rank {view.rank} logged a fatal line: {headline(cause)}"
         view.failure = BootFailure(view.node, "boot", what, explain(lines))
         view.failed_at = fatal_at if fatal_at is not None else time.time()
         return
-    if floors is not None:
-        view.available = mem_available(node.read_text("/proc/meminfo"))
-        breach = check(view.node, view.phase, view.available, floors)
+    if floors is not None:  # MemFree and buddyinfo; a page-cache drop under the soft floor (deploy.watchdog)
+        view.available, breach = floors.look(view.node, node, view.phase)
         if breach:
             view.failure = BootFailure(view.node, "memory watchdog", breach.message(), explain(lines))
             view.failed_at = None  # a condition of now, not an event in the log: after any rank's crash
@@ -190,9 +193,9 @@ def _first_failure(views: list[NodeView]) -> BootFailure | None:
     the others ride along as details. When the head failed first but a follower that is still running had
     logged a root cause before it (a worker raising inside a collective: the head relays it and exits),
     the failure is that follower's."""
-    def key(v: NodeView) -> tuple[float, bool, int]:
+    def key(v: NodeView) -> tuple[bool, float, bool, int]:
         when = round(v.failed_at, 2) if v.failed_at is not None else float("inf")
-        return when, v.failed_at is not None and v.rank == 0, v.rank
+        return _only_lost_its_peer(v), when, v.failed_at is not None and v.rank == 0, v.rank
 
     failed = sorted((v for v in views if v.failure is not None), key=key)
     if not failed:
@@ -209,11 +212,20 @@ def _first_failure(views: list[NodeView]) -> BootFailure | None:
     return first
 
 
+def _only_lost_its_peer(v: NodeView) -> bool:
+    """A rank whose log says only that it lost its peer (every root-cause line is a c10d/Gloo/socket "the
+    other side went away" line): a consequence, ordered after any rank that failed of its own cause."""
+    causes = _root_causes(v.log)
+    return bool(causes) and all(PEER_LOST.search(c) for c in causes)
+
+
 def _cause_on_a_follower(views: list[NodeView], head: NodeView) -> BootFailure | None:
     """The earliest root-cause line a follower (with no failure of its own yet) logged at or before the
-    head's failure, as that follower's failure; None when the head failed first on its own. What a
-    follower logs after the head went away (a lost rendezvous store, a broken collective) comes later, so
-    it is never taken for the cause."""
+    head's failure, as that follower's failure; None when the head failed first on its own. A line where the
+    follower reports losing its peer (c10d ``recvValue failed … Did the remote server shutdown or crash?``, a
+    connection reset by the master: :data:`~sparkserve.observe.logpatterns.PEER_LOST`) is a consequence of the
+    head's failure, never its cause, whatever the time stamps say (the nodes' clocks and docker's stamps are
+    milliseconds apart: the follower's "the head went away" line can land before the head's crash)."""
     if head.rank != 0 or head.failed_at is None:
         return None
     found: list[tuple[float, NodeView, str]] = []
@@ -221,6 +233,8 @@ def _cause_on_a_follower(views: list[NodeView], head: NodeView) -> BootFailure |
         if v is head or v.failure is not None:
             continue
         for lineno, text in _root_cause_lines(v.log):
+            if PEER_LOST.search(text):
+                continue
             at = _stamp(v.stamps[lineno - 1]) if 0 < lineno <= len(v.stamps) else None
             if at is not None and round(at, 2) <= round(head.failed_at, 2):
                 found.append((at, v, text))

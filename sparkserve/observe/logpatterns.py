@@ -372,6 +372,17 @@ BOOT_FAILED = re.compile(
 DIED_SERVING = re.compile(
     r"AsyncLLM output_handler failed|EngineDeadError|Engine iteration timed out|failed \(engine dead\)"
 )
+#: A line where a rank reports that it lost its peer (the rendezvous store or a socket to another rank went away):
+#: a consequence of a failure elsewhere, never the cause, whatever its time stamp (issue 26, A6). PyTorch c10d
+#: (`[rank1]:[W… TCPStore.cpp:125] [c10d] recvValue failed on SocketImpl(…): Failed to recv, got 0 bytes.
+#: Connection was likely closed. Did the remote server shutdown or crash?`, `sendBytes failed`, ProcessGroupNCCL's
+#: `Failed to check the "should dump" flag on TCPStore, (maybe TCPStore server has shut down too early)`), Gloo
+#: `Connection closed by peer`, a reset connection to the master, NCCL's socket `Connection closed by remote peer`.
+PEER_LOST = re.compile(
+    r"recvValue failed|sendBytes failed|Did the remote server shutdown or crash\?"
+    r"|TCPStore server has shut down|Connection closed by (?:remote )?peer|Connection reset by peer"
+)
+
 #: Exceptions that mean a deliberate stop, not a fault.
 STOP_EXCEPTIONS = frozenset({"KeyboardInterrupt", "SystemExit"})
 
