@@ -27,7 +27,7 @@ from sparkserve.commands._common import (
 from sparkserve.errors import BadInput, GateFailed
 from sparkserve.journal import Journal, default_path, fallback_note
 from sparkserve.measure.ab import compare_files
-from sparkserve.measure.records import CELLS, BenchResult
+from sparkserve.measure.records import CELLS, BenchResult, Cell
 from sparkserve.measure.run import bench_and_record
 
 
@@ -35,28 +35,64 @@ class CellName(StrEnum):
     smoke = "smoke"
     c1 = "c1"
     c16 = "c16"
+    c16_k4 = "c16-k4"
+
+
+class ProtocolName(StrEnum):
+    card = "card"
+    forced = "forced"
+
+
+def _sized(cell: str, size: str | None) -> Cell:
+    """The cell, or its ``--size PxCxT`` variant (the name and K kept)."""
+    from sparkserve.measure.ab_records import parse_size
+
+    base = CELLS[cell]
+    if size is None:
+        return base
+    try:
+        spec = parse_size(f"{cell}={size}")
+    except BadInput as e:
+        raise BadInput("--size", e.what.replace(f"{cell}=", "", 1)) from None
+    return Cell(cell, prompts=spec.prompts, concurrency=spec.concurrency, max_tokens=spec.max_tokens, k=base.k)
 
 
 def bench(
     cell: Annotated[
-        CellName, typer.Option("--cell", help="smoke 20×c1×512 · c1 100×c1×1024 · c16 500×c16×1024")
+        CellName, typer.Option("--cell", help="smoke 20×c1×512 · c1 100×c1×1024 · c16 500×c16×1024 · c16-k4 "
+                               "the c16 cell for a server drafting K=4")
     ],
     prompts: Annotated[
-        Path | None, typer.Option("--prompts", help='JSONL, one {"prompt": …} or {"messages": […]} per line')
+        Path | None, typer.Option("--prompts", help='JSONL, one {"prompt": …} (the card\'s {"id", "prompt"} file '
+                                  'works as it is) or {"messages": […]} per line')
     ] = None,
+    protocol: Annotated[ProtocolName, typer.Option(
+        "--protocol", help="card: the model card's holdout client (/v1/completions, prompt rendered with the "
+        "target's chat template, EOS ends a request) · forced: streamed chat, output forced to max_tokens")
+    ] = ProtocolName.card,
+    chat_template: Annotated[Path | None, typer.Option(
+        "--chat-template", help="card: the target's tokenizer dir / tokenizer_config.json / .jinja "
+        "(default: model.target, when this machine has it)")] = None,
+    size: Annotated[str | None, typer.Option(
+        "--size", help="PROMPTSxCONCURRENCYxTOKENS instead of the cell's, e.g. 20x4x128")] = None,
     json_out: JsonOpt = False,
     url: Annotated[str | None, typer.Option("--url", help="API base URL (default: the plan's head)")] = None,
     model: Annotated[str | None, typer.Option("--model", help="default: model.served_name")] = None,
     config: ConfigOpt = None,
     deadline: Annotated[
-        float | None, typer.Option("--request-timeout", help="per-request deadline, s (120 + tokens/5)")
+        float | None, typer.Option("--request-timeout", help="per-request deadline, s (forced: 120 + tokens/5; card: "
+                                                 "1200, the card client's)")
     ] = None,
-    stall: Annotated[float, typer.Option("--stall-timeout", help="silent this long = hung, s")] = 60.0,
+    stall: Annotated[float, typer.Option("--stall-timeout", help="forced: silent this long = hung, s")] = 60.0,
 ) -> None:
     """Run one cell of the model card's bench protocol and record it in the journal."""
+    the_cell = _sized(cell.value, size)
+    if protocol is ProtocolName.forced and chat_template is not None:
+        raise BadInput("--chat-template", "only the card protocol renders prompts client-side")
     result, bench_id = bench_and_record(
-        config_from(config), CELLS[cell.value], prompts, url=url, model=model, config_given=config is not None,
-        deadline_s=deadline, stall_timeout_s=stall, progress=not json_out,
+        config_from(config), the_cell, prompts, url=url, model=model,
+        config_given=config is not None, deadline_s=deadline, stall_timeout_s=stall, progress=not json_out,
+        protocol=protocol.value, chat_template=chat_template,
     )
     if json_out:
         print(result.to_json(), end="")
@@ -71,11 +107,14 @@ def _fmt(x: float | None, spec: str = ".3f") -> str:
 
 
 def _print_result(r: BenchResult, bench_id: int | None) -> None:
-    title = f"bench {r.cell} — {r.prompts} prompts × c{r.concurrency} × {r.max_tokens} tokens"
+    title = (f"bench {r.cell} — {r.prompts} prompts × c{r.concurrency} × {r.max_tokens} tokens, "
+             f"{r.protocol} protocol")
     t = Table(title=title, show_header=False)
     t.add_column(style="bold")
     t.add_column()
     t.add_row("server", f"{r.node + ' ' if r.node else ''}{r.url}  (boot id {_fmt(r.boot_id, '.0f')})")
+    t.add_row("protocol", f"{r.protocol}: {r.endpoint or ''}" + (
+        f", prompts rendered with {r.chat_template}" if r.chat_template else ""))
     t.add_row("requests ok", f"{r.requests_ok} / {r.prompts}")
     t.add_row("stream errors", f"{r.stream_errors}" + (f"  {r.error_kinds}" if r.error_kinds else ""))
     t.add_row("incomplete", str(r.incomplete))

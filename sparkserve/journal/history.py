@@ -115,7 +115,8 @@ def _bench_summary(cell: str, raw: str) -> str:
         return f"{cell}: unreadable result JSON"
     al = v.get("acceptance_length")
     al_s = f"AL {al:.2f}" if isinstance(al, int | float) else "AL n/a"
-    s = f"{cell}: {v.get('output_tok_s', 0):,.1f} tok/s, {al_s}, {v.get('stream_errors', '?')} stream errors"
+    proto = f" [{v['protocol']}]" if isinstance(v.get("protocol"), str) else ""  # issue 21: card | forced
+    s = f"{cell}{proto}: {v.get('output_tok_s', 0):,.1f} tok/s, {al_s}, {v.get('stream_errors', '?')} stream errors"
     if v.get("refused"):
         s += f" — refused: {v['refused'][0]}"
     return s

@@ -1,5 +1,8 @@
 """Bench prompts: a JSONL file, one ``{"prompt": "…"}`` or ``{"messages": [...]}`` object per line.
 
+The model card's holdout file (``prompts_holdout_500.jsonl``: ``{"id", "source", "prompt"}`` per line) is
+read as it is: ``prompt`` becomes one user turn, ``id`` is kept, other keys are ignored.
+
 Example::
 
     prompts = load_prompts(Path("prompts.jsonl"))    # BadInput("prompts.jsonl:7", ...) on a bad line
@@ -24,9 +27,10 @@ _ROLES = {"system", "user", "assistant", "developer", "tool"}
 
 @dataclass(frozen=True)
 class Prompt:
-    """One request's chat messages, as the ``messages`` field of a chat completion."""
+    """One request's chat messages, as the ``messages`` field of a chat completion; ``id`` as the file gave it."""
 
     messages: list[dict[str, Any]]
+    id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -46,11 +50,15 @@ def _parse_line(obj: Any) -> Prompt:
         raise ValueError("each line must be a JSON object with a \"prompt\" or \"messages\" key")
     if "prompt" in obj and "messages" in obj:
         raise ValueError("give either \"prompt\" or \"messages\", not both")
+    pid = obj.get("id")
+    if pid is not None and not isinstance(pid, str | int):
+        raise ValueError("\"id\" must be a string or a number")
+    pid = None if pid is None else str(pid)
     if "prompt" in obj:
         p = obj["prompt"]
         if not isinstance(p, str) or not p.strip():
             raise ValueError("\"prompt\" must be a non-empty string")
-        return Prompt(messages=[{"role": "user", "content": p}])
+        return Prompt(messages=[{"role": "user", "content": p}], id=pid)
     if "messages" in obj:
         msgs = obj["messages"]
         if not isinstance(msgs, list) or not msgs:
@@ -60,7 +68,7 @@ def _parse_line(obj: Any) -> Prompt:
                 raise ValueError(
                     f"messages[{i}] must be an object with a role ({', '.join(sorted(_ROLES))}) and content"
                 )
-        return Prompt(messages=msgs)
+        return Prompt(messages=msgs, id=pid)
     raise ValueError("each line needs a \"prompt\" or \"messages\" key")
 
 

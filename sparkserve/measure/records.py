@@ -3,6 +3,7 @@
 Example::
 
     cell = CELLS["smoke"]                      # Cell("smoke", prompts=20, concurrency=1, max_tokens=512)
+    CARD_SAMPLING.protocol                     # "card": the model card's holdout client, exactly
     outcome = RequestOutcome(index=3, completion_tokens=512)
     result = BenchResult.model_validate_json(path.read_bytes())   # a ``bench --json`` file, read back
 
@@ -27,32 +28,54 @@ class Cell:
     prompts: int
     concurrency: int
     max_tokens: int
+    k: int | None = None  # the speculative tokens per draft the cell is for (None: whatever the server drafts)
 
 
+#: The card's cells (drafter cards' tables): smoke, c1 and c16 at the served K; c16-k4 is the c16 cell of the
+#: card's "K=4, c16" column, for a server drafting 4 tokens (the bench refuses it on any other K).
 CELLS: dict[str, Cell] = {
     "smoke": Cell("smoke", prompts=20, concurrency=1, max_tokens=512),
     "c1": Cell("c1", prompts=100, concurrency=1, max_tokens=1024),
     "c16": Cell("c16", prompts=500, concurrency=16, max_tokens=1024),
+    "c16-k4": Cell("c16-k4", prompts=500, concurrency=16, max_tokens=1024, k=4),
 }
+
+FORCED, CARD = "forced", "card"
+PROTOCOLS = (CARD, FORCED)
 
 
 @dataclass(frozen=True)
 class Sampling:
-    """The sampling every request of a cell asks for (the model card's: thinking on, T 1.0, top_p 0.95)."""
+    """The sampling every request of a cell asks for (the model card's: thinking on, T 1.0, top_p 0.95), and
+    the protocol that sends it: ``forced`` (streamed chat completions, output forced to ``max_tokens``) or
+    ``card`` (the card's holdout client: ``/v1/completions`` with the prompt rendered client-side through
+    the target's chat template, not streamed, EOS ends a request)."""
 
     temperature: float = 1.0
     top_p: float = 0.95
     enable_thinking: bool = True
     forced_length: bool = True  # min_tokens = max_tokens and ignore_eos
+    protocol: str = FORCED
 
     def as_dict(self) -> dict[str, Any]:
         """The ``sampling`` object of a bench record."""
         return {
+            "protocol": self.protocol,
             "temperature": self.temperature,
             "top_p": self.top_p,
             "enable_thinking": self.enable_thinking,
             "forced_length": self.forced_length,
         }
+
+
+#: The card's holdout client: T 1.0, top_p 0.95, thinking on (in the rendered prompt), no forced length.
+CARD_SAMPLING = Sampling(forced_length=False, protocol=CARD)
+FORCED_SAMPLING = Sampling()
+
+
+def sampling_for(protocol: str) -> Sampling:
+    """The sampling of a protocol by name (``card`` or ``forced``)."""
+    return CARD_SAMPLING if protocol == CARD else FORCED_SAMPLING
 
 
 # Stream-error kinds. "incomplete" (forced length came back short) is counted apart from these.
@@ -121,6 +144,11 @@ class BenchResult(BaseModel):
     prompts_sha256: str | None = None
     sampling: dict[str, Any] = Field(default_factory=dict)
     started_at: str | None = None
+    protocol: str = FORCED  # "card" or "forced" (records from before issue 21 were all forced)
+    endpoint: str | None = None  # /v1/completions (card) or /v1/chat/completions (forced)
+    chat_template: str | None = None  # card: the file the prompts were rendered with
+    chat_template_sha256: str | None = None
+    k: int | None = None  # speculative tokens per draft, as the counters show (Δdraft_tokens / Δdrafts)
 
     def to_json(self) -> str:
         """The record as ``bench --json`` prints it and the journal stores it."""

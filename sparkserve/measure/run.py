@@ -7,10 +7,22 @@ Example::
 
     result, bench_id = bench_and_record(cfg, CELLS["c16"], None)   # the plan's head, recorded in the journal
 
-Cells: smoke 20 prompts × concurrency 1 × 512 tokens; c1 100 × 1 × 1024; c16 500 × 16 × 1024. Thinking
-on (``chat_template_kwargs``), T = 1.0, top_p 0.95, forced length (``min_tokens = max_tokens``,
-``ignore_eos``). Each request is bounded by :mod:`sparkserve.measure.client`; the figures and guards
-come from :mod:`sparkserve.measure.summary`.
+Cells: smoke 20 prompts × concurrency 1 × 512 tokens; c1 100 × 1 × 1024; c16 (and c16-k4) 500 × 16 × 1024.
+
+Two protocols (``Sampling.protocol``):
+
+* ``card`` — the model card's holdout client: the first N prompts, each rendered client-side through the
+  target's chat template (:mod:`sparkserve.measure.chat_template`; one user turn, generation prompt,
+  ``enable_thinking=True``), ``POST /v1/completions`` ``{model, prompt, max_tokens, temperature 1.0,
+  top_p 0.95}``, not streamed, no forced length (EOS ends a request), fixed concurrency; tok/s =
+  Σ ``usage.completion_tokens`` / wall (:mod:`sparkserve.measure.completions`). The rendering happens
+  before the clock starts.
+* ``forced`` — streamed chat completions with thinking on (``chat_template_kwargs``), T = 1.0, top_p
+  0.95, forced length (``min_tokens = max_tokens``, ``ignore_eos``), prompts cycled to N
+  (:mod:`sparkserve.measure.client`).
+
+Acceptance comes from ``/metrics`` deltas either way; the figures and guards come from
+:mod:`sparkserve.measure.summary`.
 """
 
 from __future__ import annotations
@@ -27,20 +39,48 @@ import httpx
 
 from sparkserve import journal
 from sparkserve.config import Config, resolve_api_key
-from sparkserve.errors import RemoteFailure
-from sparkserve.measure.client import request_body, stream_request
+from sparkserve.errors import BadInput, RemoteFailure
+from sparkserve.measure.chat_template import ChatTemplate, TemplateError
+from sparkserve.measure.client import CHAT_PATH, request_body, stream_request
+from sparkserve.measure.completions import CARD_DEADLINE_S, COMPLETIONS_PATH, card_body, complete_request
 from sparkserve.measure.httpstream import StreamConnection
 from sparkserve.measure.metrics import Snapshot
 from sparkserve.measure.prompts import Prompt, PromptSet, builtin_prompts, load_prompts
-from sparkserve.measure.records import HANG_KINDS, NOT_SENT, BenchResult, Cell, RequestOutcome, Sampling
+from sparkserve.measure.records import (
+    CARD,
+    HANG_KINDS,
+    NOT_SENT,
+    BenchResult,
+    Cell,
+    RequestOutcome,
+    Sampling,
+    sampling_for,
+)
 from sparkserve.measure.scrape import check_model, scrape
 from sparkserve.measure.summary import summarize
 from sparkserve.plan.build import build_plan
 
 
-def default_deadline_s(cell: Cell) -> float:
-    """Per-request deadline: generous for the slowest sane decode (5 tok/s per stream) plus prefill."""
+def default_deadline_s(cell: Cell, protocol: str = "forced") -> float:
+    """Per-request deadline. Forced: generous for the slowest sane decode (5 tok/s per stream) plus prefill.
+    Card: the card client's own 1200 s total (a reply comes in one piece, after the whole generation)."""
+    if protocol == CARD:
+        return max(CARD_DEADLINE_S, 120.0 + cell.max_tokens / 5.0)
     return 120.0 + cell.max_tokens / 5.0
+
+
+def render_prompts(template: ChatTemplate, prompts: list[Prompt], n: int, sampling: Sampling) -> list[str]:
+    """The card's rendering of the first ``n`` prompts (each prompt's messages through the chat template,
+    generation prompt on, ``enable_thinking`` as sampled); BadInput naming the template and the prompt when
+    the template raises."""
+    out = []
+    for i, p in enumerate(prompts[:n]):
+        try:
+            out.append(template.render(p.messages, add_generation_prompt=True,
+                                       enable_thinking=sampling.enable_thinking))
+        except TemplateError as e:
+            raise BadInput(template.source, f"chat template failed on prompt {p.id or i}: {e}") from None
+    return out
 
 
 def _where(url: str, node: str | None) -> str:
@@ -70,8 +110,10 @@ async def _run_requests(
     headers: dict[str, str],
     where: str,
     live: _Live,
+    rendered: list[str] | None = None,
 ) -> list[RequestOutcome]:
-    """The cell's requests, ``cell.concurrency`` at a time, each worker on its own kept-alive connection."""
+    """The cell's requests, ``cell.concurrency`` at a time, each worker on its own kept-alive connection, in
+    prompt order. With ``rendered`` (the card protocol) request i is ``rendered[i]`` to /v1/completions."""
     outcomes: list[RequestOutcome | None] = [None] * cell.prompts
     next_index = iter(range(cell.prompts))
 
@@ -95,10 +137,18 @@ async def _run_requests(
                 live.errors += 1
                 live.done += 1
                 continue
-            body = request_body(model, prompts[i % len(prompts)], cell.max_tokens, sampling)
-            o = await stream_request(
-                conn, body, i, deadline_s=deadline_s, stall_s=stall_s, where=where, headers=headers, on_chunk=tick
-            )
+            if rendered is not None:
+                o = await complete_request(
+                    conn, card_body(model, rendered[i], cell.max_tokens, temperature=sampling.temperature,
+                                    top_p=sampling.top_p),
+                    i, deadline_s=deadline_s, where=where, headers=headers,
+                )
+            else:
+                body = request_body(model, prompts[i % len(prompts)], cell.max_tokens, sampling)
+                o = await stream_request(
+                    conn, body, i, deadline_s=deadline_s, stall_s=stall_s, where=where, headers=headers,
+                    on_chunk=tick,
+                )
             outcomes[i] = o
             live.done += 1
             live.tokens += o.completion_tokens
@@ -149,11 +199,13 @@ async def run_cell_async(
     stall_timeout_s: float = 60.0,
     progress: bool = False,
     check_served_model: bool = True,
+    template: ChatTemplate | None = None,
 ) -> BenchResult:
     """:func:`run_cell` inside a running event loop."""
     result, _ = await run_cell_outcomes_async(
         base_url, model, cell, prompt_set, sampling=sampling, node=node, api_key=api_key, deadline_s=deadline_s,
         stall_timeout_s=stall_timeout_s, progress=progress, check_served_model=check_served_model,
+        template=template,
     )
     return result
 
@@ -171,12 +223,28 @@ async def run_cell_outcomes_async(
     stall_timeout_s: float = 60.0,
     progress: bool = False,
     check_served_model: bool = True,
+    template: ChatTemplate | None = None,
 ) -> tuple[BenchResult, list[RequestOutcome]]:
     """:func:`run_cell_async`, with every request's outcome beside the record (an A/B campaign keeps them:
-    its intervals are bootstrapped over prompts)."""
+    its intervals are bootstrapped over prompts). The card protocol (``sampling.protocol == "card"``)
+    needs the target's chat ``template``; it runs the first ``cell.prompts`` prompts (fewer when the set
+    holds fewer, with a warning), never cycling."""
     base_url = base_url.rstrip("/")
     where = _where(base_url, node)
-    deadline = deadline_s if deadline_s is not None else default_deadline_s(cell)
+    card = sampling.protocol == CARD
+    rendered: list[str] | None = None
+    notes: list[str] = []
+    if card:
+        if template is None:
+            raise BadInput("--chat-template", "the card protocol renders prompts through the target's chat "
+                           "template: none was given")
+        if len(prompt_set) < cell.prompts:
+            notes.append(f"the prompt set holds {len(prompt_set)} prompts: the cell ran those (the card's client "
+                         f"takes the first {cell.prompts} rows, never cycling)")
+            cell = Cell(cell.name, prompts=len(prompt_set), concurrency=cell.concurrency,
+                        max_tokens=cell.max_tokens, k=cell.k)
+        rendered = render_prompts(template, prompt_set.prompts, cell.prompts, sampling)  # before the clock
+    deadline = deadline_s if deadline_s is not None else default_deadline_s(cell, sampling.protocol)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     # httpx for the two scrapes and the model check; the streams use their own lean connections
     async with httpx.AsyncClient(timeout=30.0, headers=headers, trust_env=False) as client:
@@ -189,6 +257,7 @@ async def run_cell_outcomes_async(
         runner = _run_requests(
             base_url, model, cell, prompt_set.prompts, sampling,
             deadline_s=deadline, stall_s=stall_timeout_s, headers=headers, where=where, live=live,
+            rendered=rendered,
         )
         if progress:
             outcomes = await _with_progress(runner, cell, live, where)
@@ -199,15 +268,51 @@ async def run_cell_outcomes_async(
             after: Snapshot | RemoteFailure = await scrape(client, base_url, model, where)
         except RemoteFailure as e:  # the server died during the cell: keep what the requests showed
             after = e
-    return summarize(
+    result = summarize(
         cell, outcomes, duration, before, after, sampling=sampling, url=base_url, node=node, model=model,
-        prompt_set=prompt_set, started_at=started_at,
-    ), outcomes
+        prompt_set=None if card else prompt_set, started_at=started_at,
+    )
+    result.warnings += notes
+    result.endpoint = COMPLETIONS_PATH if card else CHAT_PATH
+    result.prompts_source, result.prompts_sha256 = prompt_set.source, prompt_set.sha256
+    if card and template is not None:
+        result.chat_template, result.chat_template_sha256 = template.source, template.sha256
+    return result, outcomes
 
 
 def run_cell(base_url: str, model: str, cell: Cell, prompt_set: PromptSet, **kw: Any) -> BenchResult:
     """Run one cell against a live server and return its record (keywords: see :func:`run_cell_async`)."""
     return asyncio.run(run_cell_async(base_url, model, cell, prompt_set, **kw))
+
+
+def target_template(cfg: Config, path: Path | None) -> ChatTemplate:
+    """The chat template the card protocol renders with: ``path`` (``--chat-template``: a tokenizer directory,
+    its tokenizer_config.json or a .jinja file), else the target's own (``model.target``, when this machine
+    has it: a directory, or a Hugging Face repo id in this machine's cache). BadInput saying which to give."""
+    import os
+
+    from sparkserve.measure.chat_template import load_chat_template
+    from sparkserve.models.hf_cache import DEFAULT_HUB, parse_repo_id, resolve_local
+
+    if path is not None:
+        return load_chat_template(path)
+    target = str(cfg.model.target)
+    ref = parse_repo_id(target)
+    if ref is not None:
+        hub = os.environ.get("HF_HUB_CACHE") or (os.path.join(os.environ["HF_HOME"], "hub")
+                                                 if os.environ.get("HF_HOME") else DEFAULT_HUB)
+        try:
+            local = resolve_local(ref, Path(hub).expanduser())
+        except BadInput as e:
+            raise BadInput("--chat-template", f"the card protocol renders prompts with the target's chat template, "
+                           f"and {e.what}; or give --chat-template DIR (the target's tokenizer files)") from None
+        return load_chat_template(local, where="model.target")
+    local = Path(target)
+    if not local.is_dir():
+        raise BadInput("--chat-template", f"the card protocol renders prompts with the target's chat template, and "
+                       f"model.target {target} is not on this machine: give --chat-template DIR (a copy of the "
+                       "target's tokenizer_config.json / chat_template.jinja)")
+    return load_chat_template(local, where="model.target")
 
 
 def bench_and_record(
@@ -221,16 +326,21 @@ def bench_and_record(
     deadline_s: float | None = None,
     stall_timeout_s: float = 60.0,
     progress: bool = False,
+    protocol: str = CARD,
+    chat_template: Path | None = None,
 ) -> tuple[BenchResult, int | None]:
     """``sparkserve bench``: run ``cell`` against ``url`` (default: the plan's head) with ``prompts``
-    (default: the built-in set) and record it in the journal; returns the record and its journal id
-    (None: the journal could not take it and the record went to the fallback file, with a warning).
+    (default: the built-in set) by ``protocol`` (the card's by default) and record it in the journal;
+    returns the record and its journal id (None: the journal could not take it and the record went to the
+    fallback file, with a warning). Bad input (prompts, chat template) is refused before any request.
 
     The record carries the config's deployment fingerprint only when it is known to be that stack's:
     the URL is the plan's own, or the config was named (``config_given``) alongside the URL.
     """
     plan = build_plan(cfg)
     prompt_set = load_prompts(prompts) if prompts else builtin_prompts()
+    sampling = sampling_for(protocol)
+    template = target_template(cfg, chat_template) if protocol == CARD else None
     api_key = resolve_api_key(cfg)
     fingerprint: str | None = None
     if url is None or config_given:
@@ -246,6 +356,8 @@ def bench_and_record(
         deadline_s=deadline_s,
         stall_timeout_s=stall_timeout_s,
         progress=progress,
+        sampling=sampling,
+        template=template,
     )
     # the journal is a record, not a gate: a damaged one gets a warning and the fallback file, not a lost run
     bench_id = journal.record("bench", fingerprint=fingerprint, cell=result.cell, result_json=result.to_json())

@@ -8,7 +8,8 @@ Example::
 Guards (a refused cell keeps its figures but says why they must not be quoted): the server restarted
 (boot id = ``process_start_time_seconds`` changed, or a counter went backwards); other traffic moved
 the counters (more finished requests, or more generated tokens, than the cell's own); requests failed;
-forced-length replies came back short; speculative decoding never ran.
+forced-length replies came back short; speculative decoding never ran; the server drafts another number of
+tokens than the cell is for (``c16-k4``: Δdraft_tokens / Δdrafts must be 4).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ def _delta(before: Snapshot, after: Snapshot | RemoteFailure, v: _Verdict) -> Co
 
 
 def _check_counters(
-    delta: CounterDelta, spec: SpecFigures, tally: _Tally, before: Snapshot, v: _Verdict
+    cell: Cell, delta: CounterDelta, spec: SpecFigures, tally: _Tally, before: Snapshot, v: _Verdict
 ) -> None:
     """Other traffic on the server, preemptions, and speculative decoding that never ran."""
     v.warnings += spec.warnings
@@ -113,6 +114,12 @@ def _check_counters(
         )
     if delta.preemptions:
         v.warnings.append(f"{delta.preemptions:g} preemptions during the cell (KV pool too small for it?)")
+    if cell.k is not None and spec.drafts and spec.draft_tokens is not None:
+        k = spec.draft_tokens / spec.drafts
+        if abs(k - cell.k) > 1e-9:
+            v.refused.append(f"cell {cell.name} is for K={cell.k} drafted tokens; the server drafted {k:g} per "
+                             "draft (Δdraft_tokens / Δdrafts): boot it with num_speculative_tokens "
+                             f"{cell.k} for this cell")
     if spec.drafts == 0 and tally.output_tokens > 0 and before.has_spec_decode:
         v.refused.append(
             "speculative decoding did not run: no drafts while tokens were generated "
@@ -147,7 +154,7 @@ def summarize(
     spec = None
     if delta is not None:
         spec = acceptance(delta)
-        _check_counters(delta, spec, tally, before, v)
+        _check_counters(cell, delta, spec, tally, before, v)
     if prompt_set is not None and len(prompt_set) < cell.prompts:
         v.warnings.append(f"{len(prompt_set)} distinct prompts cycled over {cell.prompts} requests")
     after_boot = None if isinstance(after, RemoteFailure) else after.boot_id
@@ -183,4 +190,13 @@ def summarize(
         prompts_sha256=prompt_set.sha256 if prompt_set else None,
         sampling=sampling.as_dict(),
         started_at=started_at,
+        protocol=sampling.protocol,
+        k=_k(spec),
     )
+
+
+def _k(spec: SpecFigures | None) -> int | None:
+    """Tokens per draft as the counters show them (every draft of one server proposes the same K)."""
+    if spec is None or not spec.drafts or spec.draft_tokens is None:
+        return None
+    return round(spec.draft_tokens / spec.drafts)

@@ -37,8 +37,9 @@ SMALL = Cell("t", prompts=6, concurrency=2, max_tokens=64)
 
 def test_cells_are_the_model_card_protocol() -> None:
     assert {n: (c.prompts, c.concurrency, c.max_tokens) for n, c in CELLS.items()} == {
-        "smoke": (20, 1, 512), "c1": (100, 1, 1024), "c16": (500, 16, 1024),
+        "smoke": (20, 1, 512), "c1": (100, 1, 1024), "c16": (500, 16, 1024), "c16-k4": (500, 16, 1024),
     }
+    assert CELLS["c16-k4"].k == 4 and all(CELLS[n].k is None for n in ("smoke", "c1", "c16"))
 
 
 def test_request_is_thinking_on_sampled_forced_length_streamed_with_usage() -> None:
@@ -65,8 +66,9 @@ def test_healthy_cell_reports_tokens_acceptance_and_the_json_contract() -> None:
     data = json.loads(r.to_json())
     assert list(data)[: len(CONTRACT_KEYS)] == CONTRACT_KEYS
     assert data["sampling"] == {
-        "temperature": 1.0, "top_p": 0.95, "enable_thinking": True, "forced_length": True,
+        "protocol": "forced", "temperature": 1.0, "top_p": 0.95, "enable_thinking": True, "forced_length": True,
     }
+    assert data["protocol"] == "forced" and data["endpoint"] == "/v1/chat/completions"
 
 
 @pytest.mark.parametrize(

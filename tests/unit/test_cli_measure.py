@@ -48,7 +48,7 @@ def write_config(path: Path, port: int, model: str = "fake-model") -> Path:
 def test_bench_smoke_from_config_json_contract_and_journal(env: dict[str, str], tmp_path: Path) -> None:
     with FakeVllm() as srv:
         cfg = write_config(tmp_path / "sparkserve.yaml", int(srv.url.rsplit(":", 1)[1]))
-        p = sparkserve("bench", "--cell", "smoke", "--json", "-c", str(cfg), env=env)
+        p = sparkserve("bench", "--protocol", "forced", "--cell", "smoke", "--json", "-c", str(cfg), env=env)
         st = srv.state
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)
@@ -69,17 +69,19 @@ def test_bench_sends_the_configured_api_key(env: dict[str, str], tmp_path: Path)
     with FakeVllm(FakeState(api_key="s3cret")) as srv:
         cfg = write_config(tmp_path / "sparkserve.yaml", int(srv.url.rsplit(":", 1)[1]))
         cfg.write_text(cfg.read_text().replace("serve:\n", "serve:\n  api_key_env: BENCH_KEY\n", 1))
-        p = sparkserve("bench", "--cell", "smoke", "--json", "-c", str(cfg), env={**env, "BENCH_KEY": "s3cret"})
+        p = sparkserve("bench", "--protocol", "forced", "--cell", "smoke", "--json", "-c", str(cfg),
+                       env={**env, "BENCH_KEY": "s3cret"})
         assert p.returncode == 0, p.stderr
-        bad = sparkserve("bench", "--cell", "smoke", "--json", "-c", str(cfg), env={**env, "BENCH_KEY": "wrong"})
+        bad = sparkserve("bench", "--protocol", "forced", "--cell", "smoke", "--json", "-c", str(cfg),
+                         env={**env, "BENCH_KEY": "wrong"})
     assert bad.returncode == 1 and json.loads(bad.stdout)["error_kinds"] == {"http": 20}
     assert "HTTP 401" in json.loads(bad.stdout)["errors"][0]["detail"]
 
 
 def test_bench_refused_cell_prints_json_and_exits_1_with_one_error_line(env: dict[str, str]) -> None:
     with FakeVllm(FakeState(modes=lambda i: SHORT if i == 0 else "ok")) as srv:
-        p = sparkserve("bench", "--cell", "smoke", "--json", "--url", srv.url, "--model", "fake-model",
-                       env=env)
+        p = sparkserve("bench", "--protocol", "forced", "--cell", "smoke", "--json", "--url", srv.url,
+                       "--model", "fake-model", env=env)
     assert p.returncode == 1
     data = json.loads(p.stdout)
     assert data["ok"] is False and data["incomplete"] == 1
@@ -91,14 +93,16 @@ def test_bench_refused_cell_prints_json_and_exits_1_with_one_error_line(env: dic
 
 def test_bench_human_output_and_progress(env: dict[str, str]) -> None:
     with FakeVllm() as srv:
-        p = sparkserve("bench", "--cell", "smoke", "--url", srv.url, "--model", "fake-model", env=env)
+        p = sparkserve("bench", "--protocol", "forced", "--cell", "smoke", "--url", srv.url, "--model", "fake-model",
+                       env=env)
     assert p.returncode == 0, p.stderr
     assert "acceptance length" in p.stdout and "20 / 20" in p.stdout
     assert "20/20" in p.stderr  # the progress bar, on stderr
 
 
 def test_bench_unreachable_server_exits_3(env: dict[str, str]) -> None:
-    p = sparkserve("bench", "--cell", "smoke", "--url", "http://127.0.0.1:9", "--model", "m", env=env)
+    p = sparkserve("bench", "--protocol", "forced", "--cell", "smoke", "--url", "http://127.0.0.1:9", "--model", "m",
+                   env=env)
     assert p.returncode == 3
     assert p.stderr.startswith("error: http://127.0.0.1:9/v1/models:") and "Traceback" not in p.stderr
 

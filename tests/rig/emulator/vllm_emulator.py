@@ -38,7 +38,11 @@ Environment (emulator knobs are ``SSEMU_*``; real vLLM variables keep their mean
   ``"seed": N`` for the drafter's own acceptance draws.
 * ``SSEMU_SEED`` (default: ``--seed``): seed of the acceptance sampler and filler text.
 * ``SSEMU_EOS_AFTER``: a natural end of sequence after N tokens (``finish_reason: stop``) unless
-  ``ignore_eos`` or ``min_tokens`` says otherwise. Unset: every request runs to ``max_tokens``.
+  ``ignore_eos`` or ``min_tokens`` says otherwise; ``LO-HI``: each request's own length, drawn from
+  [LO, HI] (seeded by the engine seed and the request number), so replies end at EOS at different
+  lengths, some past ``max_tokens`` (``finish_reason: length``), as sampled thinking-on replies do under
+  the model card's protocol (holdout_client.py: no forced length, EOS ends a request; issue 21).
+  Unset: every request runs to ``max_tokens``.
 * ``SSEMU_DEVICE_MEMORY_GIB`` (default 119.7): the fake device size for ``--gpu-memory-utilization``.
 * ``SSEMU_NCCL_TIMEOUT_S`` (default 3): how long a hung collective waits before the NCCL watchdog fires.
 * ``SSEMU_FAULTS``: faults, ``;``-separated, each ``name@key=value,key=value``. Also read, one per line,
@@ -790,6 +794,9 @@ class Engine:
         self.rate = env_float("SSEMU_TOKEN_RATE", 4000.0)
         eos = os.environ.get("SSEMU_EOS_AFTER")
         self.eos_after = int(eos) if eos and eos.isdigit() else None
+        lo, dash, hi = (eos or "").partition("-")
+        self.eos_range = (int(lo), int(hi)) if dash and lo.isdigit() and hi.isdigit() and int(lo) <= int(hi) \
+            else None
         self.lock = threading.Lock()
         self.total = SpecCounters(self.k)
         self.interval = SpecCounters(self.k)
@@ -2288,8 +2295,11 @@ def _http_classes() -> tuple[type, type]:
             words = random.Random(req.seed if req.temperature > 0 and req.seed >= 0 else req.prompt_tokens)
             limit = req.max_tokens
             stop_at = None
-            if eng.eos_after is not None and not req.ignore_eos:
-                stop_at = max(eng.eos_after, req.min_tokens)
+            eos_at = eng.eos_after
+            if eng.eos_range is not None:  # a per-request natural length (issue 21: the card's EOS-ended replies)
+                eos_at = random.Random(eng.seed * 7919 + n).randint(*eng.eos_range)
+            if eos_at is not None and not req.ignore_eos:
+                stop_at = max(eos_at, req.min_tokens)
             produced = 0
             steps = 0
             emu.wait_collective(n)
@@ -2337,7 +2347,8 @@ def _http_classes() -> tuple[type, type]:
 
         def finish_reason(self, req: Req, produced: int) -> str:
             eng = self.server.emu.engine
-            if eng.eos_after is not None and not req.ignore_eos and produced < req.max_tokens:
+            if (eng.eos_after is not None or eng.eos_range is not None) and not req.ignore_eos \
+                    and produced < req.max_tokens:
                 return "stop"
             return "length"
 
