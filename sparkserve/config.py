@@ -51,6 +51,17 @@ KV_CACHE_DTYPES = (
 )
 
 
+# The card launcher's variables that belong to its image and GPU (GB10, SM121a), not to every engine: a config
+# for another GPU replaces serve.env (tests/real does). FLASHINFER_DISABLE_VERSION_CHECK: without it a
+# flashinfer/jit-cache version skew kills model inspection on the card's fork.
+CARD_ENV = {
+    "VLLM_USE_BREAKABLE_CUDAGRAPH": "0",
+    "TORCH_CUDA_ARCH_LIST": "12.1a",
+    "FLASHINFER_CUDA_ARCH_LIST": "12.1a",
+    "FLASHINFER_DISABLE_VERSION_CHECK": "1",
+}
+
+
 def _size(v: Any) -> int:
     try:
         return parse_size(v)
@@ -123,9 +134,25 @@ class FabricConfig(Strict):
     interface: str = Field(default="auto", description="CX-7 netdev (e.g. enp1s0f1np1) or auto")
     hca: str = Field(default="auto", description="comma-separated RDMA devices for NCCL_IB_HCA, or auto")
     gid_index: int | Literal["auto"] = "auto"
-    master_port: int = Field(default=29501, ge=1024, le=65535)
+    master_port: int = Field(default=29521, ge=1024, le=65535, description="torch.distributed rendezvous "
+                             "port on the head (the card's launcher: 29521)")
     sysfs_root: Path = Field(default=Path("/sys"), description="where to read /sys/class/{net,infiniband}")
     nccl_debug: str = "WARN"
+    nccl_net: str | None = Field(default="IB", description="NCCL_NET: IB makes NCCL fail closed instead of "
+                                 "falling back to sockets silently (null: unset, NCCL picks)")
+    addr_range: str = Field(default="auto", description="NCCL_IB_ADDR_RANGE: the fabric subnet NCCL takes RoCE "
+                            "v2 IPv4 GIDs from; auto = the smallest network (at least /24) holding every "
+                            "node's fabric_ip (and, detected, every listed HCA's own address)")
+
+    @field_validator("addr_range")
+    @classmethod
+    def _addr_range(cls, v: str) -> str:
+        if v == "auto":
+            return v
+        try:
+            return str(ipaddress.ip_network(v, strict=False))
+        except ValueError:
+            raise ValueError(f"{v!r} is not a network (e.g. 192.168.102.0/24) or auto") from None
 
 
 class ImageConfig(Strict):
@@ -167,6 +194,17 @@ class ModelConfig(Strict):
                                 "path works), same on every node, mounted ro; or org/name[@revision]")
     served_name: str = Field(min_length=1)
 
+    @field_validator("served_name")
+    @classmethod
+    def _served_name(cls, v: str) -> str:
+        # vLLM takes any string, but every request and every /metrics line carries it: a 100,000-character name
+        # served, and made `up` parse megabytes of /metrics (fault case D17)
+        if len(v) > 256:
+            raise ValueError(f"is {len(v)} characters long; at most 256")
+        if not v.isprintable():
+            raise ValueError(f"{v[:40]!r} contains a control character")
+        return v
+
 
 class DrafterConfig(Strict):
     path: HostPath = Field(description="host path of the drafter, same on every node, mounted ro")
@@ -198,10 +236,20 @@ class ServeConfig(Strict):
     tensor_parallel_size: int = Field(default=2, ge=1)
     enable_expert_parallel: bool = True
     max_model_len: int = Field(default=262144, ge=1)
-    max_num_seqs: int | None = Field(default=4, ge=1)
+    max_num_seqs: int | None = Field(default=6, ge=1)
+    block_size: int | None = Field(default=2304, ge=1, description="--block-size (the card: 2304; the engine "
+                                   "raises it to 4608 for mamba-page alignment)")
     kv_cache_dtype: str = "fp8_e4m3"
     gpu_memory_utilization: float = 0.795
-    kv_cache_memory_bytes: ByteSize | None = 8 * 2**30
+    # 8053063680 = 7.5 GiB, the card's "8 GiB" (its 366,749-token pool): rendered as the exact integer
+    kv_cache_memory_bytes: ByteSize | None = 8053063680
+    trust_remote_code: bool = True
+    tool_call_parser: str | None = Field(default="glm47", description="--tool-call-parser (with "
+                                         "--enable-auto-tool-choice when enable_auto_tool_choice)")
+    enable_auto_tool_choice: bool = True
+    reasoning_parser: str | None = Field(default="glm45", description="--reasoning-parser")
+    default_chat_template_kwargs: dict[str, Any] | None = Field(
+        default_factory=lambda: {"enable_thinking": True}, description="--default-chat-template-kwargs (JSON)")
     compilation: CompilationConfig = Field(default_factory=CompilationConfig)
     enforce_eager: bool = False
     attention_backend: str | None = None
@@ -210,17 +258,30 @@ class ServeConfig(Strict):
     api_key_env: str | None = Field(default=None, description="name of an env var holding the API key")
     api_key_file: Path | None = Field(default=None, description="file holding the API key")
     env: dict[str, str] = Field(
-        default_factory=lambda: {"VLLM_USE_BREAKABLE_CUDAGRAPH": "0"},
-        description="extra environment for every rank",
+        default_factory=lambda: dict(CARD_ENV),
+        description="extra environment for every rank (the default: the card's image/GPU-specific variables)",
     )
     extra_args: list[str] = Field(default_factory=list, description="extra vllm serve arguments, verbatim")
     ready_timeout_s: float = Field(default=3600.0, gt=0)
     vllm: str = Field(default="vllm", min_length=1, description="runtime: process only — the executable run as "
                       "`<vllm> serve …` on every node (a name looked up on the node's PATH, or a path), or a "
                       "venv directory (then <dir>/bin/vllm)")
-    vllm_version: Literal["0.33.0", "0.25.1"] = Field(
-        default="0.33.0", description="the engine's vLLM version: the plan renders and validate checks only what "
-        "its `vllm serve` accepts (its committed option list, or its real parser when installed)")
+    vllm_version: str | None = Field(
+        default=None, description="override of the engine's flag dialect (a dialect under sparkserve/data/dialects: "
+        "0.33.0, 0.25.1, 0.1.dev20051+g487ecf187). Default: the image's own (its facts from `image verify`, else "
+        "the shipped table); the plan renders and validate checks only what that `vllm serve` accepts")
+
+    @field_validator("vllm_version", mode="before")
+    @classmethod
+    def _dialect(cls, v: Any) -> Any:
+        if v is None:
+            return v
+        from sparkserve.plan.dialects import shipped_names
+
+        v = str(v)
+        if v not in shipped_names():
+            raise ValueError(f"no engine dialect {v!r} (shipped: {', '.join(shipped_names())})")
+        return v
 
     @field_validator("vllm")
     @classmethod
@@ -283,24 +344,34 @@ class GatesConfig(Strict):
                             "watching every rank this long before it says serving (a rank dying then fails `up`)")
 
 
-class ContainerConfig(Strict):
-    """How each rank's container is run. The rig turns GPUs and RDMA devices off."""
-
-    name_prefix: str = Field(default="sparkserve", pattern=r"^[a-z0-9][a-z0-9_.-]*$")
-    gpus: Literal["all", "none"] = "all"
-    rdma_devices: list[str] = Field(default_factory=lambda: ["/dev/infiniband"])
-    shm_size: ByteSize = 64 * 2**30
-    cache_root: HostPath = Field(default=Path("/var/cache/sparkserve"), description="host dir for JIT caches")
-    stop_timeout_s: int = Field(default=30, ge=1)
-    memlock: int = Field(default=-1, ge=-1, description="RLIMIT_MEMLOCK bytes for RDMA (-1 = unlimited)")
-
-
 def _run_dir(v: str) -> str:
     if not (v.startswith("/") or v.startswith("~/")):
         raise ValueError(f"{v!r} must be an absolute path or start with ~/ (the node user's home)")
     if any(c in v for c in "\n\r\0") or ".." in v.split("/"):
         raise ValueError(f"{v!r} contains a control character or a .. component")
     return v.rstrip("/") or "/"
+
+
+CacheRoot = Annotated[str, AfterValidator(_run_dir)]
+
+
+class ContainerConfig(Strict):
+    """How each rank's container is run. The rig turns GPUs and RDMA devices off."""
+
+    name_prefix: str = Field(default="sparkserve", pattern=r"^[a-z0-9][a-z0-9_.-]*$")
+    gpus: Literal["all", "none"] = "all"
+    rdma_devices: list[str] = Field(default_factory=lambda: ["/dev/infiniband"])
+    shm_size: ByteSize | None = Field(default=None, description="ignored: the containers share the host's IPC "
+                                      "namespace (--ipc=host), so /dev/shm is the host's and docker drops "
+                                      "--shm-size; kept so older configs load (validate warns)")
+    cache_root: CacheRoot = Field(default="~/.cache/sparkserve", description="JIT caches on each node (~/ = the "
+                                  "node user's home), one directory per image ID")
+    stop_timeout_s: int = Field(default=30, ge=1)
+    memlock: int = Field(default=-1, ge=-1, description="RLIMIT_MEMLOCK bytes for RDMA (-1 = unlimited)")
+    memory: ByteSize | None = Field(default=118 * 2**30, description="docker --memory (the card: 118g; null: no "
+                                    "limit)")
+    core_dumps: bool = Field(default=False, description="false: --ulimit core=0 (a crashing rank with ~90 GB "
+                             "resident on unified memory must not dump core)")
 
 
 class ProcessConfig(Strict):
@@ -312,8 +383,84 @@ class ProcessConfig(Strict):
 
 
 class WatchdogConfig(Strict):
-    memory_floor_bytes: ByteSize = 8 * 2**30
+    """The unified-memory watchdog of a boot (deploy/watchdog.py). It reads MemFree, not MemAvailable: on GB10 the
+    driver allocates from free pages in 2 MiB blocks, never from page cache (docs/concepts/gb10-guards.md)."""
+
+    memory_floor_bytes: ByteSize = Field(default=8 * 2**30, description="the hard floor: MemFree below it, after a "
+                                         "drop and compaction, stops every rank")
     enabled: bool = True
+    # how `up` watches, not what runs: excluded from the dump, so not part of the deployment fingerprint
+    soft_floor_bytes: ByteSize = Field(default=12 * 2**30, exclude=True, description="MemFree below it: drop the "
+                                       "page cache and compact (at most every drop_interval_s; never below the "
+                                       "hard floor)")
+    high_order_floor_bytes: ByteSize = Field(default=2 * 2**30, exclude=True, description="free memory in blocks "
+                                             "of order >= 9 (/proc/buddyinfo) below it: compact")
+    drop_interval_s: float = Field(default=15.0, ge=0, exclude=True)
+    drop_caches: bool = Field(default=True, exclude=True, description="before ranks start, `sync`, drop the page "
+                              "cache and compact on every node (sudo -n; `doctor` prints the sudoers line)")
+
+
+#: Kernels whose RDMA memory registration fails above ~90 GB resident (ibv_reg_mr ENOMEM; eugr/spark-vllm-docker#392).
+KNOWN_BAD_RDMA_KERNELS = ("7.0.0-1019-nvidia",)
+
+
+class HostConfig(Strict):
+    """Where each node's host facts are read (tests point these at fake sources) and the host rules."""
+
+    proc_root: Path = Field(default=Path("/proc"), description="where to read meminfo, buddyinfo, uptime, cmdline, "
+                            "sys/vm/* and sys/kernel/osrelease (like fabric.sysfs_root)")
+    kernel_log: str = Field(default="auto", description="auto: /dev/kmsg, else `journalctl -k`, else `dmesg`; or "
+                            "the path of a file in /dev/kmsg's record format")
+    nvidia_smi: str = Field(default="nvidia-smi", description="the executable asked for a discrete GPU's free "
+                            "memory (none, or [N/A] on GB10: unified memory, MemFree is what CUDA sees)")
+    known_bad_kernels: list[str] = Field(default_factory=lambda: list(KNOWN_BAD_RDMA_KERNELS),
+                                         description="kernel releases refused on a multi-node stack")
+    min_shm_bytes: ByteSize = Field(default=2 * 2**30, description="the host /dev/shm (--ipc=host uses it)")
+
+    @field_validator("kernel_log", "nvidia_smi")
+    @classmethod
+    def _no_control(cls, v: str) -> str:
+        if not v or any(c in v for c in "\n\r\0"):
+            raise ValueError(f"{v!r} is empty or contains a control character")
+        return v
+
+
+class SuperviseConfig(Strict):
+    """`sparkserve supervise`: the checks that keep a serving stack honest, and the bounds of its recovery."""
+
+    interval_s: float = Field(default=5.0, gt=0, description="one round of checks every N seconds")
+    canary_deadline_s: float = Field(default=10.0, gt=0, description="a canary generation slower than this "
+                                     "is a failed progress check")
+    canary_max_tokens: int = Field(default=4, ge=1, le=64)
+    stall_s: float = Field(default=15.0, gt=0, description="requests running while the generation counters "
+                           "stay frozen this long = wedged")
+    confirm_rounds: int = Field(default=1, ge=1, description="rounds a fault must hold before recovery acts")
+    acceptance_window_s: float = Field(default=30.0, gt=0, description="acceptance is judged per window of "
+                                       "this length (from /metrics deltas)")
+    acceptance_min_drafts: int = Field(default=50, ge=1, description="a window with fewer drafts is not judged")
+    acceptance_drop: float = Field(default=0.5, gt=0, lt=1, description="alarm when the live acceptance "
+                                   "length − 1 falls below this fraction of the banked band's")
+    memfree_floor_bytes: ByteSize = Field(default=4 * 2**30, description="each node's MemFree floor while "
+                                          "serving (GB10: the driver allocates from MemFree, not MemAvailable)")
+    meminfo_path: str = Field(default="/proc/meminfo", description="where each node's memory facts are read "
+                              "({node} = the node's name: a fake source for tests)")
+    kmsg_path: str = Field(default="/dev/kmsg", description="each node's kernel log (NVRM / Xid lines); a "
+                           "plain file is read as text ({node} as above)")
+    log_follow: bool = True
+    max_restarts: int = Field(default=3, ge=0, description="the give-up budget: restarts within budget_window_s")
+    budget_window_s: float = Field(default=1800.0, gt=0)
+    backoff_s: float = Field(default=10.0, ge=0, description="the first wait before a restart; doubled each "
+                             "time, up to backoff_max_s")
+    backoff_max_s: float = Field(default=300.0, ge=0)
+    recover: bool = Field(default=True, description="false: detect, keep forensics and alert, never restart")
+    incidents_dir: str | None = Field(default=None, description="where incident dirs go (default: the "
+                                      "state dir's supervise/incidents)")
+    listen: str = Field(default="127.0.0.1:9321", description="the exporter and status page (host:port; "
+                        "empty: off)")
+    alert_urls: list[str] = Field(default_factory=list, description="apprise notification URLs (Slack, "
+                                  "Discord, ntfy, mailto, json:// webhooks)")
+    pyspy: str = Field(default="py-spy", description="the py-spy executable on each node (or next to "
+                       "serve.vllm's venv)")
 
 
 class Config(BaseSettings):
@@ -336,6 +483,10 @@ class Config(BaseSettings):
     container: ContainerConfig = Field(default_factory=ContainerConfig)
     watchdog: WatchdogConfig = Field(default_factory=WatchdogConfig)
     process: ProcessConfig = Field(default_factory=ProcessConfig)
+    # where host facts are read and which hosts are refused, not what runs: not part of the deployment fingerprint
+    host: HostConfig = Field(default_factory=HostConfig, exclude=True)
+    # how the stack is watched, not what runs: excluded from the dump, so not part of the deployment fingerprint
+    supervise: SuperviseConfig = Field(default_factory=SuperviseConfig, exclude=True)
 
     @classmethod
     def settings_customise_sources(
@@ -390,7 +541,7 @@ class Config(BaseSettings):
             for key in ("runtime", "process"):
                 data.pop(key, None)
             data["serve"].pop("vllm", None)
-        if data["serve"].get("vllm_version") == "0.33.0":  # the default: fingerprints stay what they were
+        if data["serve"].get("vllm_version") is None:  # the default (the image decides): not in the fingerprint
             data["serve"].pop("vllm_version")
         return data
 
@@ -426,9 +577,82 @@ def default_yaml_text() -> str:
     return resources.files("sparkserve").joinpath("data/default.yaml").read_text()
 
 
-def _format_error(e: ValidationError, source: str) -> BadInput:
-    err = e.errors()[0]
-    loc = ".".join(str(p) for p in err["loc"]) or source
+#: The hosts `sparkserve init` writes: a command that would connect to one names it as a placeholder.
+PLACEHOLDER_HOSTS = ("spark-a.lan", "spark-b.lan")
+
+
+def placeholder_hosts(cfg: Config) -> list[str]:
+    """``nodes.N.host`` fields still holding the init file's placeholder host names."""
+    return [f"nodes.{i}.host" for i, n in enumerate(cfg.nodes) if n.host in PLACEHOLDER_HOSTS and not n.local]
+
+
+def refuse_placeholders(cfg: Config) -> None:
+    """BadInput when a node's host is still `sparkserve init`'s placeholder (nothing would answer there)."""
+    bad = placeholder_hosts(cfg)
+    if bad:
+        first = bad[0]
+        host = cfg.nodes[int(first.split(".")[1])].host
+        raise BadInput(first, f"{host} is a placeholder from `sparkserve init`: put your Spark's SSH address "
+                       "(or ~/.ssh/config alias) there", details=[f"{b}: {cfg.nodes[int(b.split('.')[1])].host} "
+                                                              "is a placeholder too" for b in bad[1:]])
+
+
+def _yaml_lines(text: str) -> Any:
+    """The YAML's node tree (for line numbers), or None when it cannot be composed."""
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError:
+        return None
+
+
+def _line_of(root: Any, loc: tuple[Any, ...]) -> int | None:
+    """The 1-based line of ``loc`` (a pydantic error location) in the YAML node tree: the deepest key found."""
+    node, line = root, None
+    for part in loc:
+        if isinstance(node, yaml.MappingNode):
+            hit = next(((k, v) for k, v in node.value if getattr(k, "value", None) == str(part)), None)
+            if hit is None:
+                return line
+            line, node = hit[0].start_mark.line + 1, hit[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            return line
+    return line
+
+
+def _fields_at(loc: tuple[Any, ...]) -> list[str]:
+    """The field names of the config section at ``loc`` (for "did you mean")."""
+    import types
+    import typing
+
+    model: Any = Config
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann: Any = field.annotation
+        for _ in range(4):  # unwrap Optional / list / Annotated down to a model
+            args = [a for a in typing.get_args(ann) if a is not type(None)]
+            if isinstance(ann, type) and issubclass(ann, BaseModel):
+                break
+            if typing.get_origin(ann) in (list, typing.Union, types.UnionType, Annotated) and args:
+                ann = args[0]
+            else:
+                break
+        model = ann
+    return list(getattr(model, "model_fields", {}))
+
+
+def _one_error(err: Any, root: Any, source: str) -> tuple[str, str]:
+    """One pydantic error as (field, what), with its YAML line and, for an unknown key, "did you mean"."""
+    import difflib
+
+    loc_t = tuple(err["loc"])
+    loc = ".".join(str(p) for p in loc_t) or source
     msg = err["msg"]
     for prefix in ("Value error, ", "Assertion failed, "):
         if msg.startswith(prefix):
@@ -436,12 +660,30 @@ def _format_error(e: ValidationError, source: str) -> BadInput:
     if msg.startswith("@") and ": " in msg:  # a model-level rule naming its own field: "@nodes.1.name: ..."
         field, msg = msg[1:].split(": ", 1)
         loc = f"{loc}.{field}" if err["loc"] else field
+        loc_t = loc_t + tuple(int(p) if p.isdigit() else p for p in field.split("."))
     if err["type"] == "extra_forbidden":
-        msg = "unknown field (check the spelling; names follow `vllm serve`)"
+        near = difflib.get_close_matches(str(loc_t[-1]), _fields_at(loc_t[:-1]), n=1, cutoff=0.6)
+        msg = "unknown field" + (f"; did you mean `{near[0]}`?" if near else
+                                 " (check the spelling; names follow `vllm serve`)")
     elif err["type"] == "missing":
         msg = "is required"
-    more = len(e.errors()) - 1
-    return BadInput(loc, msg + (f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""))
+    line = _line_of(root, loc_t) if root is not None else None
+    if line is None and err["type"] == "missing" and root is not None:
+        line = _line_of(root, loc_t[:-1])  # the section it is missing from
+    where = f" ({source} line {line})" if line else ""
+    return loc, msg + where
+
+
+def _format_error(e: ValidationError, source: str, text: str | None = None) -> BadInput:
+    """Every problem of a config, the unknown keys first (a misspelt key also makes its real name
+    "required"): the first as the error's headline, each further one a detail line ``<field>: <what>``."""
+    root = _yaml_lines(text) if text is not None else None
+    errs = sorted(e.errors(), key=lambda x: x["type"] != "extra_forbidden")
+    found = [_one_error(err, root, source) for err in errs]
+    (loc, msg), rest = found[0], found[1:]
+    more = len(rest)
+    tail = f" (and {more} more problem{'s' if more > 1 else ''})" if more else ""
+    return BadInput(loc, msg + tail, details=[f"{w}: {m}" for w, m in rest])
 
 
 def find_config_path(path: Path | None) -> Path | None:
@@ -454,23 +696,37 @@ def find_config_path(path: Path | None) -> Path | None:
     return cwd if cwd.exists() else None
 
 
-def load_config(path: Path | None = None, *, overrides: dict[str, Any] | None = None) -> Config:
+def no_config_error() -> BadInput:
+    """Exit 2 for a command that needs a config file and finds none."""
+    return BadInput("config", f"no {DEFAULT_CONFIG_NAME} in {Path.cwd()} (or -c / {ENV_PREFIX}CONFIG); "
+                    "run `sparkserve init`")
+
+
+def load_config(path: Path | None = None, *, overrides: dict[str, Any] | None = None,
+                require_file: bool = False) -> Config:
     """Load ``path`` (or ./sparkserve.yaml, or the embedded default) with env overrides applied.
 
-    Raises BadInput naming the field or file on any problem.
+    ``require_file``: no file found is an error (a command that reaches nodes never runs on the embedded
+    default's placeholder hosts). Raises BadInput naming the field or file on any problem.
     """
     path = find_config_path(path)
+    if path is None and require_file:
+        raise no_config_error()
     source = str(path) if path else "embedded default"
+    if path is not None and not path.exists():
+        raise BadInput(str(path), "does not exist" + _near_file(path))
     try:
         text = path.read_text() if path else default_yaml_text()
     except OSError as e:
         raise BadInput(str(path), f"cannot read config: {e.strerror}") from None
     try:
-        data = yaml.safe_load(text) or {}
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"{source}:{mark.line + 1}" if mark else source
         raise BadInput(where, f"not valid YAML: {getattr(e, 'problem', e)}") from None
+    if data is None:
+        raise BadInput(source, "the config file is empty (run `sparkserve init` for a commented one)")
     if not isinstance(data, dict):
         raise BadInput(source, "the config must be a YAML mapping")
     if overrides:
@@ -478,7 +734,19 @@ def load_config(path: Path | None = None, *, overrides: dict[str, Any] | None = 
     try:
         return Config(**data)
     except ValidationError as e:
-        raise _format_error(e, source) from None
+        raise _format_error(e, source, text) from None
+
+
+def _near_file(path: Path) -> str:
+    """"; did you mean X?" for a file next to ``path`` whose name is close to it."""
+    import difflib
+
+    try:
+        names = [p.name for p in (path.parent if str(path.parent) else Path(".")).iterdir()]
+    except OSError:
+        return ""
+    near = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+    return f"; did you mean {path.parent / near[0]}?" if near else ""
 
 
 def _deep_merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:

@@ -11,11 +11,11 @@ import typer
 from rich.console import Console
 
 from sparkserve.commands.jsonschema import JSON_SCHEMA
-from sparkserve.config import Config, load_config
+from sparkserve.config import Config, load_config, refuse_placeholders
 
 ConfigOpt = Annotated[
     Path | None,
-    typer.Option("--config", "-c", help="sparkserve.yaml (default: ./sparkserve.yaml or the embedded default)"),
+    typer.Option("--config", "-c", help="sparkserve.yaml (default: $SPARKSERVE_CONFIG, else ./sparkserve.yaml)"),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="machine-readable output")]
 
@@ -27,11 +27,14 @@ AcceptNew = Annotated[bool, typer.Option("--accept-new-host-keys",
                                          help="add unknown SSH host keys to known_hosts (default: refuse them)")]
 
 
-def config_from(path: Path | None, *, accept_new: bool = False, check: bool = False) -> Config:
+def config_from(path: Path | None, *, accept_new: bool = False, check: bool = False, nodes: bool = True) -> Config:
     """The config a command runs with. ``accept_new`` is ``--accept-new-host-keys`` (ssh trusts a host key
     it has never seen and records it) for this run only; ``check`` applies the config's own rules too, so
-    a bad config fails (BadInput, exit 2) before any node is touched."""
-    cfg = load_config(path)
+    a bad config fails (BadInput, exit 2) before any node is touched. ``nodes``: the command reaches the
+    nodes, so it needs a config file (never the embedded default) whose hosts are not init's placeholders."""
+    cfg = load_config(path, require_file=nodes)
+    if nodes:
+        refuse_placeholders(cfg)
     if accept_new:
         cfg.ssh.accept_new_host_keys = True
     if check:

@@ -28,13 +28,14 @@ def _abs(p: Path) -> str:
     return str(p.expanduser().absolute())
 
 
-def load_with_overrides(config: Path | None, drafter: Path | None = None, target: Path | None = None) -> Config:
+def load_with_overrides(config: Path | None, drafter: Path | None = None, target: Path | None = None, *,
+                        require_file: bool = False) -> Config:
     over: dict[str, Any] = {}
     if drafter is not None:
         over["drafter"] = {"path": _abs(drafter)}
     if target is not None:
         over["model"] = {"target": _abs(target)}
-    return load_config(config, overrides=over or None)
+    return load_config(config, overrides=over or None, require_file=require_file)
 
 
 def _print_findings(report: Any) -> None:
@@ -62,17 +63,20 @@ def validate(
     drafter: DrafterOpt = None,
     target: TargetOpt = None,
     parser: Annotated[str, typer.Option(
-        "--parser", help="argv judge: auto (vLLM's parser if importable, else the option list), vllm, list")] = "auto",
+        "--parser", help="argv judge: list (the engine version's committed `vllm serve` option list, about a "
+                         "second), vllm (vLLM's own parser, installed here: ~10 s), auto (vllm if importable)")
+                      ] = "list",
     offline: Annotated[bool, typer.Option(
         "--offline", help="touch no node: a model that is not on this machine is not read")] = False,
     accept_new: AcceptNew = False,
     as_json: JsonOpt = False,
 ) -> None:
-    """Config + drafter + target + every rendered argv through vLLM 0.33's parser.
+    """Config + drafter + target + every rendered `vllm serve` argv against the engine's option list.
 
     Each model is read where it is, as `up` reads it: on this machine when the path exists here, otherwise
     its metadata on the head node (never its weights; nothing is changed there). --offline touches no node.
-    Every problem is listed (exit 2)."""
+    Every problem is listed (exit 2). --parser vllm asks vLLM's own parser (installed here) instead."""
+    from sparkserve.config import find_config_path, no_config_error, refuse_placeholders
     from sparkserve.deploy.inputs import check_inputs, needs_head
 
     if parser not in ("auto", "vllm", "list"):
@@ -80,8 +84,15 @@ def validate(
     cfg = load_with_overrides(config, drafter, target)
     if accept_new:
         cfg.ssh.accept_new_host_keys = True
+    if parser != "list":  # the one slow part (vLLM's import): say so before the screen goes quiet
+        err_console.print("· argv: loading vLLM's own parser (about 10 s; the default, --parser list, answers from "
+                          "the committed option list)", markup=False, highlight=False, soft_wrap=True)
     # --drafter/--target name directories on this machine
     local = tuple(k for k, v in (("drafter", drafter), ("target", target)) if v is not None)
+    if not offline and needs_head(cfg, local=local):  # the head would be asked: a real config, real hosts
+        if find_config_path(config) is None:
+            raise no_config_error()
+        refuse_placeholders(cfg)
     if offline or not needs_head(cfg, local=local):
         cfg = _local_hf_target(cfg)
         report, where = check_inputs(cfg, None, parser=parser, local=local)

@@ -195,27 +195,30 @@ def _watch(cfg: Config, every: float, json_out: bool) -> None:
             live.stop()
 
 
-def _status_renderable(cfg: Config, st: StackStatus, serving: Serving | None) -> object:
-    from rich.console import Group
-    from rich.table import Table
-    from rich.text import Text
+def status_lines(cfg: Config, st: StackStatus, serving: Serving | None) -> list[str]:
+    """`status` for people, as plain lines: never a table column that cuts a name or an ID (piped, or at
+    80 columns, a line wraps instead), one name per ID ("deployment"), the API once, this boot's verdict."""
+    from sparkserve.deploy.serving import human_duration, human_time
 
-    from sparkserve.deploy.serving import human_duration
-
-    t = Table(title="sparkserve status")
-    for col in ("node", "container", "rank", "role", "status", "deployment", "image"):
-        t.add_column(col, no_wrap=col in ("node", "status", "role"))
+    rows: list[tuple[str, ...]] = []
     for n in cfg.nodes:
         if n.name in st.unreachable:
-            t.add_row(n.name, "?", "-", "-", "[red]unreachable[/red]", "-", "-")
+            rows.append((n.name, "-", "-", "unreachable", "-"))
         cs = st.nodes.get(n.name)
         if cs == []:
-            t.add_row(n.name, "-", "-", "-", "[red]none[/red]", "-", "-")
+            rows.append((n.name, "-", "-", "none", "-"))
         for c in cs or []:
-            color = "green" if c.status == "running" else "red"
-            t.add_row(n.name, c.name, str(c.rank), c.role, f"[{color}]{c.status}[/{color}]", c.deployment,
-                      c.image_id)
-    lines = [f"api {st.api.url}: {'serving' if st.api.serving else 'not serving'}"]
+            rows.append((n.name, f"rank {c.rank}" if c.rank is not None else "rank ?", c.role or "-", c.status,
+                         f"{c.name} (id {c.id})"))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)] if rows else [0] * 4
+    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(4)) + "  " + r[4] for r in rows]
+    if st.deployments:
+        verdict = {True: "gates passed for this boot", False: "gates FAILED for this boot",
+                   None: "gates not judged for this boot (`sparkserve gates`)"}[st.gates]
+        lines.append(f"deployment {', '.join(st.deployments)} · {verdict}")
+    endpoint = serving.endpoint if serving is not None else st.api.url.rstrip("/") + "/v1"
+    lines.append(f"api {endpoint}: " + (f"serving {', '.join(st.api.models or [])}" if st.api.serving
+                                        else "not serving"))
     if serving is not None:
         digest = serving.drafter_digest[:12] if serving.drafter_digest else "digest not in the journal"
         if serving.differs:
@@ -224,16 +227,23 @@ def _status_renderable(cfg: Config, st: StackStatus, serving: Serving | None) ->
             which = " (the config's)"
         else:
             which = ""
-        lines += [f"up {human_duration(serving.uptime_s)} (since {serving.started_at or '?'})",
+        lines += [f"up {human_duration(serving.uptime_s)} (since {human_time(serving.started_at)})",
                   f"model {serving.model} ({serving.target})",
                   f"drafter {serving.drafter_path or '?'} ({digest}){which}",
-                  f"image {serving.image_ref} ({(serving.image_id or '?')[:19]})",
-                  f"endpoint {serving.endpoint}"]
-    return Group(t, *(Text(x) for x in lines))
+                  f"image {serving.image_ref} ({serving.image_id or '?'})"]
+    return lines
+
+
+def _status_renderable(cfg: Config, st: StackStatus, serving: Serving | None) -> object:
+    from rich.console import Group
+    from rich.text import Text
+
+    return Group(*(Text(x) for x in status_lines(cfg, st, serving)))
 
 
 def _print_status(cfg: Config, st: StackStatus, serving: Serving | None) -> None:
-    console.print(_status_renderable(cfg, st, serving))
+    for line in status_lines(cfg, st, serving):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def doctor_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: AcceptNew = False) -> None:
@@ -299,7 +309,7 @@ def swap_drafter_cmd(
     with Progress(enabled=not json_out) as p, open_nodes(cfg) as nodes, progress_to(p.copy):
         result = swap_drafter(resolve_target(cfg, nodes), nodes, path, break_lock=break_lock, say=p.say)
     kept = None
-    if result.ok and result.drafter_path and result.drafter_digest:
+    if result.ok and result.drafter_path and result.drafter_digest and not result.unchanged:
         source = path.expanduser().resolve()
         file = find_config_path(config)
         if no_write or file is None:
@@ -314,6 +324,8 @@ def swap_drafter_cmd(
                 kept += "; SPARKSERVE_DRAFTER__* in the environment still overrides the file"
     if json_out:
         emit_json({**result.to_json(), "kept": kept})
+    elif result.unchanged:
+        print(result.message)
     elif result.ok:
         print(f"swapped: {cfg.model.served_name} now drafts with {result.drafter_path} "
               f"({(result.drafter_digest or '')[:12]})")

@@ -90,7 +90,7 @@ def bench(
     if protocol is ProtocolName.forced and chat_template is not None:
         raise BadInput("--chat-template", "only the card protocol renders prompts client-side")
     result, bench_id = bench_and_record(
-        config_from(config), the_cell, prompts, url=url, model=model,
+        config_from(config, nodes=url is None), the_cell, prompts, url=url, model=model,
         config_given=config is not None, deadline_s=deadline, stall_timeout_s=stall, progress=not json_out,
         protocol=protocol.value, chat_template=chat_template,
     )
@@ -236,7 +236,7 @@ def _drafter_arg(text: str) -> tuple[str, Path]:
 def ab_run(
     drafter: Annotated[list[str] | None, typer.Option(
         "--drafter", help="NAME=PATH, repeated; the first is the baseline (A)")] = None,
-    cells: Annotated[str, typer.Option("--cells", help="comma-separated: smoke, c16, c1")] = "smoke,c16,c1",
+    cells: Annotated[str, typer.Option("--cells", help="comma-separated: smoke, c16, c1, c16-k4")] = "smoke,c16,c1",
     rounds: Annotated[int, typer.Option("--rounds", help="boots per drafter, interleaved ABBA…")] = 1,
     prompts: Annotated[Path | None, typer.Option("--prompts", help="JSONL prompts (default: the built-in set)")] = None,
     size: Annotated[list[str] | None, typer.Option(
@@ -244,6 +244,12 @@ def ab_run(
     seed: Annotated[int | None, typer.Option("--seed", help="order and bootstrap seed (default: random, recorded)")]
     = None,
     primary: Annotated[str | None, typer.Option("--primary", help="the verdict's cell (default c16)")] = None,
+    protocol: Annotated[ProtocolName, typer.Option(
+        "--protocol", help="card (the model card's holdout client) or forced (streamed chat, forced length)")
+    ] = ProtocolName.card,
+    chat_template: Annotated[Path | None, typer.Option(
+        "--chat-template", help="card: the target's tokenizer dir / tokenizer_config.json / .jinja "
+        "(default: model.target, when this machine has it)")] = None,
     bootstrap: Annotated[int, typer.Option("--bootstrap", help="bootstrap resamples")] = 2000,
     resume: Annotated[int | None, typer.Option("--resume", help="finish campaign ID (its cells kept)")] = None,
     config: ConfigOpt = None,
@@ -267,9 +273,10 @@ def ab_run(
     cfg = config_from(config, accept_new=accept_new, check=True)
     say = _say(json_out)
     if resume is not None:
-        if drafter or size or seed is not None or primary is not None or prompts is not None:
-            raise BadInput("--resume", "takes the campaign's own drafters, cells, seed and prompts: give none of "
-                           "--drafter, --size, --seed, --primary, --prompts")
+        if (drafter or size or seed is not None or primary is not None or prompts is not None
+                or chat_template is not None or protocol is not ProtocolName.card):
+            raise BadInput("--resume", "takes the campaign's own drafters, cells, seed, prompts and protocol: give "
+                           "none of --drafter, --size, --seed, --primary, --prompts, --protocol, --chat-template")
         check_resume(cfg, resume)  # before any node is touched
         with open_nodes(cfg) as nodes:
             outcome = resume_campaign(cfg, nodes, resume, say=say, progress=not json_out)
@@ -284,8 +291,11 @@ def ab_run(
             raise BadInput("--size", f"{extra[0]} is not one of --cells ({', '.join(names)})")
         specs = [sizes.get(n) or CellSpec(name=n, prompts=CELLS[n].prompts, concurrency=CELLS[n].concurrency,
                                           max_tokens=CELLS[n].max_tokens) for n in names]
+        if protocol is ProtocolName.forced and chat_template is not None:
+            raise BadInput("--chat-template", "only the card protocol renders prompts client-side")
         req = CampaignRequest(drafters=[_drafter_arg(d) for d in drafter or []], cells=specs, rounds=rounds,
-                              prompts=prompts, seed=seed, primary=primary, bootstrap=bootstrap)
+                              prompts=prompts, seed=seed, primary=primary, bootstrap=bootstrap,
+                              protocol=protocol.value, chat_template=chat_template)
         check_request(cfg, req)  # before any node is touched
         with open_nodes(cfg) as nodes:
             outcome = run_campaign(cfg, nodes, req, say=say, progress=not json_out)

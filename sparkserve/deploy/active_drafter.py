@@ -39,6 +39,7 @@ def write_config_drafter(config_file: Path, node_path: str, source: Path | None)
     cannot be read, parsed or written."""
     from ruamel.yaml import YAML
     from ruamel.yaml.error import YAMLError
+    from ruamel.yaml.util import load_yaml_guess_indent
 
     yaml = YAML(typ="rt")
     yaml.preserve_quotes = True
@@ -46,10 +47,13 @@ def write_config_drafter(config_file: Path, node_path: str, source: Path | None)
     try:
         text = config_file.read_text()
         data = yaml.load(text)
+        _, seq_indent, seq_offset = load_yaml_guess_indent(text)
     except OSError as e:
         raise BadInput(str(config_file), f"cannot read config: {e.strerror or e}") from None
     except YAMLError as e:
         raise BadInput(str(config_file), f"not valid YAML: {e}") from None
+    # the file's own indentation: ruamel's default would move `- name:` under `nodes:` to column 0
+    yaml.indent(mapping=_mapping_indent(text), sequence=seq_indent or 2, offset=seq_offset or 0)
     if not isinstance(data, dict):
         raise BadInput(str(config_file), "the config must be a YAML mapping")
     if not isinstance(data.get("drafter"), dict):
@@ -68,6 +72,24 @@ def write_config_drafter(config_file: Path, node_path: str, source: Path | None)
     except OSError as e:
         Path(tmp).unlink(missing_ok=True)
         raise BadInput(str(config_file), f"cannot write: {e.strerror or e}") from None
+
+
+def _mapping_indent(text: str) -> int:
+    """How far the file indents a nested mapping's keys (the first indented ``key:`` line under a top-level
+    key); 2 when it has none."""
+    parent = False
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].rstrip()
+        if not line:
+            continue
+        indent = len(line) - len(line.lstrip(" "))
+        if indent == 0:
+            parent = line.endswith(":")
+        elif parent and not line.lstrip().startswith("-") and ":" in line:
+            return indent
+        else:
+            parent = False
+    return 2
 
 
 def remember(cfg: Config, node_path: str, source: str | None, digest: str) -> None:

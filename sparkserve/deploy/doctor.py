@@ -12,10 +12,12 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from sparkserve.config import Config, NodeConfig
+from sparkserve.deploy.hostfacts import HostFacts, host_question, host_verdicts, memory_verdict, storage_parity
 from sparkserve.deploy.probe import probe_node
 from sparkserve.deploy.sync import RemoteState, manifest_args, state_from
-from sparkserve.deploy.watchdog import mem_available
 from sparkserve.errors import SparkserveError
+from sparkserve.journal import lookup
+from sparkserve.models.target_manifest import TargetManifest
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.parallel import on_all
 from sparkserve.nodes.runtime import engine_for
@@ -40,13 +42,6 @@ class Check:
         return self.status != "fail"
 
 
-def _meminfo_total(meminfo: str) -> int:
-    for line in meminfo.splitlines():
-        if line.startswith("MemTotal:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
 def head_ports(cfg: Config) -> list[tuple[str, int]]:
     """The API port and the rendezvous port: both live on the head."""
     return [(cfg.serve.host or "0.0.0.0", cfg.serve.port), (cfg.head.fabric_ip, cfg.fabric.master_port)]
@@ -55,8 +50,15 @@ def head_ports(cfg: Config) -> list[tuple[str, int]]:
 def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: Plan | None,
                *, check_ports: bool = True, drafter_bytes: int = 0, mkdirs: list[str] | None = None,
                fabric_out: dict[str, FabricFacts] | None = None,
-               manifest_out: dict[str, RemoteState | None] | None = None) -> list[Check]:
+               manifest_out: dict[str, RemoteState | None] | None = None, drop: bool = False,
+               host_out: dict[str, HostFacts] | None = None,
+               target_out: dict[str, TargetManifest] | None = None,
+               storage_out: dict[str, str] | None = None) -> list[Check]:
     """Every check for one node (one remote round trip). Raises only when the node cannot be reached at all.
+
+    ``drop``: sync, drop the page cache and compact before memory is read (`up`, just before its ranks start);
+    ``host_out``/``target_out`` receive the node's host facts and target manifest (compared across nodes by
+    :func:`check_all`); ``storage_out`` the docker storage driver (`doctor`: one more docker question).
 
     ``mkdirs`` are created on the node (`up`: the containers' writable mount dirs); ``fabric_out`` receives
     the node's fabric facts, so `up` does not read sysfs twice; ``manifest_out`` the drafter's manifest from
@@ -72,6 +74,8 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
         try:
             ver = node.docker().version()
             add("docker", "ok", f"docker {ver.get('Version', '?')} (API {ver.get('ApiVersion', '?')})")
+            if storage_out is not None:
+                storage_out[name] = str(node.docker().info().get("Driver") or "")
         except SparkserveError as e:
             hint = ""
             if "permission denied" in e.what.lower():  # a non-root SSH user outside the docker group
@@ -83,7 +87,14 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
     sysfs = str(cfg.fabric.sysfs_root)
     facts = probe_node(node, paths=[target, drafter], disk=[drafter, str(cfg.container.cache_root)],
                        ports=ports, sysfs=sysfs, mkdirs=mkdirs or [],
-                       manifest=None if manifest_out is None else manifest_args(drafter, cached_only=True))
+                       manifest=None if manifest_out is None else manifest_args(drafter, cached_only=True),
+                       host=host_question(cfg, drop=drop, sudo_check=not drop),
+                       target=target if target_out is not None and target.startswith("/") else None)
+    host = HostFacts.from_answer(facts.host or {})
+    if host_out is not None:
+        host_out[name] = host
+    if target_out is not None and facts.target is not None and facts.paths[target]:
+        target_out[name] = TargetManifest.from_answer(facts.target)
     if manifest_out is not None:
         manifest_out[name] = _manifest_state(drafter, facts.manifest)
     add("target", "ok" if facts.paths[target] else "fail",
@@ -92,7 +103,19 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
     need = drafter_bytes
     add("disk", "ok" if free >= need else "fail",
         f"{human_bytes(free)} free for the drafter" + (f" (needs {human_bytes(need)})" if need else ""))
+    try:
+        managed: list[Any] | SparkserveError = engine_for(node, cfg).list_managed()
+    except SparkserveError as e:
+        managed = e
+    def is_mine(c: Any) -> bool:
+        return c.fingerprint == plan.fingerprint if plan is not None else own_deployment(cfg, c.fingerprint)
+
+    mine = [] if isinstance(managed, SparkserveError) else [c for c in managed if is_mine(c)]
+    held_by_me = any(c.running for c in mine)  # this config's own running stack holds the head's ports
     for hp, is_free in facts.ports.items():
+        if not is_free and held_by_me:
+            add(f"port {hp}", "ok", f"in use by this config's running stack (deployment {mine[0].fingerprint[:12]})")
+            continue
         add(f"port {hp}", "ok" if is_free else "fail",
             "free" if is_free else f"port {hp} is already in use on {name}")
     bad_dirs = {d: why for d, why in facts.mkdirs.items() if why}
@@ -100,19 +123,20 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
         add("dirs", "fail" if bad_dirs else "ok",
             "; ".join(f"cannot create {d}: {why}" for d, why in bad_dirs.items()) if bad_dirs
             else f"{len(mkdirs)} writable mount dir(s) ready")
-    total, avail = _meminfo_total(facts.meminfo), mem_available(facts.meminfo)
-    need_mem = int(cfg.serve.gpu_memory_utilization * total)
-    gmu = cfg.serve.gpu_memory_utilization
-    hint = "" if avail >= need_mem else " — free memory or lower serve.gpu_memory_utilization"
-    detail = f"{human_bytes(avail)} free of {human_bytes(total)}; GMU {gmu} needs {human_bytes(need_mem)}"
-    add("memory", "ok" if avail >= need_mem else "fail", detail + hint)
-    try:
-        stale = [c for c in engine_for(node, cfg).list_managed() if plan is None or c.fingerprint != plan.fingerprint]
-        add("containers", "warn" if stale else "ok",
-            f"{len(stale)} sparkserve container(s) from another config: {', '.join(c.name for c in stale)}"
-            if stale else "no stale sparkserve containers")
-    except SparkserveError as e:
-        add("containers", "fail", e.what)
+    for check, status, detail in memory_verdict(cfg, node_cfg, host, dropped=drop):
+        add(check, status, detail)
+    if isinstance(managed, SparkserveError):
+        add("containers", "fail", managed.what)
+    else:
+        stale = [c for c in managed if c not in mine]
+        if stale:
+            add("containers", "warn", f"{len(stale)} sparkserve container(s) from another config: "
+                f"{', '.join(c.name for c in stale)}")
+        elif mine:
+            add("containers", "ok", f"this config's stack: {', '.join(c.name for c in mine)} "
+                f"({'running' if held_by_me else mine[0].status}; deployment {mine[0].fingerprint[:12]})")
+        else:
+            add("containers", "ok", "no stale sparkserve containers")
     if len(cfg.nodes) == 1:  # a one-node stack: no link between nodes, no NCCL/GLOO/UCX fabric to set
         add("fabric", "ok", "one node: no fabric between nodes")
         return out
@@ -127,6 +151,19 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
     except FabricError as e:
         add("fabric", "fail", str(e))
     return out
+
+
+def own_deployment(cfg: Config, fingerprint: str) -> bool:
+    """Whether the deployment ``fingerprint`` (a container's label) was booted from this config, as the
+    journal recorded it: the same config but for the drafter (`swap-drafter` changes only that)."""
+    if not fingerprint:
+        return False
+    rec = lookup(lambda j: j.deployment(fingerprint), None)
+    if not rec or not isinstance(rec.get("config"), dict):
+        return False
+    mine = {k: v for k, v in cfg.normalized().items() if k != "drafter"}
+    theirs = {k: v for k, v in rec["config"].items() if k != "drafter"}
+    return mine == theirs
 
 
 def _manifest_state(drafter: str, answer: dict[str, Any] | None) -> RemoteState | None:
@@ -144,10 +181,16 @@ def check_all(cfg: Config, nodes: dict[str, Node], plan: Plan | None = None, *,
               check_ports: bool = True, drafter_bytes: int = 0, mkdirs: dict[str, list[str]] | None = None,
               fabric_out: dict[str, FabricFacts] | None = None,
               manifest_out: dict[str, RemoteState | None] | None = None,
-              unreachable: Mapping[str, SparkserveError] | None = None) -> list[Check]:
+              unreachable: Mapping[str, SparkserveError] | None = None, drop: bool = False,
+              host_out: dict[str, HostFacts] | None = None, storage: bool = False) -> list[Check]:
     """Every node's checks, in config order. A node in ``unreachable`` (it did not connect), or one whose
     checks could not run (its link dropped), gets one failed check naming the step that failed; every
-    other node is still checked in full."""
+    other node is still checked in full. Then the nodes side by side: host settings and versions, the
+    target checkpoint's manifest (the head's copy is the reference), and with ``storage`` docker's storage
+    driver. ``drop``: see :func:`check_node`."""
+    host_out = {} if host_out is None else host_out
+    targets: dict[str, TargetManifest] = {}
+    drivers: dict[str, str] | None = {} if storage and cfg.runtime == "docker" else None
     ranks = {n.name: i for i, n in enumerate(cfg.nodes)}
     by_name = {n.name: n for n in cfg.nodes}
 
@@ -155,7 +198,8 @@ def check_all(cfg: Config, nodes: dict[str, Node], plan: Plan | None = None, *,
         try:
             return check_node(cfg, by_name[node.name], node, ranks[node.name], plan, check_ports=check_ports,
                               drafter_bytes=drafter_bytes, mkdirs=(mkdirs or {}).get(node.name),
-                              fabric_out=fabric_out, manifest_out=manifest_out)
+                              fabric_out=fabric_out, manifest_out=manifest_out, drop=drop, host_out=host_out,
+                              target_out=targets, storage_out=drivers)
         except SparkserveError as e:
             return [_cut_off(node.name, e)]
 
@@ -168,7 +212,35 @@ def check_all(cfg: Config, nodes: dict[str, Node], plan: Plan | None = None, *,
     order = [n.name for n in cfg.nodes if n.name in fabric_out]
     checks += [Check("all", "fabric parity", "warn", m.message())
                for m in compare_nodes({k: fabric_out[k] for k in order})]
+    hosts = {n.name: host_out[n.name] for n in cfg.nodes if n.name in host_out}
+    verdicts = host_verdicts(cfg, hosts, multi_node=len(cfg.nodes) > 1) + storage_parity(drivers or {})
+    checks += [Check(node, name, status, detail) for node, (name, status, detail) in verdicts]
+    checks += _target_parity(cfg, targets)
     return checks
+
+
+def _target_parity(cfg: Config, targets: Mapping[str, TargetManifest]) -> list[Check]:
+    """Every node's copy of the target against the head's (the reference, as for the drafter): a copy with
+    shards missing, of another size, or with other safetensors headers fails."""
+    out: list[Check] = []
+    ref_name = next((n.name for n in cfg.nodes if n.name in targets), None)
+    if ref_name is None:
+        return out
+    ref = targets[ref_name]
+    for n in cfg.nodes:
+        m = targets.get(n.name)
+        if m is None:
+            continue
+        why = m.problems() or (None if n.name == ref_name else m.differs_from(ref))
+        where = f"{n.name}'s copy of model.target {cfg.model.target}"
+        if why:
+            against = "" if m.problems() or n.name == ref_name else f" (against {ref_name}'s copy)"
+            out.append(Check(n.name, "target manifest", "fail", f"{where}: {why}{against} — copy the target again "
+                             f"(rsync -a --checksum from {ref_name})"))
+        else:
+            out.append(Check(n.name, "target manifest", "ok", f"{len(m.shards)} shard(s), index and safetensors "
+                             "headers" + ("" if n.name == ref_name else f" as on {ref_name}")))
+    return out
 
 
 def _cut_off(node: str, e: SparkserveError) -> Check:

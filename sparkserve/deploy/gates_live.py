@@ -9,12 +9,12 @@ is a stream error, not a stuck command). The banked pool for this deployment com
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
 from sparkserve.config import Config, resolve_api_key
-from sparkserve.deploy.stack import managed_on_all
+from sparkserve.deploy.hostfacts import kernel_faults
+from sparkserve.deploy.stack import boot_id, managed_on_all  # noqa: F401 - boot_id: gates_live.boot_id
 from sparkserve.deploy.sync import remote_manifest
 from sparkserve.deploy.wait import _stamp
 from sparkserve.errors import RemoteFailure
@@ -53,16 +53,6 @@ def run_smoke(cfg: Config, plan: Plan) -> tuple[SmokeResult, dict[str, Any]]:
                        incomplete=incomplete, errors=errors, node=plan.head.node), res.model_dump(mode="json")
 
 
-def boot_id(nodes: dict[str, Node], containers: dict[str, str], how: Config | Plan | None = None) -> str:
-    """Which boot of a stack this is: sha256 over every rank's container (or process: ``how``'s runtime) id
-    and start time, so it changes whenever a rank is replaced or restarts (a gate verdict holds for one boot
-    only)."""
-    started = on_all(sorted(containers),
-                     lambda name: engine_for(nodes[name], how).state(containers[name]).started_at)
-    blob = json.dumps(sorted((name, containers[name], started[name]) for name in containers))
-    return hashlib.sha256(blob.encode()).hexdigest()
-
-
 #: How long before the container's recorded start a line of this boot may be stamped: docker records StartedAt
 #: only after it started the process, whose launcher may already have written a line.
 BOOT_SLACK_S = 1.0
@@ -85,12 +75,13 @@ def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, container
                       smoke: bool = True, bank: bool = False, skip: tuple[str, ...] = ()) -> GateReport:
     """Every gate on the stack in ``containers`` (node → container id): collect on every node, judge,
     and record the run (and, with ``bank``, the observed pool) in the journal. `up`'s last step."""
-    def per_node(name: str) -> tuple[ParsedLog, bool, str | None, str | None]:
+    def per_node(name: str) -> tuple[ParsedLog, bool, str | None, str | None, list[str] | None]:
         eng = engine_for(nodes[name], plan)
         cid = containers.get(name)
         if cid is None:
-            return parse_log("", file=f"{name}.log", node=name), False, None, None
-        text = "\n".join(eng.logs(cid, since=boot_since(eng.state(cid)))) + "\n"
+            return parse_log("", file=f"{name}.log", node=name), False, None, None, []
+        since = boot_since(eng.state(cid))
+        text = "\n".join(eng.logs(cid, since=since)) + "\n"
         log = parse_log(text, file=f"{name}.log", node=name)  # here: one node's parse overlaps the others' reads
         alive = eng.state(cid).running
         image = eng.managed(cid)
@@ -98,7 +89,8 @@ def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, container
         ident = image.image_id if image else None
         if ident is not None and plan.runtime == "docker":  # the content fingerprint: store-independent
             ident = identity_of(nodes[name], ident)
-        return log, alive, ident, digest
+        knl = kernel_faults(nodes[name], cfg, since=since or 0.0)  # NVRM/Xid lines never reach the rank's log
+        return log, alive, ident, digest, (None if knl.error else knl.lines)
 
     names = [n.name for n in cfg.nodes]
     boot = boot_id(nodes, containers, plan) if smoke and not skip else None  # only a full judgement vouches for a boot
@@ -116,7 +108,8 @@ def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, container
     mask_file = _drafter_has_mask(nodes[cfg.head.name], str(cfg.drafter.path))
     banked = lookup(lambda j: j.get_banked_pool(plan.fingerprint), None)
     expect = Expectations.from_config(cfg, banked_pool=banked, mask_file=mask_file)
-    report = judge(logs, expect, smoke=smoke_result, liveness=liveness, identity=identity, skip=skip)
+    kernel = {name: f[4] for name, f in facts.items()}
+    report = judge(logs, expect, smoke=smoke_result, liveness=liveness, identity=identity, skip=skip, kernel=kernel)
     observed = _observed_pool(report) if bank else None
     if observed is not None:
         record("banked_pool", fingerprint=plan.fingerprint, pool_tokens=observed)

@@ -86,6 +86,12 @@ def serving(cfg: Config, nodes: dict[str, Node], *, now: datetime | None = None)
                    endpoint=plan.api_url.rstrip("/") + "/v1")
 
 
+def human_time(s: str | None) -> str:
+    """Docker's start time for people: ``2026-12-01 11:42:24 UTC`` (no nanoseconds); ``?`` when unknown."""
+    t = parse_docker_time(s or "")
+    return t.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC") if t else "?"
+
+
 def human_duration(s: float | None) -> str:
     if s is None:
         return "?"

@@ -10,6 +10,8 @@ keep the head serving) and name the others; :func:`unreachable_error` is the exi
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -125,6 +127,16 @@ def down(cfg: Config, nodes: dict[str, Node], *, unreachable: Mapping[str, Spark
 # -- status -----------------------------------------------------------------------------------------------
 
 
+def boot_id(nodes: dict[str, Node], containers: dict[str, str], how: Config | Plan | None = None) -> str:
+    """Which boot of a stack this is: sha256 over every rank's container (or process: ``how``'s runtime) id
+    and start time, so it changes whenever a rank is replaced or restarts (a gate verdict holds for one boot
+    only)."""
+    started = on_all(sorted(containers),
+                     lambda name: engine_for(nodes[name], how).state(containers[name]).started_at)
+    blob = json.dumps(sorted((name, containers[name], started[name]) for name in containers))
+    return hashlib.sha256(blob.encode()).hexdigest()
+
+
 @dataclass(frozen=True)
 class ContainerStatus:
     """One managed container as `status` shows it (ids shortened for people)."""
@@ -164,11 +176,35 @@ class StackStatus:
     ok: bool
     deployments: list[str]
     unreachable: dict[str, SparkserveError] = field(default_factory=dict)
+    gates: bool | None = None  # this boot's gate verdict from the journal (None: not judged, or no one stack)
 
     def to_json(self) -> dict[str, Any]:
         return {"nodes": {k: [asdict(c) for c in v] for k, v in self.nodes.items()}, "api": asdict(self.api),
-                "ok": self.ok, "deployments": self.deployments,
+                "ok": self.ok, "deployments": self.deployments, "gates_this_boot": _verdict(self.gates),
                 "unreachable": {k: _reason(e) for k, e in self.unreachable.items()}}
+
+
+def _verdict(v: bool | None) -> str:
+    return {True: "passed", False: "failed", None: "not judged"}[v]
+
+
+def boot_verdict(cfg: Config, nodes: dict[str, Node],
+                 existing: Mapping[str, list[ManagedContainer]]) -> bool | None:
+    """The journal's gate verdict for the boot that runs now (one running rank per node, of one deployment):
+    True passed, False failed, None never judged (or no such stack)."""
+    running = {k: [c for c in v if c.running] for k, v in existing.items()}
+    if not running or any(len(v) != 1 for v in running.values()):
+        return None
+    fps = {v[0].fingerprint for v in running.values()}
+    if len(fps) != 1:
+        return None
+    try:
+        boot = boot_id({k: nodes[k] for k in running}, {k: v[0].id for k, v in running.items()}, cfg)
+    except SparkserveError:
+        return None
+    from sparkserve.journal import lookup
+
+    return lookup(lambda j: j.gate_verdict(fps.pop(), boot), None)
 
 
 def status(cfg: Config, nodes: dict[str, Node], *,
@@ -184,7 +220,8 @@ def status(cfg: Config, nodes: dict[str, Node], *,
     api = ApiStatus(plan.api_url, models is not None and plan.served_name in models, models)
     fps = {c.fingerprint for cs in existing.values() for c in cs}
     ok = every_node_runs and api.serving and len(fps) <= 1
-    return StackStatus(per_node, api, ok, sorted(f[:12] for f in fps), missing)
+    verdict = boot_verdict(cfg, nodes, existing) if every_node_runs else None
+    return StackStatus(per_node, api, ok, sorted(f[:12] for f in fps), missing, verdict)
 
 
 # -- logs -------------------------------------------------------------------------------------------------

@@ -19,9 +19,11 @@ from typing import Any
 from sparkserve.config import Config
 from sparkserve.deploy.inputs import validate_inputs
 from sparkserve.deploy.stack import managed_on_all
+from sparkserve.deploy.sync import remote_manifest
 from sparkserve.deploy.teardown import Reporter, interrupted
 from sparkserve.deploy.up import up
 from sparkserve.errors import BadInput, SparkserveError
+from sparkserve.journal import lookup
 from sparkserve.models.manifest import manifest
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.runtime import engine_for, serving_drafter
@@ -44,13 +46,14 @@ class SwapResult:
     drafter_digest: str | None = None
     deployment: str | None = None  # the fingerprint now running (swapped or rolled back)
     gates: GateReport | None = None
+    unchanged: bool = False  # the drafter asked for already serves: nothing was restarted
 
     def to_json(self) -> dict[str, Any]:
         """The `swap-drafter --json` object: its keys depend on the outcome."""
         head: dict[str, Any] = {"ok": self.ok, "rolled_back": self.rolled_back}
         if self.ok:
-            return head | {"drafter_path": self.drafter_path, "drafter_digest": self.drafter_digest,
-                           "deployment": self.deployment,
+            return head | {"unchanged": self.unchanged, "drafter_path": self.drafter_path,
+                           "drafter_digest": self.drafter_digest, "deployment": self.deployment,
                            "gates": self.gates.to_json() if self.gates is not None else None,
                            "message": self.message}
         if self.rolled_back:
@@ -89,13 +92,21 @@ def swap_drafter(cfg: Config, nodes: dict[str, Node], path: Path, *, break_lock:
     BadInput (nothing changed) when ``path`` is not a valid drafter for this config; otherwise the outcome
     is in the result, rollback included."""
     new_dir = path.expanduser().resolve()
+    if not new_dir.exists():
+        raise BadInput(str(path), "does not exist" + _near(path.expanduser()))
     if not new_dir.is_dir():
-        raise BadInput(str(path), "not a directory")
+        raise BadInput(str(path), "is not a directory (a drafter is a directory: config.json, weights, "
+                       "mask_embedding.pt)")
     # The cheap checks first (headers, config, mask file): a wrong drafter is refused before its weights are hashed.
     validate_inputs(cfg.model_copy(update={"drafter": cfg.drafter.model_copy(update={"source": new_dir})}), nodes)
     digest = manifest(new_dir).digest
     new_cfg = swapped_config(cfg, new_dir, digest)
     prev = serving_config(cfg, nodes)
+    now = _serving_now(cfg, nodes)
+    if now is not None and now[2] == digest:
+        return SwapResult(True, False, f"nothing to do: {new_dir} ({digest[:12]}) is the drafter serving now "
+                          f"(at {now[0]}); nothing was restarted", drafter_path=now[0], drafter_digest=digest,
+                          deployment=now[1], unchanged=True)
     say(f"swap: new drafter {new_dir} ({digest[:12]}) → {new_cfg.drafter.path} on every node")
     try:
         res = up(new_cfg, nodes, run_gates=run_gates, validate=False, break_lock=break_lock, say=say)
@@ -116,3 +127,38 @@ def swap_drafter(cfg: Config, nodes: dict[str, Node], path: Path, *, break_lock:
                       f"{res.api_url}; set drafter.path: {new_cfg.drafter.path} and drafter.source: {new_dir} in "
                       "your config to keep it", drafter_path=str(new_cfg.drafter.path), drafter_digest=digest,
                       deployment=res.fingerprint, gates=res.gates)
+
+
+def _serving_now(cfg: Config, nodes: dict[str, Node]) -> tuple[str, str, str | None] | None:
+    """The running head's drafter: (its path on the nodes, the deployment, its manifest digest — from the
+    journal's record of that deployment, else read on the head); None when no head rank runs."""
+    head = [c for c in managed_on_all({cfg.head.name: nodes[cfg.head.name]}, cfg).get(cfg.head.name, [])
+            if c.running]
+    if not head:
+        return None
+    c = head[0]
+    path = serving_drafter(engine_for(nodes[cfg.head.name], cfg), c.id)
+    if path is None:
+        return None
+    rec = lookup(lambda j: j.deployment(c.fingerprint), None) if c.fingerprint else None
+    digest = rec.get("drafter_digest") if rec else None
+    if digest is None:
+        try:
+            state = remote_manifest(nodes[cfg.head.name], path, cached_only=True)
+            digest = state.manifest.digest if state.exists and not state.uncached else None
+        except SparkserveError:
+            digest = None
+    return path, c.fingerprint, digest
+
+
+def _near(path: Path) -> str:
+    """"; did you mean X?" for a directory next to ``path`` whose name is close to it."""
+    import difflib
+
+    parent = path.parent if str(path.parent) else Path(".")
+    try:
+        names = [p.name for p in parent.iterdir() if p.is_dir()]
+    except OSError:
+        return ""
+    near = difflib.get_close_matches(path.name, names, n=1, cutoff=0.6)
+    return f"; did you mean {parent / near[0]}?" if near else ""

@@ -136,8 +136,11 @@ def test_drafter_inspect_shows_problems_but_a_missing_dir_is_exit_2(tmp_path: Pa
 
 
 def test_image_ship_from_an_unknown_node_is_bad_input_before_any_node_is_touched(tmp_path: Path) -> None:
-    # the default config's hosts do not resolve here: had a node been opened, this would be exit 3
-    p = cli("image", "ship", "--from", "nope", "-c", str(config_file(tmp_path / "c.yaml")),
+    # these hosts do not resolve here: had a node been opened, this would be exit 3 (init's placeholder hosts
+    # would be refused as placeholders: exit 2 for another reason)
+    nodes = [{"name": "spark-a", "host": "spark-a.invalid", "fabric_ip": "192.168.200.1"},
+             {"name": "spark-b", "host": "spark-b.invalid", "fabric_ip": "192.168.200.2"}]
+    p = cli("image", "ship", "--from", "nope", "-c", str(config_file(tmp_path / "c.yaml", {"nodes": nodes})),
             env=clean_env(tmp_path))
     assert p.returncode == 2, p.stderr
     assert p.stderr.splitlines() == ["error: --from: no node named 'nope' (nodes: spark-a, spark-b)"]

@@ -289,14 +289,14 @@ def test_status_json() -> None:
         "nodes": {"a": [{"name": "x", "id": "0123456789ab", "rank": 0, "role": "head", "status": "running",
                          "deployment": "fp", "image_id": "sha256:i"}], "b": []},
         "api": {"url": "http://h", "serving": True, "models": ["m"]}, "ok": False, "deployments": ["fp"],
-        "unreachable": {}}
+        "gates_this_boot": "not judged", "unreachable": {}}
 
 
 def test_swap_json_has_the_keys_of_its_outcome() -> None:
     ok = SwapResult(True, False, "swapped", drafter_path="/d", drafter_digest="g", deployment="fp",
                     gates=report(True))
-    assert list(ok.to_json()) == ["ok", "rolled_back", "drafter_path", "drafter_digest", "deployment", "gates",
-                                  "message"]
+    assert list(ok.to_json()) == ["ok", "rolled_back", "unchanged", "drafter_path", "drafter_digest", "deployment",
+                                  "gates", "message"]
     back = SwapResult(False, True, "rolled back", error="e", details=["x"], deployment="fp0")
     assert back.to_json() == {"ok": False, "rolled_back": True, "error": "e", "details": ["x"],
                               "deployment": "fp0", "message": "rolled back"}

@@ -309,10 +309,11 @@ def test_the_default_config_passes_with_the_fixture_drafter_and_target(tmp_path:
 
 
 @pytest.mark.vllm
-def test_validate_on_the_default_uses_vllms_real_parser_when_installed(tmp_path: Path,
-                                                                      good: tuple[Path, Path]) -> None:
+def test_validate_parser_vllm_uses_vllms_real_parser_when_installed(tmp_path: Path,
+                                                                     good: tuple[Path, Path]) -> None:
     drafter, target = good
-    p = cli("validate", "--drafter", str(drafter), "--target", str(target), env=clean_env(tmp_path))
+    p = cli("validate", "--drafter", str(drafter), "--target", str(target), "--parser", "vllm",
+            env=clean_env(tmp_path))
     assert p.returncode == 0, p.stderr
     assert "accepted by vLLM 0.33.0 `vllm serve` parser" in p.stdout
 
