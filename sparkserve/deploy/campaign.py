@@ -9,8 +9,10 @@
    path a swap would use), before the first boot;
 3. boot by boot in the interleaved order (``ab_records.interleaved_order``): `up` with that drafter's bind
    mount (no image rebuild) and the gates; a boot whose gates fail, or that does not come up, is banked as
-   excluded and the campaign goes on; then the cells, each banked with its pins (config, deployment, image,
-   drafter digest, prompts digest, boot id) and excluded when a bench guard refused it or the boot restarted;
+   excluded and the campaign goes on; then the cells (by the card's protocol unless the request says
+   ``forced``; the spec's ``sampling`` keeps which, and the chat template's sha256), each banked with
+   its pins (config, deployment, image, drafter digest, prompts digest, boot id) and excluded when a
+   bench guard refused it or the boot restarted;
 4. at the end the drafter that was serving before the campaign is booted again (``swap.serving_config``),
    or the stack is taken down when nothing served.
 
@@ -52,9 +54,10 @@ from sparkserve.measure.ab_records import (
     wave_exclusion,
 )
 from sparkserve.measure.ab_report import Report, build_report
+from sparkserve.measure.chat_template import ChatTemplate, load_chat_template
 from sparkserve.measure.prompts import BUILTIN_NAME, PromptSet, builtin_prompts, load_prompts
-from sparkserve.measure.records import Sampling
-from sparkserve.measure.run import run_cell_outcomes_async
+from sparkserve.measure.records import CARD, FORCED, Sampling, sampling_for
+from sparkserve.measure.run import run_cell_outcomes_async, target_template
 from sparkserve.models.manifest import manifest
 from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node
@@ -71,6 +74,8 @@ class CampaignRequest:
     seed: int | None = None
     primary: str | None = None
     bootstrap: int = 2000
+    protocol: str = CARD  # issue 21: the card's holdout protocol by default; "forced" = the streamed forced length
+    chat_template: Path | None = None  # card: the target's chat template (default: model.target's own)
 
 
 @dataclass
@@ -122,6 +127,8 @@ def check_request(cfg: Config, req: CampaignRequest) -> None:
     for n, p in req.drafters:
         if not p.expanduser().is_dir():
             raise BadInput(f"--drafter {n}", f"{p} is not a directory")
+    if req.protocol == CARD:
+        target_template(cfg, req.chat_template)  # BadInput naming the option or the template file
 
 
 def _arm_config(cfg: Config, arm: Arm, *, with_source: bool) -> Config:
@@ -155,13 +162,32 @@ def plan_campaign(cfg: Config, nodes: dict[str, Node], req: CampaignRequest, say
         arms.append(Arm(name=name, source=str(d), digest=digest, node_path=node_path))
         say(f"ab: drafter {name} = {d} ({digest[:12]}) → {node_path} on every node")
     cells = [c.name for c in req.cells]
+    sampling = sampling_for(req.protocol).as_dict()
+    if req.protocol == CARD:
+        tpl = target_template(cfg, req.chat_template)
+        sampling |= {"chat_template": tpl.source, "chat_template_sha256": tpl.sha256}
     primary = req.primary or (DEFAULT_PRIMARY if DEFAULT_PRIMARY in cells else cells[0])
     seed = req.seed if req.seed is not None else random.SystemRandom().randrange(1 << 31)
     return CampaignSpec(
         drafters=arms, cells=req.cells, rounds=req.rounds, seed=seed, prompts_source=prompt_set.source,
         prompts_sha256=prompt_set.sha256, config_sha256=cfg.fingerprint(),
-        rule=Rule(baseline=arms[0].name, primary=primary), bootstrap=req.bootstrap, sampling=Sampling().as_dict(),
+        rule=Rule(baseline=arms[0].name, primary=primary), bootstrap=req.bootstrap, sampling=sampling,
     )
+
+
+def campaign_sampling(spec: CampaignSpec, campaign_id: int | None = None) -> tuple[Sampling, ChatTemplate | None]:
+    """The protocol a campaign runs its cells by (campaigns from before issue 21: forced) and, for the card's,
+    the chat template it started with — BadInput when that file is gone or changed."""
+    protocol = str(spec.sampling.get("protocol") or FORCED)
+    if protocol != CARD:
+        return sampling_for(FORCED), None
+    src = str(spec.sampling.get("chat_template") or "")
+    tpl = load_chat_template(Path(src), where="chat template")
+    if tpl.sha256 != spec.sampling.get("chat_template_sha256"):
+        what = f"campaign {campaign_id}" if campaign_id is not None else "the campaign"
+        raise BadInput(src, f"chat template changed since {what} started (sha256 {tpl.sha256[:12]}, was "
+                       f"{str(spec.sampling.get('chat_template_sha256'))[:12]})")
+    return sampling_for(CARD), tpl
 
 
 def load_campaign(j: Journal, campaign_id: int) -> tuple[str, CampaignSpec, list[Boot], list[Wave]]:
@@ -221,6 +247,7 @@ def check_resume(cfg: Config, campaign_id: int) -> CampaignSpec:
     if prompt_set.sha256 != spec.prompts_sha256:
         raise BadInput(spec.prompts_source, f"changed since campaign {campaign_id} started (sha256 "
                        f"{prompt_set.sha256[:12]}, was {spec.prompts_sha256[:12]})")
+    campaign_sampling(spec, campaign_id)
     for arm in spec.drafters:
         src = Path(arm.source)
         if not src.is_dir() or manifest(src).digest != arm.digest:
@@ -337,6 +364,7 @@ def _restore(cfg: Config, nodes: dict[str, Node], before: Config | None, say: Re
 def _slots(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, clock: _Clock, *, say: Reporter,
            progress: bool) -> None:
     prompt_set = _load_prompts(spec.prompts_source)
+    sampling, template = campaign_sampling(spec, cid)
     order = spec.order
     for i, slot in enumerate(order):
         with _journal() as j:
@@ -348,7 +376,8 @@ def _slots(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, cl
         where = f"round {slot.round + 1}/{spec.rounds} · boot {i + 1}/{len(order)} · drafter {slot.drafter}"
         say(f"ab: {where} · booting · {clock.eta(len(left), cells_left)}")
         _one_slot(cfg, nodes, cid, spec, i, slot, _done_cells(waves, i), prompt_set, clock, where=where, say=say,
-                  progress=progress, boots_left=len(left) - 1, cells_left=cells_left)
+                  progress=progress, boots_left=len(left) - 1, cells_left=cells_left, sampling=sampling,
+                  template=template)
 
 
 def _boot(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, i: int, slot: Slot, clock: _Clock,
@@ -380,7 +409,8 @@ def _boot(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, i: 
 
 def _one_slot(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, i: int, slot: Slot,
               done: set[str], prompt_set: PromptSet, clock: _Clock, *, where: str, say: Reporter,
-              progress: bool, boots_left: int, cells_left: dict[str, int]) -> None:
+              progress: bool, boots_left: int, cells_left: dict[str, int], sampling: Sampling = Sampling(),
+              template: ChatTemplate | None = None) -> None:
     """Boot slot ``i`` and run its cells not yet banked (``done``); ``boots_left`` / ``cells_left``: what
     remains of the campaign after this boot (cells: including this slot's), for the ETA."""
     boot, res = _boot(cfg, nodes, cid, spec, i, slot, clock, say)
@@ -397,8 +427,8 @@ def _one_slot(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec,
         t = time.monotonic()
         try:
             result, outcomes = asyncio.run(run_cell_outcomes_async(
-                res.api_url, res.served_name, cs.cell(), prompt_set, sampling=Sampling(), node=cfg.head.name,
-                api_key=resolve_api_key(cfg), progress=progress,
+                res.api_url, res.served_name, cs.cell(), prompt_set, sampling=sampling, node=cfg.head.name,
+                api_key=resolve_api_key(cfg), progress=progress, template=template,
             ))
         except SparkserveError as e:
             if interrupted(e):

@@ -47,7 +47,8 @@ class CellSpec(BaseModel):
     max_tokens: int
 
     def cell(self) -> Cell:
-        return Cell(self.name, prompts=self.prompts, concurrency=self.concurrency, max_tokens=self.max_tokens)
+        k = CELLS[self.name].k if self.name in CELLS else None  # c16-k4 keeps its K check at any size
+        return Cell(self.name, prompts=self.prompts, concurrency=self.concurrency, max_tokens=self.max_tokens, k=k)
 
     def shape(self) -> str:
         return f"{self.prompts}×c{self.concurrency}×{self.max_tokens}"

@@ -7,9 +7,17 @@ Example::
     report.model_dump(mode="json")     # what ``ab report --json`` prints
     plot(report, Path("ab.png"))       # BadInput naming the ``plot`` extra when matplotlib is absent
 
-The card's shape: one row per cell, ``Cell (accept / tok/s)``, one column per drafter; then the
-per-position row (the primary cell's), the intervals and deltas, TTFT / TPOT percentiles, the verdicts and
-the honest read. Every figure names the journal rows (waves) it comes from.
+The card's shapes (drafter/cards/GLM-5.3-Flash-DFlash2-{E,F,G}.md):
+
+* the same-rig A/B table: one row per cell, ``Cell (accept / tok/s)``, one column per drafter, acceptance to
+  4 decimals and tok/s to 2 (``3.5788 / 70.87``), the primary cell marked ``(primary)``; then the
+  per-position row (the primary cell's, ``0.744 · 0.545 · …``);
+* the holdout-evaluation table: one row per drafter, one column per cell headed ``K=<k>, c<concurrency>``
+  (K as the counters show it: Δdraft_tokens / Δdrafts), ``Mean acceptance length (output tok/s)`` with
+  ``3.676 (1,410)`` in each cell;
+
+then the intervals and deltas, TTFT / TPOT percentiles, the verdicts and the honest read. Every figure
+names the journal rows (waves) it comes from.
 """
 
 from __future__ import annotations
@@ -43,8 +51,17 @@ def build_report(campaign_id: int, status: str, spec: CampaignSpec, waves: list[
         boots=boots,
         waves=[{"id": w.id, "slot": w.slot, "round": w.round + 1, "drafter": w.drafter, "cell": w.cell,
                 "boot": w.boot_row, "excluded": w.excluded, "output_tok_s": w.result.output_tok_s,
-                "acceptance_length": w.result.acceptance_length, "pins": w.pins.model_dump()} for w in waves],
+                "acceptance_length": w.result.acceptance_length, "k": _wave_k(w),
+                "protocol": w.result.protocol, "pins": w.pins.model_dump()} for w in waves],
     )
+
+
+def _wave_k(w: Wave) -> int | None:
+    """Tokens per draft of a wave's server: the record's, else Δdraft_tokens / Δdrafts."""
+    r = w.result
+    if r.k is not None:
+        return r.k
+    return round(r.draft_tokens / r.drafts) if r.drafts and r.draft_tokens is not None else None
 
 
 def _fig(r: Report, drafter: str, cell: str) -> CellFigures | None:
@@ -81,26 +98,57 @@ def _absent(r: Report, drafter: str, cell: str) -> str:
 
 
 def card_rows(r: Report) -> tuple[list[str], list[list[str]]]:
-    """The card's table: header ``Cell (accept / tok/s)`` + drafters, one row per cell, then the per-position
-    row of the primary cell."""
+    """The card's same-rig A/B table: header ``Cell (accept / tok/s)`` + drafters, one row per cell (the
+    primary marked), ``3.5788 / 70.87`` per drafter, then the per-position row of the primary cell."""
     names = [a.name for a in r.spec.drafters]
     header = ["Cell (accept / tok/s)", *names]
     rows = []
+    primary = r.spec.rule.primary
     for cs in r.spec.cells:
-        row = [f"{cs.name} {cs.shape()}"]
+        row = [f"{cs.name} {cs.shape()}" + (" (primary)" if cs.name == primary else "")]
         for n in names:
             f = _fig(r, n, cs.name)
             row.append(_absent(r, n, cs.name) if f is None else
-                       f"{_num(f.acceptance_length.point, '.2f')} / {_num(f.tok_s.point, ',.1f')}")
+                       f"{_num(f.acceptance_length.point, '.4f')} / {_num(f.tok_s.point, ',.2f')}")
         rows.append(row)
-    primary = r.spec.rule.primary
-    pp = [f"Per-position acceptance ({primary})"]
+    pp = [f"Per-position acceptance ({_k_label(r, primary)})"]
     for n in names:
         f = _fig(r, n, primary)
         pp.append("—" if f is None or not f.per_position else
-                  " ".join(_num(i.point, ".2f") for i in f.per_position))
+                  " · ".join(_num(i.point, ".3f") for i in f.per_position))
     rows.append(pp)
     return header, rows
+
+
+def _cell_k(r: Report, cell: str) -> int | None:
+    """The K a cell's counted waves drafted with (the most common, should they differ)."""
+    ks = [w["k"] for w in r.waves if w["cell"] == cell and not w["excluded"] and isinstance(w.get("k"), int)]
+    return max(set(ks), key=ks.count) if ks else None
+
+
+def _k_label(r: Report, cell: str) -> str:
+    """``K=7, c16`` as the cards head a column (``K=?`` when no counted wave says)."""
+    cs = next(c for c in r.spec.cells if c.name == cell)
+    k = _cell_k(r, cell)
+    return f"K={'?' if k is None else k}, c{cs.concurrency}"
+
+
+def holdout_rows(r: Report) -> tuple[list[str], list[list[str]]]:
+    """The drafter cards' holdout-evaluation table: header ``Mean acceptance length (output tok/s)`` + one
+    column per cell (``K=7, c16``; the cell's name added where two cells would share a heading), one row per
+    drafter, ``3.676 (1,410)`` in each."""
+    labels = [_k_label(r, cs.name) for cs in r.spec.cells]
+    heads = [lab if labels.count(lab) == 1 else f"{lab} ({cs.name})" for lab, cs in zip(labels, r.spec.cells,
+                                                                                           strict=True)]
+    rows = []
+    for a in r.spec.drafters:
+        row = [a.name]
+        for cs in r.spec.cells:
+            f = _fig(r, a.name, cs.name)
+            row.append(_absent(r, a.name, cs.name) if f is None else
+                       f"{_num(f.acceptance_length.point, '.3f')} ({_num(f.tok_s.point, ',.0f')})")
+        rows.append(row)
+    return ["Mean acceptance length (output tok/s)", *heads], rows
 
 
 def interval_rows(r: Report) -> tuple[list[str], list[list[str]]]:
@@ -145,8 +193,15 @@ def _md_table(header: list[str], rows: list[list[str]]) -> str:
 def _protocol(r: Report) -> str:
     s = r.spec.sampling
     cells = ", ".join(f"{c.name} {c.shape()}" for c in r.spec.cells)
-    return (f"Protocol: {cells}; {r.spec.rounds} round(s), interleaved order (seed {r.spec.seed}); temperature "
-            f"{s.get('temperature')}, top_p {s.get('top_p')}, thinking {'on' if s.get('enable_thinking') else 'off'}, "
+    if s.get("protocol") == "card":
+        how = (f"the model card's holdout protocol (/v1/completions, each prompt rendered with the target's chat "
+               f"template {s.get('chat_template')} (sha256 {str(s.get('chat_template_sha256'))[:12]}), not "
+               "streamed, EOS ends a request)")
+    else:
+        how = "the forced protocol (streamed chat completions)"
+    return (f"Protocol: {how}; {cells}; {r.spec.rounds} round(s), interleaved order (seed {r.spec.seed}); "
+            f"temperature {s.get('temperature')}, top_p {s.get('top_p')}, thinking "
+            f"{'on' if s.get('enable_thinking') else 'off'}, "
             f"forced output length {'on' if s.get('forced_length') else 'off'}; prompts {r.spec.prompts_source} "
             f"(sha256 {r.spec.prompts_sha256[:12]}); config {r.spec.config_sha256[:12]}. Intervals: 95 % bootstrap "
             f"({r.spec.bootstrap} resamples) over prompts within a boot and over boots across rounds.")
@@ -156,6 +211,7 @@ def markdown(r: Report) -> str:
     """The model-card-ready section."""
     out = [f"## A/B campaign {r.campaign} — table of record", ""]
     out += [_md_table(*card_rows(r)), ""]
+    out += ["### Holdout-table shape", "", _md_table(*holdout_rows(r)), ""]
     out += ["### Intervals, deltas and latency", "", _md_table(*interval_rows(r)), ""]
     out += ["### Verdicts", "", f"Rule: {r.rule}.", ""]
     vh, vr = verdict_rows(r)
@@ -185,6 +241,7 @@ def render_rich(r: Report) -> list[object]:
         return t
 
     out: list[object] = [table(f"A/B campaign {r.campaign} ({r.status}) — table of record", *card_rows(r)),
+                         table("holdout-table shape", *holdout_rows(r)),
                          table("intervals, deltas, latency", *interval_rows(r))]
     vh, vr = verdict_rows(r)
     if vr:

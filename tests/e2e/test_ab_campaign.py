@@ -2,7 +2,8 @@
 directory), 2 rounds × smoke + a short c16. The better profile wins with an interval above 0, an identical
 profile ties, a drafter failing its gates is excluded and reported, Ctrl-C mid-campaign exits 3 with the
 serving drafter restored, and `--resume` finishes without re-running a finished cell; the Markdown report
-has the card's table shape."""
+has the card's table shapes. The cells run by the card's protocol (the default; issue 21): prompts rendered
+through a chat template given with --chat-template (the rig's target has no tokenizer)."""
 
 from __future__ import annotations
 
@@ -102,13 +103,20 @@ def test_campaign_verdicts_exclusion_interrupt_resume_and_report(e2e, stack, tmp
     c = drafter(e2e, tmp_path, "dfc", BASE, seed=106, flip=2)
     d = drafter(e2e, tmp_path, "dfd", BETTER, seed=4, flip=4, faults="graphs_off@rank=1\n")  # fails its gates
     drafters = ("--drafter", f"A={a}", "--drafter", f"B={b}", "--drafter", f"C={c}", "--drafter", f"D={d}")
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer_config.json").write_text(json.dumps({"chat_template": (
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking %}<think>\n{% endif %}"
+        "{% endif %}")}))
+    args = (*ARGS, "--chat-template", str(tok))
     serving = mounted(e2e)
     assert serving == {f"{E2E_DIR}/drafter"}
 
     # a wrong drafter: exit 2, nothing started or synced
     wrong = e2e.node_path("node-a", e2e.rig.models["drafter-b16"])
     bad = e2e.cli("ab", "run", *drafters[:2], "--drafter", f"X={wrong}",
-                  *ARGS, cfg=stack)
+                  *args, cfg=stack)
     assert bad.returncode == 2 and "--drafter X" in bad.stderr, bad.stderr
     assert sorted(p.name for p in e2e.node_path("node-a", E2E_DIR).iterdir()) == ["drafter"]
 
@@ -116,7 +124,7 @@ def test_campaign_verdicts_exclusion_interrupt_resume_and_report(e2e, stack, tmp
     second = next(k for k, s in enumerate(order) if s.drafter != "D" and k > 0
                   and any(o.drafter != "D" for o in order[:k]))
     marker = f"boot {second + 1}/{len(order)} · drafter {order[second].drafter} · cell c16"
-    p = interrupt_at(e2e, ("ab", "run", *drafters, *ARGS), stack, marker)
+    p = interrupt_at(e2e, ("ab", "run", *drafters, *args), stack, marker)
     assert p.returncode == 3, p.stdout + p.stderr
     line = next(ln for ln in p.stderr.splitlines() if ln.startswith("error:"))
     assert "interrupted (SIGINT)" in line and "--resume" in line, line
@@ -137,6 +145,8 @@ def test_campaign_verdicts_exclusion_interrupt_resume_and_report(e2e, stack, tmp
     with Journal.open() as j:
         status, spec, boots, waves = load_campaign(j, cid)
     assert status == "done"
+    assert spec.sampling["protocol"] == "card" and spec.sampling["chat_template"] == str(tok / "tokenizer_config.json")
+    assert {w.result.protocol for w in waves} == {"card"} and {w.result.endpoint for w in waves} == {"/v1/completions"}
     keys = [(w.slot, w.cell) for w in waves]
     assert len(keys) == len(set(keys)), "a finished cell ran again"
     assert {w.id for w in before} <= {w.id for w in waves}  # the banked waves kept as they were
@@ -165,7 +175,9 @@ def test_campaign_verdicts_exclusion_interrupt_resume_and_report(e2e, stack, tmp
     md = e2e.cli("ab", "report", str(cid), "--markdown", cfg=None)
     assert md.returncode == 0, md.stderr
     assert "| Cell (accept / tok/s) | A | B | C | D |" in md.stdout
-    assert "| smoke 4×c1×128 |" in md.stdout and "| c16 32×c16×128 |" in md.stdout
-    assert "| Per-position acceptance (c16) |" in md.stdout and "excluded" in md.stdout
+    assert "| smoke 4×c1×128 |" in md.stdout and "| c16 32×c16×128 (primary) |" in md.stdout
+    assert "| Per-position acceptance (K=7, c16) |" in md.stdout and "excluded" in md.stdout
+    assert "| Mean acceptance length (output tok/s) | K=7, c1 | K=7, c16 |" in md.stdout
+    assert "the model card's holdout protocol" in md.stdout
     assert "B KEEP" in md.stdout and "C TIE" in md.stdout
     (tmp_path / "report.md").write_text(md.stdout)

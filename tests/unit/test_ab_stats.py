@@ -10,7 +10,7 @@ from _ab_waves import campaign
 
 from sparkserve.errors import BadInput
 from sparkserve.measure.ab_records import Boot, CellSpec, interleaved_order, parse_size
-from sparkserve.measure.ab_report import build_report, card_rows, markdown, plot
+from sparkserve.measure.ab_report import build_report, card_rows, holdout_rows, markdown, plot
 from sparkserve.measure.ab_stats import analyze
 
 
@@ -81,17 +81,41 @@ def test_markdown_reproduces_the_card_table_shape() -> None:
     r = build_report(4, "done", sp, waves, [])
     header, rows = card_rows(r)
     assert header == ["Cell (accept / tok/s)", "A", "B", "C"]
-    assert [row[0] for row in rows] == ["smoke 12×c1×256", "c16 32×c16×256", "Per-position acceptance (c16)"]
+    assert [row[0] for row in rows] == ["smoke 12×c1×256", "c16 32×c16×256 (primary)",
+                                        "Per-position acceptance (K=7, c16)"]
     fa = next(f for f in r.analysis.figures if f.drafter == "A" and f.cell == "smoke")
-    assert rows[0][1] == f"{fa.acceptance_length.point:.2f} / {fa.tok_s.point:,.1f}"
-    assert len(rows[2][1].split()) == 7
+    assert rows[0][1] == f"{fa.acceptance_length.point:.4f} / {fa.tok_s.point:,.2f}"  # the card's "3.5788 / 70.87"
+    assert len(rows[2][1].split(" · ")) == 7
+    # the drafter cards' holdout table: drafters as rows, "K=<k>, c<concurrency>" columns, "3.676 (1,410)"
+    hh, hr = holdout_rows(r)
+    assert hh == ["Mean acceptance length (output tok/s)", "K=7, c1", "K=7, c16"]
+    fb = next(f for f in r.analysis.figures if f.drafter == "B" and f.cell == "c16")
+    assert [row[0] for row in hr] == ["A", "B", "C"]
+    assert hr[1][2] == f"{fb.acceptance_length.point:.3f} ({fb.tok_s.point:,.0f})"
     md = markdown(r)
     assert "| Cell (accept / tok/s) | A | B | C |" in md and "|---|---|---|---|" in md
     assert "### Verdicts" in md and "KEEP" in md and "### Honest read" in md
     assert "temperature 1.0, top_p 0.95" in md and "forced output length on" in md
+    assert "### Holdout-table shape" in md and "| Mean acceptance length (output tok/s) | K=7, c1 | K=7, c16 |" in md
+    assert "Protocol: the forced protocol" in md
     assert "TTFT ms p50/p90/p99" in md
     js = r.model_dump(mode="json")
     assert js["analysis"]["verdicts"][0]["drafter"] == "B" and js["waves"][0]["pins"]["boot_id"]
+
+
+def test_a_card_protocol_campaign_says_so_and_k_heads_each_column() -> None:
+    sp, waves = campaign(["A", "B"])
+    sp = sp.model_copy(update={"sampling": {"protocol": "card", "temperature": 1.0, "top_p": 0.95,
+                                            "enable_thinking": True, "forced_length": False,
+                                            "chat_template": "/m/tokenizer_config.json",
+                                            "chat_template_sha256": "9" * 64}})
+    k4 = [w.model_copy(update={"result": w.result.model_copy(update={"k": 4})}) if w.cell == "c16" else w
+          for w in waves]
+    r = build_report(5, "done", sp, k4, [])
+    assert holdout_rows(r)[0][1:] == ["K=7, c1", "K=4, c16"]
+    md = markdown(r)
+    assert "the model card's holdout protocol (/v1/completions" in md and "/m/tokenizer_config.json" in md
+    assert "forced output length off" in md and "Per-position acceptance (K=4, c16)" in md
 
 
 def test_plot_writes_a_png_and_names_the_extra_when_matplotlib_is_missing(tmp_path, monkeypatch) -> None:
