@@ -26,6 +26,7 @@ _WRITERS: dict[str, Callable[..., Any]] = {
     "bench": Journal.record_bench,
     "active_drafter": Journal.set_active_drafter,
     "clear_active_drafter": Journal.clear_active_drafter,
+    "supervise_event": Journal.record_supervise_event,
 }
 _warned: set[Path] = set()  # journals already warned about in this process: one line each
 

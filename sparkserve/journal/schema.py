@@ -89,6 +89,17 @@ MIGRATIONS: list[str] = [
         digest TEXT NOT NULL                  -- its manifest sha256
     );
     """,
+    """
+    CREATE TABLE supervise_events (           -- `supervise`: incidents, recoveries, give-ups, acceptance bands
+        id INTEGER PRIMARY KEY,
+        time TEXT NOT NULL,
+        fingerprint TEXT,                     -- the deployment it watched
+        kind TEXT NOT NULL,                   -- incident | recovered | gave_up | band
+        event_json TEXT NOT NULL,
+        sha256 TEXT NOT NULL                  -- of event_json exactly as stored
+    );
+    CREATE INDEX supervise_events_fp ON supervise_events(fingerprint, kind);
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -260,6 +260,31 @@ class Journal:
         return self._write("DELETE FROM active_drafters WHERE config_sha256 = ?", (config_sha256,))
 
 
+    # -- supervise (incidents, recoveries, give-ups, banked acceptance bands) ----------------------
+
+    def record_supervise_event(self, fingerprint: str | None, event: str, event_json: str) -> int:
+        """``event``: incident, recovered, restart_failed, gave_up or band (the row's ``kind``)."""
+        return self._write(
+            "INSERT INTO supervise_events (time, fingerprint, kind, event_json, sha256) VALUES (?, ?, ?, ?, ?)",
+            (now(), fingerprint, event, event_json, sha256_text(event_json)))
+
+    def supervise_events(self, fingerprint: str | None = None, kind: str | None = None,
+                         limit: int = 50) -> list[tuple[int, str, str, str]]:
+        """``(id, time, kind, event_json)``, newest first, of one deployment and/or kind."""
+        sql, args = "SELECT id, time, kind, event_json FROM supervise_events WHERE 1=1", []
+        if fingerprint is not None:
+            sql, args = sql + " AND fingerprint = ?", [*args, fingerprint]
+        if kind is not None:
+            sql, args = sql + " AND kind = ?", [*args, kind]
+        rows = self._conn.execute(sql + " ORDER BY id DESC LIMIT ?", (*args, limit)).fetchall()
+        return [(int(a), b, c, d) for a, b, c, d in rows]
+
+    def bench_results_for(self, fingerprint: str, limit: int = 20) -> list[tuple[int, str, str]]:
+        """``(id, cell, result_json)`` of the bench results of one deployment, newest first."""
+        rows = self._conn.execute("SELECT id, cell, result_json FROM bench_results WHERE fingerprint = ? "
+                                  "ORDER BY id DESC LIMIT ?", (fingerprint, limit)).fetchall()
+        return [(int(a), b, c) for a, b, c in rows]
+
     def history(self, limit: int = 50) -> list[HistoryEntry]:
         """Newest first, every kind of record interleaved by time. BadInput when the journal is damaged
         (a page or a stored JSON value unreadable)."""

@@ -11,7 +11,7 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "sparkserve"
 
 # Lowest first. A module may import from its own stage or any stage before it (docs/ARCHITECTURE.md).
-STAGES = ["ground", "models", "plan", "observe", "measure", "nodes", "deploy", "commands"]
+STAGES = ["ground", "models", "plan", "observe", "measure", "nodes", "deploy", "operate", "commands"]
 GROUND = {"__init__", "errors", "units", "config", "journal"}
 TOP = {"cli", "__main__"}  # the CLI entry points: the commands stage
 PURE = {"models", "plan", "observe"}

@@ -46,7 +46,8 @@ Environment (emulator knobs are ``SSEMU_*``; real vLLM variables keep their mean
 * ``SSEMU_DEVICE_MEMORY_GIB`` (default 119.7): the fake device size for ``--gpu-memory-utilization``.
 * ``SSEMU_NCCL_TIMEOUT_S`` (default 3): how long a hung collective waits before the NCCL watchdog fires.
 * ``SSEMU_FAULTS``: faults, ``;``-separated, each ``name@key=value,key=value``. Also read, one per line,
-  from ``ssemu-faults`` in the drafter directory (the node-local, mounted drafter dir):
+  from ``ssemu-faults`` in the drafter directory (the node-local, mounted drafter dir), and — while serving —
+  from the file ``SSEMU_CONTROL`` names, re-read every 0.2 s (write it to start a fault now, remove it to end):
 
   - ``crash_boot@rank=R[,phase=init|load|compile|kv|capture][,error=nccl|cuda|key]``: rank R raises at
     boot (default phase init: ``RuntimeError: NCCL error: unhandled system error``) → the real
@@ -60,6 +61,17 @@ Environment (emulator knobs are ``SSEMU_*``; real vLLM variables keep their mean
   - ``stream_error@request=K``: request K (1-based, counted by the head) fails mid-stream with
     vLLM's ``finish_reason == "error"`` path.
   - ``slow_boot@seconds=S``: same as ``SSEMU_BOOT_SECONDS``.
+  Serving-time faults (issue 22, what `sparkserve supervise` must catch; see each for its real source):
+  - ``wedge@after=N``: every request after the Nth hangs without a token, while ``/health`` answers 200 and
+    ``/metrics`` answers (the requests count as running, the generation counter freezes) — real vLLM 0.25.1
+    with its EngineCore SIGSTOPped (measured, issue 22; sparkrun#252, dgx-spark-playbooks PR #104).
+  - ``accept_collapse@after_s=T``: from T s after the engine started, no draft token is accepted (acceptance
+    length 1.0) and nothing is logged — the silent drop of vllm PR #45343 / eugr#377.
+  - ``mem_leak@rank=R,path=P[,start_gib=100,mib_s=2048]``: the node holding rank R writes a fake
+    /proc/meminfo at P once a second whose MemFree falls by mib_s from start_gib (the UVM leak of
+    eugr/spark-vllm-docker#257; `supervise.meminfo_path` reads it).
+  - ``worker_death@rank=R,after=N`` above is the rank crash while serving; ``nccl_timeout@rank=R,request=K``
+    fires the NCCL watchdog when request K starts (default: the first).
 * vLLM variables honoured: ``VLLM_RINGBUFFER_WARNING_INTERVAL`` (60), ``VLLM_ENGINE_READY_TIMEOUT_S``
   (600), ``VLLM_LOG_STATS_INTERVAL`` (10), ``VLLM_LOGGING_PREFIX``, ``VLLM_LOGGING_LEVEL``,
   ``VLLM_DISABLE_LOG_LOGO``, ``VLLM_KEEP_ALIVE_ON_ENGINE_DEATH``, ``VLLM_USE_V2_MODEL_RUNNER``,
@@ -825,6 +837,9 @@ class Engine:
 
     def draw_accepted(self, rng: random.Random) -> int:
         """Accepted draft tokens in one step: P(a >= p+1) = profile[p] (prefix acceptance)."""
+        collapse = self.emu.faults.get("accept_collapse")
+        if collapse is not None and time.time() - self.created >= float(collapse.params.get("after_s", "0")):
+            return 0
         prev = 1.0
         for p, r in enumerate(self.profile):
             cond = r / prev if prev > 0 else 0.0
@@ -894,6 +909,9 @@ class Emulator:
         self.max_model_len = self._max_model_len()
         self.max_batched = a.max_num_batched_tokens or 8192
         self.faults = Faults(self._faults())
+        self.boot_faults = list(self.faults.faults)
+        if os.environ.get("SSEMU_CONTROL"):
+            threading.Thread(target=self.control_loop, daemon=True).start()
         self.boot_seconds = env_float("SSEMU_BOOT_SECONDS", 2.5)
         slow = self.faults.get("slow_boot")
         if slow:
@@ -1748,7 +1766,7 @@ class Emulator:
             if f and n >= (f.int("after", 1) or 1):
                 self.local_worker_died(r, -9)
             f = self.faults.for_rank("nccl_timeout", r)
-            if f and f.params.get("at", "request") == "request":
+            if f and f.params.get("at", "request") == "request" and n >= (f.int("request", 1) or 1):
                 self.nccl_watchdog(r)
         peer.send(op="ack", n=n)
 
@@ -1764,7 +1782,52 @@ class Emulator:
                      "operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=1, NumelOut=1, "
                      "Timeout(ms)=600000) ran for 600081 milliseconds before timing out.\n")
 
+    def control_loop(self) -> None:
+        """``SSEMU_CONTROL``: a control file whose faults (the ``SSEMU_FAULTS`` syntax) are added to the boot's
+        while the engine runs — written: the fault starts now; removed: it ends (a test's "fault at time T")."""
+        path, seen = Path(os.environ["SSEMU_CONTROL"]), None
+        while True:
+            try:
+                text = path.read_text()
+            except OSError:
+                text = ""
+            if text != seen:
+                seen = text
+                self.faults = Faults(self.boot_faults + parse_faults(text))
+            time.sleep(0.2)
+
+    def memory_leak(self) -> None:
+        """``mem_leak``: this node's fake /proc/meminfo, MemFree falling once a second (a UVM leak)."""
+        while True:  # the fault may come later, through SSEMU_CONTROL
+            f = next((self.faults.for_rank("mem_leak", r) for r in self.ranks if self.faults.for_rank("mem_leak", r)),
+                     None)
+            if f is not None and f.params.get("path"):
+                break
+            if self.stop_event.wait(0.5):
+                return
+        path = Path(f.params["path"])
+        start = float(f.params.get("start_gib", "100")) * GiB
+        step = float(f.params.get("mib_s", "2048")) * (1 << 20)
+        total = int(self.device_gib * GiB)
+
+        def write(free: float) -> None:
+            kb = int(max(free, 0) // 1024)
+            text = (f"MemTotal:       {total // 1024} kB\nMemFree:        {kb} kB\n"
+                    f"MemAvailable:   {kb + (8 << 20)} kB\nCached:         {8 << 20} kB\n")
+            tmp = path.with_name(f".{path.name}.{os.getpid()}")
+            with contextlib.suppress(OSError):
+                tmp.write_text(text)
+                os.replace(tmp, path)
+
+        free = start
+        while not self.stop_event.is_set() and any(self.faults.for_rank("mem_leak", r) for r in self.ranks):
+            write(free)
+            free -= step
+            self.stop_event.wait(1.0)
+        write(start)  # the leak ended (its process stops, or the fault was lifted): the memory comes back
+
     def nccl_watchdog(self, rank: int) -> None:
+        threading.Thread(target=self.memory_leak, daemon=True).start()
         """A collective that never completes: the watchdog fires and takes the worker down (SIGABRT)."""
         self.collective_hung = True
         time.sleep(env_float("SSEMU_NCCL_TIMEOUT_S", 3.0))
@@ -1874,6 +1937,7 @@ class Emulator:
         self.stop_event.wait()
         self.head_shutdown_lines()
         server.shutdown()
+        threading.Thread(target=self.memory_leak, daemon=True).start()
         return 0  # followers are not told: they find the store gone, as real ones do
 
     def head_shutdown_lines(self) -> None:
@@ -1984,7 +2048,8 @@ class Emulator:
                 self.worker_dead = True
                 threading.Thread(target=self.local_worker_died, args=(r, -9), daemon=True).start()
             f = self.faults.for_rank("nccl_timeout", r)
-            if f and f.params.get("at", "request") == "request" and not self.collective_hung:
+            if f and f.params.get("at", "request") == "request" and n >= (f.int("request", 1) or 1) \
+                    and not self.collective_hung:
                 self.collective_hung = True
                 threading.Thread(target=self.nccl_watchdog, args=(r,), daemon=True).start()
         for p in self.peers:
@@ -2321,6 +2386,11 @@ def _http_classes() -> tuple[type, type]:
                     toks = []
                     for _ in range(k):
                         i = produced + len(toks)
+                wedge = emu.faults.get("wedge")
+                if wedge is not None and n > (wedge.int("after", 0) or 0):
+                    while not emu.stop_event.is_set():  # a stopped EngineCore: no token, no log line, no error
+                        time.sleep(0.2)
+                    raise EngineDead()
                         if req.thinking and i == 0:
                             toks.append("<think>")
                         elif req.thinking and i == 8:

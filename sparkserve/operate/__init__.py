@@ -1,0 +1,16 @@
+"""Day 2: keep a serving stack honest — `sparkserve supervise`, its checks, incidents, bounded recovery,
+the exporter and status page, and the systemd service that runs it.
+
+May import: every lower stage (deploy, nodes, measure, observe, plan, models, ground). deploy/ is the boot
+and stays so: restarts go through :func:`sparkserve.deploy.up.up` and :func:`sparkserve.deploy.stack.down`.
+
+    checks     pure: round facts → one verdict per check (progress, wedge, ranks, faults, kernel, memory,
+               acceptance)
+    nodefacts  the one node-side program per round: memory, kernel lines, rank pids, py-spy dumps
+    probes     the canary generation and the /metrics scrape
+    incident   forensics before any action: the incident directory, journalled
+    recovery   the policy (backoff, give-up budget, pure) and its actions (graceful down, `up`, gates)
+    loop       the supervisor: rounds, sd_notify, SIGTERM
+    exporter   Prometheus series + the status page on one port; statuspage renders it
+    alerts     apprise; sdnotify; service (systemd unit); dashboard (Grafana JSON)
+"""
