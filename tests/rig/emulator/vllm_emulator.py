@@ -1770,18 +1770,6 @@ class Emulator:
                 self.nccl_watchdog(r)
         peer.send(op="ack", n=n)
 
-    def follower_faults_after_boot(self) -> None:
-        for r in self.ranks:
-            f = self.faults.for_rank("nccl_timeout", r)
-            if f and f.params.get("at") == "boot":
-                self.nccl_watchdog(r)
-
-    def watchdog_line(self, rank: int) -> None:
-        ts = time.strftime("%m%d %H:%M:%S") + f".{int(time.time() * 1e9) % 10**9:09d}"
-        self.log.raw(f"[rank{rank}]:[E{ts} ProcessGroupNCCL.cpp:629] [Rank {rank}] Watchdog caught collective "
-                     "operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=1, NumelOut=1, "
-                     "Timeout(ms)=600000) ran for 600081 milliseconds before timing out.\n")
-
     def control_loop(self) -> None:
         """``SSEMU_CONTROL``: a control file whose faults (the ``SSEMU_FAULTS`` syntax) are added to the boot's
         while the engine runs — written: the fault starts now; removed: it ends (a test's "fault at time T")."""
@@ -1826,8 +1814,20 @@ class Emulator:
             self.stop_event.wait(1.0)
         write(start)  # the leak ended (its process stops, or the fault was lifted): the memory comes back
 
-    def nccl_watchdog(self, rank: int) -> None:
+    def follower_faults_after_boot(self) -> None:
         threading.Thread(target=self.memory_leak, daemon=True).start()
+        for r in self.ranks:
+            f = self.faults.for_rank("nccl_timeout", r)
+            if f and f.params.get("at") == "boot":
+                self.nccl_watchdog(r)
+
+    def watchdog_line(self, rank: int) -> None:
+        ts = time.strftime("%m%d %H:%M:%S") + f".{int(time.time() * 1e9) % 10**9:09d}"
+        self.log.raw(f"[rank{rank}]:[E{ts} ProcessGroupNCCL.cpp:629] [Rank {rank}] Watchdog caught collective "
+                     "operation timeout: WorkNCCL(SeqNum=1, OpType=BROADCAST, NumelIn=1, NumelOut=1, "
+                     "Timeout(ms)=600000) ran for 600081 milliseconds before timing out.\n")
+
+    def nccl_watchdog(self, rank: int) -> None:
         """A collective that never completes: the watchdog fires and takes the worker down (SIGABRT)."""
         self.collective_hung = True
         time.sleep(env_float("SSEMU_NCCL_TIMEOUT_S", 3.0))
@@ -1925,6 +1925,7 @@ class Emulator:
         self.log.uvicorn("Application startup complete.")
         self.ready = True
         threading.Thread(target=self.stats_loop, daemon=True).start()
+        threading.Thread(target=self.memory_leak, daemon=True).start()
         threading.Thread(target=self.watch_followers, daemon=True).start()
         threading.Thread(target=self.hang_logger, daemon=True).start()
         if self.ray:
@@ -1937,7 +1938,6 @@ class Emulator:
         self.stop_event.wait()
         self.head_shutdown_lines()
         server.shutdown()
-        threading.Thread(target=self.memory_leak, daemon=True).start()
         return 0  # followers are not told: they find the store gone, as real ones do
 
     def head_shutdown_lines(self) -> None:
@@ -2374,6 +2374,11 @@ def _http_classes() -> tuple[type, type]:
                 eng.prompt_tokens += req.prompt_tokens
                 eng.iv_prompt += req.prompt_tokens
             try:
+                wedge = emu.faults.get("wedge")
+                if wedge is not None and n > (wedge.int("after", 0) or 0):
+                    while not emu.stop_event.is_set():  # a stopped EngineCore: no token, no log line, no error
+                        time.sleep(0.2)
+                    raise EngineDead()
                 while produced < limit and (stop_at is None or produced < stop_at):
                     if not emu.cluster_ok():
                         emu.hang_forever()
@@ -2386,11 +2391,6 @@ def _http_classes() -> tuple[type, type]:
                     toks = []
                     for _ in range(k):
                         i = produced + len(toks)
-                wedge = emu.faults.get("wedge")
-                if wedge is not None and n > (wedge.int("after", 0) or 0):
-                    while not emu.stop_event.is_set():  # a stopped EngineCore: no token, no log line, no error
-                        time.sleep(0.2)
-                    raise EngineDead()
                         if req.thinking and i == 0:
                             toks.append("<think>")
                         elif req.thinking and i == 8:
