@@ -25,7 +25,16 @@ from typing import Any
 
 from sparkserve.observe.engine_config import EngineConfig, engine_config
 from sparkserve.observe.events import Event
-from sparkserve.observe.logpatterns import BOOT_FAILED, DIED_SERVING, POINTER, FaultKind, Kind
+from sparkserve.observe.logpatterns import (
+    BOOT_FAILED,
+    DIED_SERVING,
+    PEER_LOST,
+    POINTER,
+    PROCESS_HEADER,
+    RELAYED,
+    FaultKind,
+    Kind,
+)
 from sparkserve.observe.logs import ParsedLog, parse_log
 from sparkserve.observe.ranks import API_NAMES, attribute_ranks, rank_sort
 
@@ -364,25 +373,67 @@ def _consequence(e: Event) -> int:
     return 1 if "TCPStore" in e.text or "[c10d]" in e.rec.msg else 0
 
 
+def is_consequence(e: Event) -> bool:
+    """A fault line that is never faults[0] while a cause is in view: it relays a failure logged elsewhere (a "see
+    root cause above" pointer, ``EngineDeadError``, a process's death reported by its parent, a header whose
+    traceback is out of view), reports a lost peer (:data:`PEER_LOST`) or a stall a peer caused (the shm broadcast
+    wait)."""
+    msg = e.rec.msg.strip()
+    if POINTER.search(msg) or RELAYED.search(msg) or PEER_LOST.search(e.text) or _survived(e):
+        return True
+    if PROCESS_HEADER.match(msg):  # a process died, its exception line out of view: the cause is not in the log
+        return True
+    return "[c10d]" in msg and e.fault is FaultKind.OTHER
+
+
 def _ordered_faults(
     logs: Sequence[ParsedLog],
 ) -> tuple[list[tuple[ParsedLog, Event]], list[tuple[ParsedLog, Event]]]:
-    """Rule 3 (cross-file stop) and the order of faults: by time; within one second a cause before a
-    consequence (a dead worker or engine, a relayed "see above" error, a lost rendezvous store); then file
-    order, then position. Timestamps have one-second resolution and nodes log independently."""
+    """Rule 3 (cross-file stop) and the order of faults (rule 7): causes before consequences
+    (:func:`is_consequence`); each file's faults in file order (its stamps only place them among the other files'
+    — a line without a stamp, or one stamped before its predecessor, keeps its place); across files by time, and
+    within one second a cause before a consequence, then file order. Timestamps have one-second resolution and
+    nodes log independently. An ERROR line no row names whose process went on (a later boot or serving line of
+    the same writer) was survived (rule 8): an artefact."""
     stops = [(i, log.stop.ts) for i, log in enumerate(logs) if log.stop is not None and log.stop.ts is not None]
-    faults: list[tuple[int, ParsedLog, Event]] = []
+    faults: list[tuple[int, tuple[int, ...], ParsedLog, Event]] = []
     artefacts = [(log, e) for log in logs for e in log.artefacts]
     for i, log in enumerate(logs):
         ready_at = min((e.sort_line for e in log.of(Kind.READY)), default=None)
-        for e in log.faults:
+        progress = _progress_by_stream(log)
+        first_ts = next((e.ts for e in log.faults if e.ts is not None), None) or (0,)
+        eff = first_ts
+        for e in sorted(log.faults, key=lambda x: (x.sort_line, x.line)):
+            eff = max(eff, e.ts) if e.ts is not None else eff  # a file's own order is kept
             outlived = ready_at is not None and e.sort_line < ready_at and _survived(e)
-            if outlived or (e.ts is not None and any(j != i and e.ts >= t for j, t in stops)):
+            went_on = _went_on(e, progress)
+            if outlived or went_on or (e.ts is not None and any(j != i and e.ts >= t for j, t in stops)):
                 artefacts.append((log, e))
             else:
-                faults.append((i, log, e))
-    faults.sort(key=lambda x: (x[2].ts or (0,), _consequence(x[2]), x[0], x[2].sort_line, x[2].line))
-    return [(log, e) for _, log, e in faults], artefacts
+                faults.append((i, eff, log, e))
+    faults.sort(key=lambda x: (is_consequence(x[3]), x[1], _consequence(x[3]), x[0], x[3].sort_line, x[3].line))
+    return [(log, e) for _, _, log, e in faults], artefacts
+
+
+#: Lines that show a process making progress (booting on, or serving): after them, an earlier ERROR was survived.
+_PROGRESS = frozenset({Kind.RANK_PRESENCE, Kind.KV_TOKENS, Kind.KV_MEMORY, Kind.GRAPH_CAPTURED,
+                       Kind.SPECULATOR_CAPTURE, Kind.READY, Kind.SERVED, Kind.SPEC_METRICS, Kind.RUNNER_V2})
+
+
+def _progress_by_stream(log: ParsedLog) -> dict[tuple[Any, ...], int]:
+    """Per writer, the position of its last progress line."""
+    last: dict[tuple[Any, ...], int] = {}
+    for e in log.events:
+        if e.kind in _PROGRESS:
+            last[e.rec.stream] = max(last.get(e.rec.stream, -1), e.sort_line)
+    return last
+
+
+def _went_on(e: Event, progress: dict[tuple[Any, ...], int]) -> bool:
+    """An ERROR line that no pattern row names, after which the same writer logged progress: not what stopped it."""
+    if e.data.get("level") is None or e.fault is not FaultKind.OTHER:
+        return False
+    return progress.get(e.rec.stream, -1) > e.sort_line
 
 
 def _survived(e: Event) -> bool:

@@ -51,6 +51,7 @@ class Kind(StrEnum):
     STOP = "stop"
     FAULT = "fault"
     TRACEBACK_START = "traceback_start"
+    BARE_EXCEPTION = "bare_exception"
 
 
 class FaultKind(StrEnum):
@@ -326,6 +327,11 @@ PATTERNS: tuple[LogPattern, ...] = (
     _p(Kind.TRACEBACK_START, ("Traceback (most recent call last)",),
        r"^Traceback \(most recent call last\):",
        "Python traceback; the fault reported is its root-cause line (the last `XxxError: …` line)"),
+    _p(Kind.BARE_EXCEPTION, ("Error: ", "Exception: "),
+       r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)\w*: \S",
+       "an exception line with no log level (stderr, 0.10–0.30 with only the `(name pid=N)` prefix, or none) "
+       "outside any traceback in view: the root cause when frames of a traceback whose `Traceback …` line is out "
+       "of view precede it, or when a relayed error (`EngineDeadError … See stack trace (above)`) follows it"),
 )
 
 #: Literal needles of every pattern, plus the words that make a prefixed line an error line.
@@ -340,7 +346,7 @@ ANCHORS: tuple[str, ...] = (
     "Loaded DFlash", "SpecDecoding metrics:", "odel", "startup complete", "hut",
     "ngine core", "EngineCore ", "EngineDead", "NCCL", "ibv_", "graph addresses", "stored in KV", "marked dead",
     "throughput:",
-    "RPC call", "orker", "TCPStore", "c10d", "Xid", "Traceback", "ERR", "CRITICAL",
+    "RPC call", "orker", "TCPStore", "c10d", "Xid", "Traceback", "ERR", "CRITICAL", "rror: ", "xception: ",
 )
 #: anchor → ((needle, index into PATTERNS), …) for the needles holding that anchor.
 NEEDLE_INDEX: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = tuple(
@@ -359,7 +365,11 @@ POINTER = re.compile(
 #: engine, whose cause is logged on its own) — vLLM's serving_* ``logger.exception`` messages.
 NOT_FAULTS = re.compile(
     r"^(?:Error in (?:chat )?completion stream generator|Error in preprocessing prompt inputs"
-    r"|Error with model .*|The model `[^`]*` does not exist)"
+    r"|Error with model .*|The model `[^`]*` does not exist"
+    # fallbacks vLLM logs at ERROR and then goes on: `Cannot use FA version %d is not supported due to %s`
+    # (vllm/attention/utils/fa_utils.py get_flash_attn_version: logger.error, then an assert caught by
+    # `except (ImportError, AssertionError): return None` — another attention backend is used)
+    r"|Cannot use FA version \d+ is not supported due to )"
 )
 #: A fault line (or the header folded into it) that says the boot itself failed: ``ready`` is false.
 BOOT_FAILED = re.compile(
@@ -368,6 +378,20 @@ BOOT_FAILED = re.compile(
     r"|larger than the available KV cache memory|can be stored in KV cache|No available memory for the cache blocks"
     r"|Failed to load model - not enough GPU memory|Timed out waiting for engine core processes to start"
 )
+#: A fault line that relays a failure logged elsewhere (another process, an earlier traceback) or only reports the
+#: death of a process whose cause is printed by that process: never faults[0] while a cause is in view.
+RELAYED = re.compile(
+    r"EngineDeadError|engine core exited unexpectedly|Engine core proc \S+ died unexpectedly"
+    r"|Worker proc \S+ died unexpectedly|RayWorkerProc rank=\d+ died unexpectedly|failed \(engine dead\)"
+    r"|AsyncLLM output_handler failed|MQLLMEngine is already dead|Worker failed with error"
+    r"|^(?:EngineCore failed to start|EngineCore encountered a fatal error|WorkerProc failed to start"
+    r"|WorkerProc hit an exception|WorkerProc failed)\.?$"
+)
+#: Python's own headers before a traceback: multiprocessing's `Process <name>:` (BaseProcess._bootstrap prints it
+#: to stderr when the process dies of an uncaught exception) and threading's `Exception in thread <name>:` (the
+#: default excepthook: a background thread died; the process goes on).
+PROCESS_HEADER = re.compile(r"^Process (?P<name>[\w.-]+):$")
+THREAD_HEADER = re.compile(r"^Exception in thread (?P<name>.+?):$")
 #: A fault line that says the engine died while it was serving (requests were in flight): it had come up.
 DIED_SERVING = re.compile(
     r"AsyncLLM output_handler failed|EngineDeadError|Engine iteration timed out|failed \(engine dead\)"

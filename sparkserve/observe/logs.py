@@ -38,7 +38,17 @@ from typing import Any, BinaryIO
 
 from sparkserve.observe.events import Event, classify_fault, match_events
 from sparkserve.observe.logline import Record, strip_ansi
-from sparkserve.observe.logpatterns import EXCEPTION_LINE, PATTERNS, STOP_EXCEPTIONS, FaultKind, Kind
+from sparkserve.observe.logpatterns import (
+    EXCEPTION_LINE,
+    PATTERNS,
+    POINTER,
+    PROCESS_HEADER,
+    RELAYED,
+    STOP_EXCEPTIONS,
+    THREAD_HEADER,
+    FaultKind,
+    Kind,
+)
 from sparkserve.observe.reader import LogReader, Traceback, bracket_depth
 
 
@@ -72,9 +82,10 @@ def parse_log(text: str | bytes | BinaryIO, *, file: str, node: str | None = Non
 def _parse(text: str | bytes | BinaryIO, file: str, node: str | None) -> ParsedLog:
     reader = LogReader(text.encode("utf-8", "surrogateescape") if isinstance(text, str) else text)
     events, tracebacks, spec = _scan(reader)
-    tb_events = _traceback_events(tracebacks)
+    tb_events = _traceback_events(reader, tracebacks)
     events = _fold_headers(reader, events, tracebacks, tb_events)
     events.extend(tb_events)
+    events = _bare_exceptions(reader, events)
     events.sort(key=lambda e: (e.sort_line, e.rec.lineno))
     stop, faults, artefacts = _split_at_stop(events)
     for ev in (*faults, *artefacts, *([stop] if stop else [])):
@@ -237,11 +248,25 @@ def _join_wrapped(reader: LogReader, idx: int, ev: Event) -> list[int]:
     return used
 
 
-def _traceback_events(tracebacks: dict[int, Traceback]) -> list[Event]:
-    """Rule 1: one event per traceback, at its root-cause line — a stop for KeyboardInterrupt/SystemExit."""
+def _traceback_events(reader: LogReader, tracebacks: dict[int, Traceback]) -> list[Event]:
+    """Rule 1: one event per traceback, at its root-cause line — a stop for KeyboardInterrupt/SystemExit.
+    Rule 5: a traceback logged below ERROR (``logger.warning(…, exc_info=True)``) or printed for a background
+    thread (``Exception in thread …:``) is no fault: the process goes on. A ``Process <name>:`` header whose
+    traceback lost its exception line (the log was cut) is that process's death, a fault of its own."""
     out: list[Event] = []
     for start, tb in sorted(tracebacks.items()):
+        prev = reader.prev_in_stream(start, tb.stream)
+        header = prev[1].msg.strip() if prev is not None else ""
+        if tb.first is not None and tb.first.level in _BELOW_ERROR or THREAD_HEADER.match(header):
+            continue
+        process = PROCESS_HEADER.match(header)
         if tb.root is None:
+            if process is not None and prev is not None:
+                name = process.group("name")
+                kind = FaultKind.ENGINE_DEAD if name.startswith("EngineCore") else FaultKind.WORKER_DIED
+                why = f"process {name} died of an uncaught exception (its exception line is cut off)"
+                out.append(Event(Kind.FAULT, prev[1], {"cut_traceback_start": start + 1}, kind, sort_line=prev[0],
+                                 why=why))
             continue
         exc = EXCEPTION_LINE.match(tb.root.msg)
         name = exc.group("exc").rsplit(".", 1)[-1] if exc else ""
@@ -254,7 +279,41 @@ def _traceback_events(tracebacks: dict[int, Traceback]) -> list[Event]:
         if tb.reason:  # `1 validation error for X` reads alike for every mistake: the reason is the fault
             root = replace(root, text=f"{root.text}: {tb.reason}", msg=f"{root.msg}: {tb.reason}")
             data["reason"] = tb.reason
+        if process is not None:
+            data.setdefault("header", header)
         out.append(Event(Kind.FAULT, root, data, kind, sort_line=start))
+    return out
+
+
+_BELOW_ERROR = frozenset({"WARNING", "INFO", "DEBUG"})
+
+
+def _bare_exceptions(reader: LogReader, events: list[Event]) -> list[Event]:
+    """Rule 6: an exception line with no log level outside every traceback in view (its candidates are the
+    ``bare_exception`` events) is a root cause when frames precede it (the traceback's first line is out of view)
+    or when a relayed error follows it in the file (``EngineDeadError … See stack trace (above)``); otherwise it
+    is dropped. Returns the events with the candidates resolved."""
+    relays = [e.sort_line for e in events if e.kind is Kind.FAULT and (POINTER.search(e.rec.msg)
+                                                                       or RELAYED.search(e.rec.msg))]
+    out: list[Event] = []
+    for ev in events:
+        if ev.kind is not Kind.BARE_EXCEPTION:
+            out.append(ev)
+            continue
+        if ev.rec.level is not None or POINTER.search(ev.rec.msg) or RELAYED.search(ev.rec.msg):
+            continue
+        exc = EXCEPTION_LINE.match(ev.rec.msg)
+        if exc is None or exc.group("exc").rsplit(".", 1)[-1] in STOP_EXCEPTIONS:
+            continue
+        frames = reader.frames_before(ev.sort_line, ev.rec.stream)
+        kind = classify_fault(ev.rec.msg) or FaultKind.TRACEBACK
+        if frames is not None:
+            why = f"an exception line with no log level after traceback frames from line {frames + 1}"
+            out.append(Event(Kind.FAULT, ev.rec, {"bare": True}, kind, sort_line=frames, why=why))
+        elif any(r > ev.sort_line for r in relays):
+            why = "an exception line with no log level, before the relayed error that points above"
+            out.append(Event(Kind.FAULT, ev.rec, {"bare": True}, kind, sort_line=ev.sort_line, why=why))
+    out.sort(key=lambda e: (e.sort_line, e.rec.lineno))
     return out
 
 

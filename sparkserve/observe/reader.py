@@ -25,6 +25,8 @@ from sparkserve.observe.logline import Record, normalise, starts_prefixed, strip
 from sparkserve.observe.logpatterns import EXCEPTION_LINE, POINTER
 
 _CHAIN = ("During handling of the above exception", "The above exception was the direct cause")
+#: At most this many unindented lines after an exception line are read as the rest of its message.
+MESSAGE_LINES = 8
 #: pydantic's exception header (vLLM's configs are pydantic dataclasses): the reason is on the next lines.
 VALIDATION_ERROR = re.compile(r"\b\d+ validation errors? for \S+")
 _PYDANTIC_TYPE = re.compile(r"\s*\[type=[^\]]*(?:\]|$).*$")
@@ -153,23 +155,30 @@ class LogReader:
         j = idx + 1
         n = self.line_count
         done = False
+        message = 0  # >0: lines of the last exception's message still running (Python prints it verbatim)
         while j < n and j < idx + max_lines and not done:
             for r in self.records(j):
                 if r.stream != stream:
                     continue
                 m = r.msg
-                if (
-                    not m.strip()
-                    or m[0] in " \t"
-                    or m.startswith(_CHAIN)
-                    or m.startswith("Traceback (most recent")
-                ):
+                if m.startswith(_CHAIN) or m.startswith("Traceback (most recent"):
+                    message = 0
+                    tb.lines.add(j)
+                    continue
+                if message and m.strip() and m[0] not in " \t" and self._same_record(rec, r):
+                    # a continuation of the exception's message (`Search for `cudaErrorIllegalAddress' …`,
+                    # `CompilationError: at 1:0:` under a BackendCompilerFailed): part of it, never a new root
+                    message -= 1
+                    tb.lines.add(j)
+                    continue
+                if not m.strip() or m[0] in " \t":
                     tb.lines.add(j)
                     continue
                 if EXCEPTION_LINE.match(m):
                     excs.append(r)
                     exc_at[id(r)] = j
                     tb.lines.add(j)
+                    message = MESSAGE_LINES
                     continue
                 done = True
                 break
@@ -184,6 +193,38 @@ class LogReader:
             if VALIDATION_ERROR.search(root.msg):
                 tb.reason = self.validation_reason(exc_at[id(root)], stream)
         return tb
+
+    @staticmethod
+    def _same_record(first: Record, r: Record) -> bool:
+        """Is ``r`` written as part of the same message as ``first``: a logger.exception traceback's lines all
+        carry its level and time; a bare (stderr) traceback's carry no level at all."""
+        if first.level is None:
+            return r.level is None and not starts_prefixed(r.msg)
+        return (r.level, r.ts) == (first.level, first.ts)
+
+    def prev_in_stream(self, idx: int, stream: tuple[Any, ...], window: int = 3) -> tuple[int, Record] | None:
+        """The previous record of the same writer within ``window`` lines before ``idx``, with its line index."""
+        for j in range(idx - 1, max(-1, idx - 1 - window), -1):
+            for r in reversed(self.records(j)):
+                if r.stream == stream:
+                    return j, r
+        return None
+
+    def frames_before(self, idx: int, stream: tuple[Any, ...], window: int = 400) -> int | None:
+        """The first line of the run of traceback frame lines (``  File "…", line N, in f`` and their code
+        lines) that ends just before ``idx`` in the same writer's stream: a traceback whose
+        ``Traceback (most recent call last):`` line is out of view. None when no frame line precedes ``idx``."""
+        first = None
+        for j in range(idx - 1, max(-1, idx - 1 - window), -1):
+            recs = [r for r in self.records(j) if r.stream == stream]
+            if not recs:
+                continue
+            m = recs[0].msg
+            if m.startswith(("  File \"", "    ")) or (m.strip() and set(m.strip()) <= set("^~")):
+                first = j
+                continue
+            break
+        return first
 
     def validation_reason(self, idx: int, stream: tuple[Any, ...], max_lines: int = 12) -> str | None:
         """What pydantic's ``N validation error(s) for X`` at line ``idx`` says on its next lines: per error
