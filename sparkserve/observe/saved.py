@@ -7,6 +7,7 @@ log, so :func:`judge_files` reports them "not run" unless skipped, and container
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -87,19 +88,69 @@ def _fork_workers(files: Sequence[LogFile]) -> int:
 
 def _parse_forked(files: list[LogFile], one: Callable[[int], ParsedLog], workers: int) -> list[ParsedLog]:
     """The first log parsed here while forked workers parse the others (the parser is pure Python: threads
-    would share one core). A parsed log pickles to ~1 % of the text (50 MB → 0.55 MB, 5 ms). The workers
-    ignore SIGINT — Ctrl-C reaches this process, which kills them; none outlives it."""
+    would share one core). A parsed log pickles to ~1 % of the text (50 MB → 0.55 MB, 5 ms).
+
+    Each worker is a plain forked process with a pipe of its own, not a ``multiprocessing.Pool`` (issue 25):
+    a pool's workers share one task queue and its lock, and ``Pool.terminate()`` ends them with SIGTERM while
+    holding that lock — a worker that had inherited the CLI's SIGTERM handler swallowed the signal, and the
+    parent's ``join()`` waited forever. Here nothing is shared and nothing depends on a worker's handlers:
+
+    * a worker starts with the parent's handlers undone (:func:`_worker_signals`): SIGINT ignored (Ctrl-C
+      reaches this process, which ends them), SIGTERM and SIGHUP back to the default;
+    * on success each worker sends its results and exits, and is reaped;
+    * on any error or interrupt each worker gets SIGKILL (a parse holds nothing worth a graceful exit) and
+      is reaped: no lock can be left held, so the reaping cannot wait on anything.
+    """
     import multiprocessing
 
-    pool = multiprocessing.get_context("fork").Pool(workers, initializer=signal.signal,
-                                                   initargs=(signal.SIGINT, signal.SIG_IGN))
+    ctx = multiprocessing.get_context("fork")
+    jobs = [(i, str(f.path), f.node) for i, f in enumerate(files) if i > 0]
+    procs = []
     try:
-        rest = pool.map_async(_parse_path, [(str(f.path), f.node) for f in files[1:]], chunksize=1)
-        first = one(0)
-        return [first, *rest.get()]
+        for w in range(workers):
+            recv, send = ctx.Pipe(duplex=False)
+            p = ctx.Process(target=_worker, args=(send, jobs[w::workers]), daemon=True)
+            p.start()
+            send.close()
+            procs.append((p, recv))
+        results: dict[int, ParsedLog] = {0: one(0)}
+        for _, recv in procs:
+            try:
+                ok, payload = recv.recv()
+            except EOFError:
+                raise RuntimeError("a log-parsing worker died before it sent its results") from None
+            if not ok:
+                raise payload
+            results.update(payload)
+    except BaseException:
+        for p, _ in procs:
+            with contextlib.suppress(OSError, ValueError):
+                p.kill()
+        raise
     finally:
-        pool.terminate()
-        pool.join()
+        for p, recv in procs:
+            p.join()
+            recv.close()
+    return [results[i] for i in range(len(files))]
+
+
+def _worker(send: object, jobs: list[tuple[int, str, str | None]]) -> None:
+    """A forked worker: its share of the logs, parsed, sent back as (True, {index: ParsedLog}) — or
+    (False, the exception) — then gone."""
+    _worker_signals()
+    try:
+        msg: tuple[bool, object] = (True, {i: _parse_path((path, node)) for i, path, node in jobs})
+    except Exception as e:  # noqa: BLE001 - handed to the parent, which raises it
+        msg = (False, e)
+    send.send(msg)  # type: ignore[attr-defined]
+    send.close()  # type: ignore[attr-defined]
+
+
+def _worker_signals() -> None:
+    """A forked worker's first act: none of the parent's signal handlers stay (see :func:`_parse_forked`)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    signal.signal(signal.SIGHUP, signal.SIG_DFL)
 
 
 def _parse_path(job: tuple[str, str | None]) -> ParsedLog:
