@@ -54,6 +54,13 @@ class RemoteFailure(SparkserveError):
         super().__init__(where, what, details=details)
 
 
+class CheckRefused(RemoteFailure):
+    """A node answered, and one of its checks refuses the run (too little free accelerator memory, a known-bad
+    kernel, a target copy that differs): a failed check, exit 1, nothing was started."""
+
+    exit_code = 1
+
+
 class RollbackFailed(SparkserveError):
     """The swap failed and so did the rollback: nothing runs on any node. Louder than a clean rollback
     (exit 1): the operator must act now."""

@@ -9,8 +9,10 @@ One ``python3 -c`` program (:data:`PROBE_PROGRAM`, stdlib only) answers: which p
 under each path, which ports are free to bind, the writable mount dirs it creates, /proc/meminfo, and
 the sysfs files fabric detection needs (:func:`_node_read_sysfs`), and — for `up` — the drafter's manifest
 from the node's cache (the drafter sync's own program, :mod:`sparkserve.deploy.sync_remote`, run in the same
-interpreter: one python3 start per node for the whole pre-flight). The question travels on stdin as JSON —
-paths are data, never shell words.
+interpreter: one python3 start per node for the whole pre-flight), the host facts of
+:mod:`sparkserve.deploy.hostfacts` (after the page-cache drop, for `up`) and the target's manifest
+(:mod:`sparkserve.models.target_manifest`). The question travels on stdin as JSON — paths are data, never shell
+words.
 """
 
 from __future__ import annotations
@@ -23,7 +25,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sparkserve.deploy.hostfacts import NODE_SOURCE as HOST_SOURCE
 from sparkserve.deploy.sync_remote import manifest_source
+from sparkserve.models.target_manifest import NODE_SOURCE as TARGET_SOURCE
 from sparkserve.nodes.base import Node, NodeError
 
 # -- run on the node (stdlib only, self-contained; shipped by source) -----------------------------------
@@ -110,6 +114,10 @@ def _node_answer(a: dict) -> dict:  # type: ignore[type-arg]
     with open("/proc/meminfo") as f:
         out["meminfo"] = f.read()
     out["sysfs"] = _node_read_sysfs(a["sysfs"]) if a.get("sysfs") else None
+    if a.get("host") is not None:  # deploy.hostfacts: memory (after the page-cache drop), host settings, GPU memory
+        out["host"] = _node_host(a["host"])  # noqa: F821
+    if a.get("target"):  # models.target_manifest: the target's index, shards and safetensors headers
+        out["target"] = target_manifest(a["target"])  # noqa: F821
     if a.get("manifest") is not None:  # the program then holds deploy.sync_remote's _remote_main too
         try:
             out["manifest"] = _remote_main(a["manifest"])  # noqa: F821
@@ -119,8 +127,8 @@ def _node_answer(a: dict) -> dict:  # type: ignore[type-arg]
 
 
 PROBE_PROGRAM = (
-    inspect.getsource(_node_read_sysfs) + "\n" + inspect.getsource(_node_answer)
-    + "\nimport json, sys\nprint(json.dumps(_node_answer(json.loads(sys.stdin.read()))))\n"
+    inspect.getsource(_node_read_sysfs) + "\n" + inspect.getsource(_node_answer) + "\n" + HOST_SOURCE + "\n"
+    + TARGET_SOURCE + "\nimport json, sys\nprint(json.dumps(_node_answer(json.loads(sys.stdin.read()))))\n"
 )
 
 
@@ -145,18 +153,24 @@ class NodeFacts:
     meminfo: str
     sysfs: dict[str, str] | None
     manifest: dict[str, Any] | None = None  # the manifest program's answer, or {"error": …}; None: not asked
+    host: dict[str, Any] | None = None  # deploy.hostfacts._node_host's answer; None: not asked
+    target: dict[str, Any] | None = None  # models.target_manifest's answer; None: not asked
 
 
 def probe_node(node: Node, *, paths: Sequence[str] = (), disk: Sequence[str] = (),
                ports: Sequence[tuple[str, int]] = (), sysfs: str | Path | None = None,
                mkdirs: Sequence[str] = (), manifest: dict[str, object] | None = None,
+               host: dict[str, Any] | None = None, target: str | None = None,
                timeout: float = 30) -> NodeFacts:
     """Ask ``node`` every question at once (one ``python3`` command). NodeError if it cannot answer.
     ``manifest``: the drafter manifest program's arguments (deploy.sync.manifest_args), answered in the same
-    run (``NodeFacts.manifest``)."""
+    run (``NodeFacts.manifest``); ``host``: deploy.hostfacts.host_question (a page-cache drop takes seconds on a
+    full node: the timeout grows); ``target``: the target directory whose manifest is taken."""
     question = json.dumps({"paths": list(paths), "disk": list(disk), "ports": [list(p) for p in ports],
                            "sysfs": str(sysfs) if sysfs else None, "mkdirs": list(mkdirs),
-                           "manifest": manifest}).encode()
+                           "manifest": manifest, "host": host, "target": target}).encode()
+    if host is not None and host.get("drop"):
+        timeout = max(timeout, 330)
     program = PROBE_PROGRAM if manifest is None else _probe_with_manifest()
     res = node.run(["python3", "-c", program], stdin=question, step="preflight", timeout=timeout,
                    check=False)
@@ -176,4 +190,4 @@ def probe_node(node: Node, *, paths: Sequence[str] = (), disk: Sequence[str] = (
     return NodeFacts(paths=data["paths"], disk=data["disk"], ports=data["ports"], mkdirs=data["mkdirs"],
                      meminfo=data["meminfo"],
                      sysfs=None if sysfs_files is None else {str(k): str(v) for k, v in sysfs_files.items()},
-                     manifest=data.get("manifest"))
+                     manifest=data.get("manifest"), host=data.get("host"), target=data.get("target"))

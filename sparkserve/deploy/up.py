@@ -27,14 +27,16 @@ from sparkserve.config import Config, resolve_api_key
 from sparkserve.deploy import lock
 from sparkserve.deploy.doctor import Check, check_all, check_ports
 from sparkserve.deploy.drafter import DrafterSync, all_cached, local_drafter, sync_drafter
+from sparkserve.deploy.hostfacts import HostFacts, host_question, memory_verdict, sudoers_fix
 from sparkserve.deploy.inputs import validate_inputs
 from sparkserve.deploy.parity import check_parity
+from sparkserve.deploy.probe import probe_node
 from sparkserve.deploy.stack import managed_on_all
 from sparkserve.deploy.sync import RemoteState
 from sparkserve.deploy.teardown import Reporter, explain_failure, interrupted, interrupted_what, quiet, teardown
 from sparkserve.deploy.wait import NodeView, served_models, wait_ready, wait_running, watch_alive
-from sparkserve.deploy.watchdog import Floors
-from sparkserve.errors import GateFailed, RemoteFailure, SparkserveError
+from sparkserve.deploy.watchdog import watchdog_floors
+from sparkserve.errors import BadInput, CheckRefused, GateFailed, RemoteFailure, SparkserveError
 from sparkserve.journal import record
 from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node
@@ -156,6 +158,7 @@ class _Found:
     image_id: str
     existing: dict[str, list[ManagedContainer]]
     drafter: DrafterSync
+    hosts: dict[str, HostFacts] = field(default_factory=dict)  # after the page-cache drop, just before the start
 
 
 def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool, break_lock: bool,
@@ -174,6 +177,7 @@ def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool,
             return UpResult("unchanged", plan.api_url, plan.served_name, fp, found.image_id, found.drafter.digest,
                             time.monotonic() - t0, containers=running, sync=found.drafter.summary, gates=gates)
         status = _clear_the_way(cfg, nodes, found, say)
+        found.hosts = memory_before_start(cfg, nodes, say)
         return _boot(cfg, nodes, plan, found, status=status, t0=t0, run_gates=run_gates, say=say,
                      on_update=on_update)
 
@@ -207,20 +211,62 @@ def _preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_draf
         say(f"image: {cfg.image.ref} is {image_id[:19]} on every node" if cfg.runtime == "docker" else
             f"engine: serve.vllm {cfg.serve.vllm} is {image_id[:19]} on every node")
         existing = f_existing.result()
+        if not any(existing.values()):  # else the stack being replaced may hold the memory: judged after it went
+            _raise_refusals(checks, ("memory",))
     # Hashing the drafter on a node whose cache missed comes after validation: a wrong drafter must not cost
     # a full read of its weights before its exit 2.
     drafter = sync_drafter(cfg, nodes, say, None if cached is None else all_cached(cfg, cached))
     return _Found(checks, fabric, image_id, existing, drafter)
 
 
+#: Failed checks that refuse the run although every node answered (exit 1, CheckRefused), in the order judged.
+REFUSING = ("kernel", "target manifest", "memory")
+
+
 def _raise_failed_checks(checks: list[Check]) -> None:
     """The first failed node check as the error, the others as its details. Busy ports are judged later:
-    the stack being replaced may be what holds them."""
-    bad = [c for c in checks if c.status == "fail" and not c.name.startswith("port ")]
+    the stack being replaced may be what holds them; so is free memory (:func:`memory_before_start` asks again
+    just before the ranks start). An absurd serve.kv_cache_memory_bytes is bad input (exit 2)."""
+    kv = next((c for c in checks if c.name == "kv_cache" and c.status == "fail"), None)
+    if kv is not None:
+        raise BadInput("serve.kv_cache_memory_bytes", kv.detail.removeprefix("serve.kv_cache_memory_bytes "))
+    bad = [c for c in checks if c.status == "fail" and not c.name.startswith("port ")
+           and c.name not in REFUSING]
     if bad:
         c = bad[0]
         raise RemoteFailure(f"{c.node}: preflight {c.name}", c.detail, node=c.node, step=f"preflight {c.name}",
                             details=[f"{x.node}: {x.name}: {x.detail}" for x in bad[1:]])
+    _raise_refusals(checks, ("kernel", "target manifest"))
+
+
+def _raise_refusals(checks: list[Check], names: tuple[str, ...]) -> None:
+    """The first failed check among ``names`` as a CheckRefused (exit 1), the others as its details."""
+    bad = [c for c in checks if c.status == "fail" and c.name in names]
+    if bad:
+        c = bad[0]
+        raise CheckRefused(f"{c.node}: preflight {c.name}", c.detail, node=c.node, step=f"preflight {c.name}",
+                           details=[f"{x.node}: {x.name}: {x.detail}" for x in bad[1:]])
+
+
+def memory_before_start(cfg: Config, nodes: dict[str, Node], say: Reporter) -> dict[str, HostFacts]:
+    """Just before the ranks start, on every node at once: sync, drop the page cache and compact (``sudo -n``;
+    watchdog.drop_caches), then free accelerator memory against gpu_memory_utilization x total — MemFree on
+    unified memory, the driver's free memory on a discrete GPU. CheckRefused (exit 1) naming the node when it
+    falls short: vLLM would refuse it minutes later. Returns each node's host facts (the watchdog's and the
+    journal's)."""
+    drop = cfg.watchdog.drop_caches
+    by_name = {n.name: n for n in cfg.nodes}
+    facts = on_all([nodes[n.name] for n in cfg.nodes],
+                   lambda node: HostFacts.from_answer(probe_node(node, host=host_question(cfg, drop=drop)).host or {}),
+                   name=lambda node: node.name)
+    checks = [Check(name, check, status, detail) for name, f in facts.items()
+              for check, status, detail in memory_verdict(cfg, by_name[name], f, dropped=drop)]
+    _raise_refusals(checks, ("memory",))
+    for name, f in facts.items():
+        if f.drop and f.memory([]) is not None and f.memory([]).unified:  # type: ignore[union-attr]
+            say(f"warning: {name}: the page cache was not dropped before the boot ({f.drop}) — "
+                f"{sudoers_fix(by_name[name].user, str(cfg.host.proc_root))}")
+    return facts
 
 
 def _healthy_existing(cfg: Config, plan: Plan,
@@ -293,7 +339,7 @@ def _boot(cfg: Config, nodes: dict[str, Node], plan: Plan, found: _Found, *, sta
     started: dict[str, list[str]] = {}
     try:
         containers = _start(plan, nodes, started, say, image_id)
-        floors = Floors(cfg.watchdog.memory_floor_bytes) if cfg.watchdog.enabled else None
+        floors = watchdog_floors(cfg, found.hosts) if cfg.watchdog.enabled else None
         say("waiting for the head to serve")
         boot_s = wait_ready(plan, nodes, containers, timeout_s=cfg.serve.ready_timeout_s, floors=floors,
                             on_update=on_update)

@@ -45,6 +45,15 @@ class TargetFacts:
     kv_lora_rank: int | None
     qk_rope_head_dim: int | None
     mtp_layers: int
+    rope_factor: float = 1.0  # the RoPE scaling factor vLLM multiplies max_position_embeddings by (1: none)
+
+    @property
+    def derived_max_model_len(self) -> int | None:
+        """The longest max_model_len vLLM accepts without VLLM_ALLOW_LONG_MAX_MODEL_LEN=1: max_position_embeddings
+        times the RoPE factor (vllm/config/model.py ``_get_and_verify_max_len``, 0.33.0); None when unknown."""
+        if self.max_position_embeddings is None:
+            return None
+        return int(self.max_position_embeddings * self.rope_factor)
 
     def kv_elements_per_token_layer(self, tp: int = 1) -> int:
         """Cached elements per token per layer on one rank of a TP group."""
@@ -119,4 +128,21 @@ def inspect_target(path: Path | str, *, where: str = "model.target") -> TargetFa
         kv_lora_rank=kv_lora,
         qk_rope_head_dim=as_int(cfg.get("qk_rope_head_dim")),
         mtp_layers=as_int(cfg.get("num_nextn_predict_layers")) or 0,
+        rope_factor=_rope_factor(cfg),
     )
+
+
+# RoPE types whose max_position_embeddings is already the scaled length (vLLM applies no factor to them)
+_ROPE_PRESCALED = ("su", "longrope", "llama3", "yarn", "deepseek_yarn", "deepseek_llama_scaling")
+
+
+def _rope_factor(cfg: dict[str, Any]) -> float:
+    """The scaling factor vLLM applies to max_position_embeddings (1.0 for none, or a pre-scaled RoPE type)."""
+    rp = cfg.get("rope_parameters") or cfg.get("rope_scaling")
+    if not isinstance(rp, dict):
+        return 1.0
+    kind = rp.get("rope_type") or rp.get("type") or "default"
+    factor = rp.get("factor")
+    if kind in _ROPE_PRESCALED or kind == "default" or not isinstance(factor, int | float) or factor <= 0:
+        return 1.0
+    return float(factor)

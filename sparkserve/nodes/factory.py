@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from sparkserve.errors import RemoteFailure, SparkserveError
+from sparkserve.errors import BadInput, RemoteFailure, SparkserveError
 from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.local import LocalNode
@@ -44,10 +44,23 @@ def make_node(node: NodeConfig, ssh: SSHConfig) -> Node:
     return SSHNode(node, ssh)
 
 
+def check_identity_file(cfg: Config) -> None:
+    """BadInput (exit 2, before any node is touched) when the config names an ``ssh.identity_file`` that is not
+    a file here: a typo in a key path is bad input, not an unreachable node. Left unset, a missing default
+    key is no error (``~/.ssh/config``'s IdentityFile or the agent may log in)."""
+    own = cfg.ssh.resolved_identity()
+    if own is None or "identity_file" not in cfg.ssh.model_fields_set or all(n.local for n in cfg.nodes):
+        return
+    if not own.is_file():
+        why = "is not a file" if own.exists() else "does not exist"
+        raise BadInput("ssh.identity_file", f"{own} {why} (null: use ~/.ssh/config's IdentityFile or the ssh-agent)")
+
+
 def connect_nodes(cfg: Config, *, names: list[str] | None = None,
                   meanwhile: Callable[[], object] | None = None) -> dict[str, Node]:
     """Every configured node (or just ``names``), connected in parallel, in config order. ``meanwhile``
     runs in the calling thread while they connect (see :func:`sparkserve.nodes.parallel.on_all`)."""
+    check_identity_file(cfg)
     wanted = [n for n in cfg.nodes if names is None or n.name in names]
     nodes = {n.name: make_node(n, cfg.ssh) for n in wanted}
 
@@ -90,6 +103,7 @@ def as_failure(name: str, e: BaseException) -> SparkserveError:
 def connect_reachable(cfg: Config) -> tuple[dict[str, Node], dict[str, SparkserveError]]:
     """Every configured node connected in parallel: those that connected (config order), and the error of
     each one that did not."""
+    check_identity_file(cfg)
     nodes = {n.name: make_node(n, cfg.ssh) for n in cfg.nodes}
 
     def _connect(name: str) -> SparkserveError | None:

@@ -285,8 +285,13 @@ def _smoke(smoke: SmokeResult | None, ex: Expectations) -> Verdict:
     )
 
 
-def _faults(an: Analysis, liveness: Mapping[str, bool | None] | None, ex: Expectations) -> Verdict:
+def _faults(an: Analysis, liveness: Mapping[str, bool | None] | None, ex: Expectations,
+            kernel: Mapping[str, list[str] | None] | None = None) -> Verdict:
+    """Fault lines in the ranks' logs, dead engines, missing logs — and the kernel's NVRM/Xid lines since the boot
+    began (``kernel``: node → lines, None where no kernel log was readable): on GB10 the driver's own failures
+    (``NV_ERR_NO_MEMORY``, an Xid) go to the kernel log, never into a container's."""
     faults = an.faults
+    knl = {n: lines for n, lines in (kernel or {}).items() if lines}
     dead = sorted(n for n, alive in (liveness or {}).items() if alive is False)
     missing = [n for n in (ex.nodes or ()) if n not in {log.node for log in an.logs}]
     observed = {
@@ -294,10 +299,11 @@ def _faults(an: Analysis, liveness: Mapping[str, bool | None] | None, ex: Expect
             {"node": log.node, "line": e.line, "kind": e.fault.value if e.fault else "other"} for log, e in faults
         ],
         "dead_containers": dead,
+        "kernel_lines": {n: len(lines) for n, lines in knl.items()},
     }
     evidence = [_ev(log, e) for log, e in faults] + [
         Evidence(n, None, f"engine container on {n} is not running") for n in dead
-    ]
+    ] + [Evidence(n, None, f"kernel: {line}") for n, lines in knl.items() for line in lines[:5]]
     expected = {"faults": 0, "containers": "alive on every node"}
     problems = []
     if faults:
@@ -309,6 +315,10 @@ def _faults(an: Analysis, liveness: Mapping[str, bool | None] | None, ex: Expect
         )
     if dead:
         problems.append(f"engine not running on {', '.join(dead)}")
+    if knl:
+        n0 = next(iter(knl))
+        problems.append(f"{sum(map(len, knl.values()))} NVRM/Xid kernel line(s) since the boot began; first on "
+                        f"{n0}: {knl[n0][0][:200]}")
     if missing:
         problems.append(f"no log from {', '.join(missing)}")
     if problems:
@@ -319,6 +329,9 @@ def _faults(an: Analysis, liveness: Mapping[str, bool | None] | None, ex: Expect
         unknown = sorted(n for n, a in liveness.items() if a is None)
         alive = "every engine container alive" + (f" (not checked: {', '.join(unknown)})" if unknown else "")
     arte = f"; {len(an.artefacts)} shutdown artefact line(s) after a deliberate stop ignored" if an.artefacts else ""
+    unread = sorted(n for n, lines in (kernel or {}).items() if lines is None)
+    if kernel is not None:
+        arte += "; no NVRM/Xid kernel lines" + (f" (kernel log not readable on {', '.join(unread)})" if unread else "")
     for log in an.logs:
         state = {True: "engine container running", False: "engine container NOT running", None: "liveness not checked"}
         live = state[(liveness or {}).get(log.node)] if liveness is not None else "liveness not checked (offline)"
@@ -396,6 +409,7 @@ def judge(
     liveness: Mapping[str, bool | None] | None = None,
     identity: Mapping[str, NodeIdentity] | None = None,
     skip: Iterable[str] = (),
+    kernel: Mapping[str, list[str] | None] | None = None,
 ) -> GateReport:
     """Judge the seven gates. ``logs`` maps node name → that node's parsed log (since its container started)."""
     unknown = set(skip) - set(GATE_NAMES)
@@ -412,7 +426,7 @@ def judge(
             _graphs(an, expect),
             _mask(an, expect),
             _smoke(smoke, expect),
-            _faults(an, liveness, expect),
+            _faults(an, liveness, expect, kernel),
             _runner(an, expect),
             _identity(identity, expect),
         ]

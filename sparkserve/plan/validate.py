@@ -318,6 +318,7 @@ def check_target_complete(t: TargetFacts, r: Report) -> None:
 
 
 def check_target(cfg: Config, d: DrafterFacts | None, t: TargetFacts, r: Report) -> None:
+    check_max_model_len(cfg, t, r)
     if d is None:
         return
     cfg_file = str(Path(d.path) / "config.json")
@@ -332,9 +333,23 @@ def check_target(cfg: Config, d: DrafterFacts | None, t: TargetFacts, r: Report)
     if d.vocab_size and t.vocab_size and d.vocab_size != t.vocab_size and not (d.weights and d.weights.has_d2t):
         r.warn(cfg_file, f"vocab_size {d.vocab_size} differs from the target's {t.vocab_size} and the weights "
                "carry no d2t map")
-    if cfg.serve.max_model_len and t.max_position_embeddings and cfg.serve.max_model_len > t.max_position_embeddings:
-        r.warn("serve.max_model_len", f"{cfg.serve.max_model_len} exceeds the target's max_position_embeddings "
-               f"{t.max_position_embeddings}")
+
+
+def check_max_model_len(cfg: Config, t: TargetFacts, r: Report) -> None:
+    """As vLLM does at start-up (``_get_and_verify_max_len``): a max_model_len beyond the target's derived length
+    is a ValueError, unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (then vLLM only warns). Refused here, before boot."""
+    derived, want = t.derived_max_model_len, cfg.serve.max_model_len
+    if not want or derived is None or want <= derived:
+        return
+    scaled = f" x RoPE factor {t.rope_factor:g}" if t.rope_factor != 1 else ""
+    what = (f"{want} is greater than the target's derived max_model_len {derived} (max_position_embeddings "
+            f"{t.max_position_embeddings}{scaled}; {t.path})")
+    if cfg.serve.env.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").strip().lower() in ("1", "true"):
+        r.warn("serve.max_model_len", what + "; allowed by VLLM_ALLOW_LONG_MAX_MODEL_LEN (RoPE positions past "
+               "it give nan)")
+    else:
+        r.error("serve.max_model_len", what + "; vLLM refuses it (set serve.env VLLM_ALLOW_LONG_MAX_MODEL_LEN: "
+                "\"1\" to override)")
 
 
 # --- argv --------------------------------------------------------------------------------------------------

@@ -290,7 +290,8 @@ def build_image(client: Any, tag: str, parent: str | None, files: dict[str, byte
 
 PACKAGES = {"dockerd": "docker.io", "/usr/sbin/sshd": "openssh-server", "debootstrap": "debootstrap",
             "rsync": "rsync", "unshare": "util-linux", "ssh-keygen": "openssh-client",
-            "docker-registry": "docker-registry"}  # `image ship --via registry` runs it on the head node
+            "docker-registry": "docker-registry",  # `image ship --via registry` runs it on the head node
+            "sudo": "sudo"}  # the page-cache drop before a boot runs `sudo -n` (deploy/hostfacts.py), root too
 
 
 def ensure_packages() -> None:
@@ -747,6 +748,63 @@ def write_fake_sysfs(n: NodeInfo) -> None:
     mg = root / "class" / "net" / "enP7s7"
     for f, v in {"operstate": "up", "carrier": "1", "mtu": "1500", "address": _mac(n.index, 7), "type": "1"}.items():
         w(mg / f, v)
+    for _, hca, _ in twins:  # the CX-7 firmware version (doctor compares it across nodes)
+        w(root / "class" / "infiniband" / hca / "fw_ver", FAKE_FW)
+
+
+# What a healthy DGX Spark's procfs says (deploy/hostfacts.py reads these under host.proc_root): 128 GB unified
+# memory (MemTotal as DGX OS reports it), most of it free, plenty of 2 MiB+ blocks; a fixed uptime so that a
+# kmsg record's microseconds place it before or after "now" (usec > FAKE_UPTIME_S * 1e6: after the boot began).
+FAKE_UPTIME_S = 100000.0
+FAKE_FW = "28.45.1200"
+FAKE_KERNEL = "6.11.0-1016-nvidia"
+GiB_KB = 1024 * 1024
+
+
+def fake_meminfo(total_gib: float = 119.7, free_gib: float = 110.0, available_gib: float = 115.0) -> str:
+    kb = {"MemTotal": total_gib, "MemFree": free_gib, "MemAvailable": available_gib,
+          "Buffers": 0.1, "Cached": max(0.0, available_gib - free_gib)}
+    return "".join(f"{k + ':':<16}{int(v * GiB_KB):>9} kB\n" for k, v in kb.items())
+
+
+def fake_buddyinfo(order10_blocks: int = 20000) -> str:
+    """Zones with ``order10_blocks`` free 4 MiB blocks (order 10, 4 KiB pages) and a few small ones."""
+    return (f"Node 0, zone      DMA      3      2      1      0      1      1      1      0      1      1      2\n"
+            f"Node 0, zone   Normal    512    300    120     60     30     15      8      4      2      1 "
+            f"{order10_blocks:>6}\n")
+
+
+def kmsg_record(seq: int, seconds: float, text: str, level: int = 6) -> str:
+    """One /dev/kmsg record (``pri,seq,usec,flags;message``) ``seconds`` after the fake host's boot."""
+    return f"{level},{seq},{int(seconds * 1e6)},-;{text}\n"
+
+
+def write_fake_proc(n: NodeInfo) -> Path:
+    """A node's procfs subset as on a DGX Spark, under NODE_ROOT/proc (host.proc_root in rig.yaml): meminfo,
+    buddyinfo, uptime, cmdline, sys/kernel/osrelease, sys/vm/{swappiness,drop_caches,compact_memory}, the NVIDIA
+    driver version, and ``kmsg`` (host.kernel_log: /dev/kmsg's record format) with boot-time lines only.
+    Rewritten on every `up`: a test that changes a file puts it back with this."""
+    root = Path(n.srv_dir) / "proc"
+    shutil.rmtree(root, ignore_errors=True)
+    files = {
+        "meminfo": fake_meminfo(),
+        "buddyinfo": fake_buddyinfo(),
+        "uptime": f"{FAKE_UPTIME_S:.2f} {FAKE_UPTIME_S * 10:.2f}\n",
+        "cmdline": f"BOOT_IMAGE=/boot/vmlinuz-{FAKE_KERNEL} root=/dev/nvme0n1p2 ro iommu.passthrough=1\n",
+        "sys/kernel/osrelease": FAKE_KERNEL + "\n",
+        "sys/vm/swappiness": "1\n",
+        "sys/vm/drop_caches": "",
+        "sys/vm/compact_memory": "",
+        "driver/nvidia/version": "NVRM version: NVIDIA UNIX Open Kernel Module for aarch64  580.95.05  Release Build  "
+                                 "(dvs-builder@U22-I3-AM02-24-3)  Wed Sep 17 19:40:09 UTC 2025\n",
+        "kmsg": kmsg_record(1, 0.0, f"Linux version {FAKE_KERNEL}") + kmsg_record(
+            2, 12.5, "NVRM: loading NVIDIA UNIX Open Kernel Module for aarch64  580.95.05"),
+    }
+    for rel, text in files.items():
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text)
+    return root
 
 
 # ----------------------------------------------------------------------------------------- rig config
@@ -779,6 +837,9 @@ def write_rig_yaml(nodes: list[NodeInfo], models: Path) -> Path:
         "fabric:",
         f"  sysfs_root: {NODE_ROOT / 'sys'}",
         "  master_port: 29501",
+        "host:                      # each node's fake procfs and kernel log (write_fake_proc)",
+        f"  proc_root: {NODE_ROOT / 'proc'}",
+        f"  kernel_log: {NODE_ROOT / 'proc' / 'kmsg'}",
         "image:",
         f"  ref: {EMU_REF}",
         "model:",
@@ -962,6 +1023,7 @@ def _up(nnodes: int | None, bare: bool = False) -> dict:
     if bare:
         for n in nodes:
             write_fake_sysfs(n)
+            write_fake_proc(n)
         info = {"rig_dir": str(RIG_DIR), "node_root": str(NODE_ROOT), "nodes": [asdict(n) for n in nodes],
                 "pids": pids, "bare": True}
         state_path().write_text(json.dumps(info, indent=2) + "\n")
@@ -972,6 +1034,7 @@ def _up(nnodes: int | None, bare: bool = False) -> dict:
     for n in nodes:
         sync_models(n, models)
         write_fake_sysfs(n)
+        write_fake_proc(n)
         install_process_engine(n)
     rig_yaml = write_rig_yaml(nodes, models)
     info = {

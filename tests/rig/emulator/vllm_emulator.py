@@ -1115,6 +1115,18 @@ class Emulator:
         sc = self.spec
         if self.kv_dtype not in KV_CACHE_DTYPES:
             return f"ValueError: Invalid kv_cache_dtype: {self.kv_dtype!r}. Valid values are: {KV_CACHE_DTYPES}"
+        # vllm/config/model.py _get_and_verify_max_len (0.33.0): a max_model_len beyond the config's length is a
+        # ValueError unless VLLM_ALLOW_LONG_MAX_MODEL_LEN=1 (then a warning); before this the emulator only warned
+        derived = self.target_cfg.get("max_position_embeddings")
+        if (isinstance(derived, int) and self.max_model_len > derived
+                and os.environ.get("VLLM_ALLOW_LONG_MAX_MODEL_LEN", "").lower() not in ("1", "true")):
+            return (f"ValueError: User-specified max_model_len ({self.max_model_len}) is greater than the derived "
+                    f"max_model_len (max_position_embeddings={derived} or model_max_length=None in model's "
+                    "config.json). To allow overriding this maximum, set the env var VLLM_ALLOW_LONG_MAX_MODEL_LEN=1. "
+                    "VLLM_ALLOW_LONG_MAX_MODEL_LEN must be used with extreme caution. If the model uses relative "
+                    "position encoding (RoPE), positions exceeding derived_max_model_len lead to nan. If the model "
+                    "uses absolute position encoding, positions exceeding derived_max_model_len will cause a CUDA "
+                    "array out-of-bounds error.")
         if sc:
             if "tensor_parallel_size" in sc:
                 return ("ValueError: 'tensor_parallel_size' is not a valid argument in the speculative_config. "
