@@ -1,16 +1,28 @@
 #!/usr/bin/env python3
-"""Apply a patch series to a vLLM tree, strictly (standard library + ``git apply`` only).
+"""Apply whole-file overlays and a patch series to a vLLM tree, strictly (standard library + ``git apply``).
 
     python3 apply_series.py --series patches/vllm/series --root SITE --lock lock.json --manifest applied.json
     python3 apply_series.py --series … --root SITE --relock        # no lock checks; prints the lock's entries
+    python3 apply_series.py --overlays ctx/overlays.json --root SITE --compile    # the card's lane
+    python3 apply_series.py --overlays ctx/overlays.json --verify-only            # a prebuilt image, as it is
+
+``--overlays`` names a JSON file: ``overlays`` (each ``path`` under site-packages and its ``sha256``; the bytes
+sit beside it as ``overlays/<path>``), ``markers`` (a file and a literal it must contain) and ``registry``
+(architectures vLLM's ModelRegistry must map to a defined class, read with ``ast``: no torch import). Each
+overlay's sha256 is checked before it is copied (the context's bytes) and after (the file at its
+site-packages path), then it byte-compiles; the markers and the registry are checked after every overlay.
+With ``--verify-only`` nothing is copied: the tree must already hold every overlay's bytes.
 
 ``SITE`` is a site-packages directory holding ``vllm/`` (the wheel's own layout) or a vLLM checkout: patches
 carry ``a/vllm/…`` paths, so one file applies unchanged to both. The rules, in order:
 
-1. the tree is clean: in site-packages every file of vLLM's ``RECORD`` still has the wheel's sha256; in a
+1. the tree is clean: in site-packages every file of vLLM's ``RECORD`` still has the wheel's sha256, except
+   the overlays' own paths (the "known-dirty" set: a base may already carry them) and nothing else; in a
    git checkout ``git status --porcelain`` is empty;
 2. each upstream check (``--checks``: a file and a literal it must contain, with where it was verified)
-   still holds;
+   still holds. A check marked ``"expect": "broken"`` records a known upstream defect instead: while the
+   literal is there it is "still broken"; once it is gone it is reported as "fixed" (a line to act on,
+   never a refusal), and a file the tree lacks (a wheel without FlashInfer) is "not in this tree";
 3. per patch, in series order: its sha256 is the lock's; its ``Touches:`` header names exactly the files
    its diff touches; ``git apply --reverse --check`` passing means it is already in the tree — skipped as
    "already upstream" when its ``Upstream:`` header says ``merged in <commit>``, a refusal otherwise; each
@@ -19,7 +31,8 @@ carry ``a/vllm/…`` paths, so one file applies unchanged to both. The rules, in
    silently), then ``git apply``; each touched file's sha256 after is the lock's; touched ``.py`` files
    byte-compile (``--compile``).
 
-A refusal prints ``apply_series: error: <patch>: <what>`` (naming the hunk when ``git apply`` names a
+Overlays are copied before the series, so a patch may build on an overlay (its "before" digest is then
+the overlay's). A refusal prints ``apply_series: error: <patch>: <what>`` (naming the hunk when ``git apply`` names a
 line) and exits 1, leaving files touched by earlier patches of this run as they were before the run.
 Progress lines start with ``==> patch `` so a build log shows which patch is running.
 """
@@ -168,17 +181,98 @@ def find_root(root: str) -> Path:
     raise SystemExit("apply_series: error: no vllm/_version.py on sys.path (pass --root DIR)")
 
 
-def check_upstream_facts(root: Path, checks: Path | None) -> list[dict[str, str]]:
+def check_upstream_facts(root: Path, checks: Path | None, say=print) -> list[dict[str, str]]:
+    """Every upstream check, with its ``status``: ``holds`` | ``still-broken`` | ``fixed`` | ``not-in-tree``."""
     if checks is None:
         return []
     facts = json.loads(checks.read_text())
     for fact in facts:
         path = root / fact["file"]
-        text = path.read_text() if path.is_file() else ""
-        if fact["contains"] not in text:
+        text = path.read_text() if path.is_file() else None
+        if fact.get("expect") == "broken":
+            if text is None:
+                fact["status"] = "not-in-tree"
+            elif fact["contains"] in text:
+                fact["status"] = "still-broken"
+            else:
+                fact["status"] = "fixed"
+                say(f"==> upstream check: FIXED? {fact['file']} no longer contains {fact['contains']!r} "
+                    f"(the known defect: {fact['why']}; verified broken at {fact['verified_at']}): re-test "
+                    "this lane on a Spark")
+            continue
+        if text is None or fact["contains"] not in text:
             raise Refusal(f"upstream check: {fact['file']} no longer contains {fact['contains']!r} "
                           f"(verified at {fact['verified_at']}: {fact['why']})")
+        fact["status"] = "holds"
     return facts
+
+
+# ---------------------------------------------------------------------------------------------- overlays
+
+
+def read_overlays(path: Path | None) -> dict:
+    if path is None:
+        return {"overlays": [], "markers": [], "registry": []}
+    plan = json.loads(path.read_text())
+    return {"overlays": plan.get("overlays", []), "markers": plan.get("markers", []),
+            "registry": plan.get("registry", []), "dir": path.parent / "overlays"}
+
+
+def apply_overlays(root: Path, plan: dict, *, verify_only: bool = False, say=print) -> list[dict[str, object]]:
+    """Copy each overlay over site-packages (sha256 checked before and after, then byte-compiled), or with
+    ``verify_only`` check that the tree already holds its bytes. The manifest entries."""
+    done: list[dict[str, object]] = []
+    for o in plan["overlays"]:
+        rel, want = o["path"], o["sha256"]
+        target = root / rel
+        before = sha256_file(target)
+        if verify_only:
+            if before != want:
+                raise Refusal(f"overlay {rel}: the image's file is {str(before)[:12]} but the recipe says "
+                              f"{want[:12]}" + (" (absent)" if before is None else ""))
+            done.append({"path": rel, "sha256": want, "before": before, "after": before, "status": "present"})
+            say(f"==> overlay {rel}: present, sha256 {want[:16]}")
+            continue
+        src = plan["dir"] / rel
+        got = sha256_file(src)
+        if got != want:
+            raise Refusal(f"overlay {rel}: the file to copy is sha256 {str(got)[:12]} but the recipe says "
+                          f"{want[:12]} (refused before copying)")
+        if not target.parent.is_dir():
+            raise Refusal(f"overlay {rel}: {target.parent} is not in the base (an overlay replaces a file of it)")
+        old = target.read_bytes() if target.is_file() else None
+        target.write_bytes(src.read_bytes())
+        after = sha256_file(target)
+        if after != want:
+            if old is not None:
+                target.write_bytes(old)
+            raise Refusal(f"overlay {rel}: sha256 {str(after)[:12]} after copying, the recipe says {want[:12]}")
+        py_compile.compile(str(target), doraise=True)
+        done.append({"path": rel, "sha256": want, "before": before, "after": after, "status": "copied"})
+        say(f"==> overlay {rel}: copied, sha256 {want[:16]} before and after")
+    return done
+
+
+def check_markers(root: Path, plan: dict, say=print) -> None:
+    """The card's gate: each marker in its file, each architecture registered with its class defined."""
+    for m in plan["markers"]:
+        path = root / m["file"]
+        if not path.is_file() or m["contains"] not in path.read_text(errors="replace"):
+            raise Refusal(f"marker: {m['file']} lacks {m['contains']!r}" + (f" ({m['why']})" if m.get("why") else ""))
+    if plan["markers"]:
+        say(f"==> markers: {', '.join(repr(m['contains']) for m in plan['markers'])} present")
+    if plan["registry"]:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from image_facts import registry_classes  # the same reader the image facts use
+
+        found = registry_classes(root, set(plan["registry"]))
+        for arch in plan["registry"]:
+            if arch not in found:
+                raise Refusal(f"registry: {arch} is not in vLLM's ModelRegistry "
+                              "(vllm/model_executor/models/registry.py)")
+            if not found[arch]["defined"]:
+                raise Refusal(f"registry: {arch} → {found[arch]['module']}.{found[arch]['class']} is not defined")
+        say(f"==> registry: {', '.join(plan['registry'])} registered")
 
 
 def name_hunk(patch: Patch, stderr: str) -> str:
@@ -264,7 +358,10 @@ def _revert(root: Path, patches: list[Patch], done: list[dict[str, object]]) -> 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--series", required=True, type=Path)
+    ap.add_argument("--series", type=Path, help="the series file (none: overlays only)")
+    ap.add_argument("--overlays", type=Path, help="overlays.json: whole files, markers, registry (module doc)")
+    ap.add_argument("--verify-only", action="store_true", help="copy nothing: the tree must already hold "
+                    "every overlay (a prebuilt image)")
     ap.add_argument("--root", default="auto", help="site-packages holding vllm/, or a vLLM checkout "
                     "(default: the directory on sys.path that holds vllm/_version.py)")
     ap.add_argument("--lock", type=Path, help="the recipe lock (JSON); its 'patches' entries are checked")
@@ -276,22 +373,38 @@ def main(argv: list[str] | None = None) -> int:
     patches: list[Patch] = []
     done: list[dict[str, object]] = []
     args.root = find_root(args.root)
+    out = sys.stderr if args.relock else sys.stdout
+
+    def say(line: str) -> None:
+        print(line, file=out, flush=True)
+
+    overlays: list[dict[str, object]] = []
+    olds: dict[str, bytes | None] = {}
     try:
-        patches = read_series(args.series)
-        dirty = dirty_files(args.root)
+        plan = read_overlays(args.overlays)
+        patches = read_series(args.series) if args.series else []
+        known = {o["path"] for o in plan["overlays"]}
+        dirty = [f for f in dirty_files(args.root) if f not in known]
         if dirty:
             shown = ", ".join(dirty[:5]) + (f" (+{len(dirty) - 5} more)" if len(dirty) > 5 else "")
-            raise Refusal(f"{args.root}: the tree is not pristine: {shown}")
-        facts = check_upstream_facts(args.root, args.checks)
+            raise Refusal(f"{args.root}: the tree is not pristine: {shown}"
+                          + (f" (only the overlays may differ from RECORD: {', '.join(sorted(known))})" if known
+                             else ""))
+        facts = check_upstream_facts(args.root, args.checks, say=say)
+        olds = {str(o["path"]): (args.root / o["path"]).read_bytes() if (args.root / o["path"]).is_file() else None
+                for o in plan["overlays"]}
+        overlays = apply_overlays(args.root, plan, verify_only=args.verify_only, say=say)
+        check_markers(args.root, plan, say=say)
         lock = None if args.relock or args.lock is None else json.loads(args.lock.read_text())
-        out = sys.stderr if args.relock else sys.stdout
-        apply_series(args.root, patches, lock, compile_py=args.compile, done=done,
-                     say=lambda s: print(s, file=out, flush=True))
+        apply_series(args.root, patches, lock, compile_py=args.compile, done=done, say=say)
     except Refusal as e:
         _revert(args.root, patches, done)
+        for rel, old in olds.items():  # the overlays copied by this run go back too
+            if old is not None and not args.verify_only:
+                (args.root / rel).write_bytes(old)
         print(f"apply_series: error: {e}", file=sys.stderr)
         return 1
-    manifest = {"patches": done, "upstream_checks": facts}
+    manifest = {"patches": done, "upstream_checks": facts, "overlays": overlays}
     if args.manifest:
         args.manifest.parent.mkdir(parents=True, exist_ok=True)
         args.manifest.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
@@ -299,9 +412,12 @@ def main(argv: list[str] | None = None) -> int:
         json.dump({"patches": [{k: e[k] for k in ("name", "sha256", "touches")} for e in done]}, sys.stdout,
                   indent=1, sort_keys=True)
         print()
-    print(f"==> series: {sum(e['status'] == 'applied' for e in done)} applied, "
-          f"{sum(e['status'] == 'already-upstream' for e in done)} already upstream, "
-          f"{len(facts)} upstream checks hold", file=sys.stderr if args.relock else sys.stdout, flush=True)
+    status = [f.get("status") for f in facts]
+    broken = (f", {status.count('still-broken')} known upstream defects still there, {status.count('fixed')} "
+              f"fixed" if any(f.get("expect") == "broken" for f in facts) else "")
+    say(f"==> series: {len(overlays)} overlays, {sum(e['status'] == 'applied' for e in done)} applied, "
+        f"{sum(e['status'] == 'already-upstream' for e in done)} already upstream, "
+        f"{status.count('holds')} upstream checks hold{broken}")
     return 0
 
 

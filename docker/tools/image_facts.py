@@ -15,6 +15,14 @@ It never imports vllm or torch, so it runs on a machine without a GPU, CUDA or n
   (fatbin magic 0xBA55ED50). See :func:`decode_entry` for how a variant is told apart.
 * ``dflash2``: each ``*DFlash*`` architecture of ``vllm/model_executor/models/registry.py`` and whether its
   ``(module, class)`` is defined (read with ``ast``).
+* ``registry``: the architectures the image's lock names in its registry checks (the card's gate:
+  ``Glm5NextForConditionalGeneration``), each with its ``(module, class)`` and whether it is defined.
+* ``overlays``: the sha256 of each file the lock names as an overlay (null: absent).
+* ``packages``: the installed versions of flashinfer-python, flashinfer-cubin, flashinfer-jit-cache, torch,
+  triton (``*.dist-info/METADATA``) and the CUDA version torch was built with (``torch/version.py``).
+* ``gpu_smoke``: the GPU smoke stage's record (``/opt/sparkserve/gpu-smoke.json``): ``verified`` false until
+  ``docker/tools/gpu_smoke.py`` passed on a GPU (a build without one says so), null for an image sparkserve
+  did not build.
 * ``applied``: the series manifest the applier wrote (``/opt/sparkserve/applied.json``), or null;
   ``lock``: the recipe lock the image was built from (``/opt/sparkserve/lock.json``), or null.
 """
@@ -46,6 +54,8 @@ FLAG_COMPRESSED = 0x2000 | 0x8000
 PTX_TARGET = re.compile(rb"\.target\s+(sm_\d+[af]?)")
 APPLIED_MANIFEST = "/opt/sparkserve/applied.json"
 IMAGE_LOCK = "/opt/sparkserve/lock.json"
+GPU_SMOKE = "/opt/sparkserve/gpu-smoke.json"
+PACKAGES = ("flashinfer-python", "flashinfer-cubin", "flashinfer-jit-cache", "torch", "triton")
 SM121 = 121
 
 
@@ -210,6 +220,12 @@ def arch_census(site: Path) -> dict[str, object]:
 
 def dflash2_classes(site: Path) -> dict[str, dict[str, object]]:
     """Each ``*DFlash*`` registry architecture → its (module, class) and whether that class is defined."""
+    return registry_classes(site, None)
+
+
+def registry_classes(site: Path, names: set[str] | None) -> dict[str, dict[str, object]]:
+    """Registry architectures (``names``, or every ``*DFlash*`` one for None) → (module, class) and whether
+    that class is defined, read from ``vllm/model_executor/models/registry.py`` with ``ast`` (no import)."""
     models = site / "vllm" / "model_executor" / "models"
     registry = models / "registry.py"
     if not registry.is_file():
@@ -219,7 +235,8 @@ def dflash2_classes(site: Path) -> dict[str, dict[str, object]]:
         if not isinstance(node, ast.Dict):
             continue
         for k, v in zip(node.keys, node.values, strict=True):
-            if not (isinstance(k, ast.Constant) and isinstance(k.value, str) and "DFlash" in k.value):
+            if not (isinstance(k, ast.Constant) and isinstance(k.value, str)
+                    and (k.value in names if names is not None else "DFlash" in k.value)):
                 continue
             if not (isinstance(v, ast.Tuple) and len(v.elts) == 2
                     and all(isinstance(e, ast.Constant) for e in v.elts)):
@@ -244,12 +261,37 @@ def _defines(path: Path, cls: str) -> bool:
     return False
 
 
+def packages(site: Path) -> dict[str, str | None]:
+    """Installed versions of the packages a serving image needs beside vLLM, and torch's CUDA version."""
+    out: dict[str, str | None] = dict.fromkeys(PACKAGES)
+    for meta in site.glob("*.dist-info/METADATA"):
+        head = meta.read_text(errors="replace")[:4096]
+        name = re.search(r"^Name:\s*(\S+)", head, re.M)
+        version = re.search(r"^Version:\s*(\S+)", head, re.M)
+        key = name.group(1).lower().replace("_", "-") if name else ""
+        if key in out and version:
+            out[key] = version.group(1)
+    torch_version = site / "torch" / "version.py"
+    m = re.search(r"^cuda\s*(?::[^=]*)?=\s*['\"]([^'\"]+)['\"]", torch_version.read_text(), re.M) \
+        if torch_version.is_file() else None
+    out["torch_cuda"] = m.group(1) if m else None
+    return out
+
+
+def _json_file(path: str) -> object:
+    return json.loads(Path(path).read_text()) if Path(path).is_file() else None
+
+
 def facts(site: Path | None, *, archs: bool = True, applied: str = APPLIED_MANIFEST) -> dict[str, object]:
     manifest = Path(applied)
     if site is None or not (site / "vllm" / "_version.py").is_file():
         return {"site": None, "python": platform.python_version(), "machine": platform.machine(),
                 "vllm": {"version": None, "commit": None, "metadata_version": None}, "record": None,
-                "archs": None, "dflash2": {}, "applied": None, "lock": None, "cuda_arch_env": {}}
+                "archs": None, "dflash2": {}, "applied": None, "lock": None, "cuda_arch_env": {},
+                "registry": {}, "overlays": {}, "packages": {}, "gpu_smoke": _json_file(GPU_SMOKE)}
+    lock = _json_file(IMAGE_LOCK)
+    lock = lock if isinstance(lock, dict) else None
+    wanted = set(((lock or {}).get("checks") or {}).get("registry") or [])
     return {
         "site": str(site),
         "python": platform.python_version(),
@@ -259,9 +301,19 @@ def facts(site: Path | None, *, archs: bool = True, applied: str = APPLIED_MANIF
         "archs": arch_census(site) if archs else None,
         "dflash2": dflash2_classes(site),
         "applied": json.loads(manifest.read_text()) if manifest.is_file() else None,
-        "lock": json.loads(Path(IMAGE_LOCK).read_text()) if Path(IMAGE_LOCK).is_file() else None,
+        "lock": lock,
         "cuda_arch_env": {k: v for k, v in os.environ.items() if k.endswith("CUDA_ARCH_LIST")},
+        "registry": registry_classes(site, wanted) if wanted else {},
+        "overlays": {rel: _sha256(site / rel) for rel in ((lock or {}).get("overlays") or {})},
+        "packages": packages(site),
+        "gpu_smoke": _json_file(GPU_SMOKE),
     }
+
+
+def _sha256(path: Path) -> str | None:
+    if not path.is_file():
+        return None
+    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def main(argv: list[str] | None = None) -> int:

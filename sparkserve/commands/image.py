@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,15 +28,29 @@ def _say(line: str) -> None:
     err_console.print(f"· {line}", highlight=False)
 
 
-@image_app.command("build")
+BUILD_HELP = """Build the recipe's image on the head over SSH (or --local), smoke-test it, tag it <name>:<lock>.
+
+Lanes, by recipe: docker/recipe.yaml (the default) is the model card's image rebuilt from its fork base,
+pinned by digest, with its two sha256-gated overlay files and its build gate; docker/recipes/card-prebuilt.yaml
+uses the card's published image as it is (pulled by digest, checked with the same facts, no build);
+docker/recipes/upstream-0.33.0.yaml is EXPERIMENTAL (stock vLLM 0.33.0, overlay or --lane source): it is known
+to die on SM121 at FlashInfer sparse-MLA warmup ("Failed to run MLA, error: invalid argument"). The source
+lane builds only natively on an aarch64 SM12x node. After the build a GPU smoke stage runs the image with
+--gpus all; on a node without a GPU it says so and the image stays marked "not GPU-verified".
+"""
+
+
+@image_app.command("build", help=BUILD_HELP)
 def build_cmd(
     config: ConfigOpt = None,
     json_out: JsonOpt = False,
     recipe: RecipeOpt = None,
-    lane: Annotated[str | None, typer.Option("--lane", help="overlay | source (default: the recipe's)")] = None,
+    lane: Annotated[str | None, typer.Option("--lane", help="overlay | prebuilt | source (default: the recipe's; "
+                                             "source: only with a recipe that has a source section, such as the "
+                                             "EXPERIMENTAL upstream-0.33.0)")] = None,
     local: Annotated[bool, typer.Option("--local", help="build on this machine instead of the head node")] = False,
     relock: Annotated[bool, typer.Option("--relock", help="resolve the pins (base or CUDA images, vLLM commit) and "
-                                         "re-digest the series first, rewriting the lock")] = False,
+                                         "read the lock's facts from the image first, rewriting the lock")] = False,
     lock_only: Annotated[bool, typer.Option("--lock-only", help="re-lock (implies --relock) and stop: no "
                                             "build")] = False,
     push: Annotated[str | None, typer.Option("--push", help="also push the image as this reference")] = None,
@@ -43,35 +58,54 @@ def build_cmd(
     no_smoke_import: Annotated[bool, typer.Option("--no-smoke-import",
                                                   help="skip `import vllm` in the smoke test (an image "
                                                   "without torch, such as a test stand-in)")] = False,
+    gpu_capability: Annotated[str, typer.Option("--gpu-capability", help="the compute capability the GPU smoke "
+                                                "stage requires of the build node's GPU")] = "12.1",
     log: Annotated[Path | None, typer.Option("--log", help="where to save the full build log")] = None,
 ) -> None:
-    """Build the recipe's image on the head over SSH (or --local), smoke-test it, tag it <name>:<lock>."""
     import os
 
-    from sparkserve.deploy.image_build import build_image, default_recipe, load_recipe_files, write_lock
+    from sparkserve.deploy.image_build import (
+        build_image,
+        default_recipe,
+        load_recipe_files,
+        overlay_bytes,
+        write_lock,
+    )
     from sparkserve.deploy.image_relock import effective_recipe, require_lock
     from sparkserve.deploy.image_relock import relock as do_relock
 
-    if lane not in (None, "overlay", "source"):
-        raise BadInput("--lane", f"{lane!r} is not overlay or source")
+    if lane not in (None, "overlay", "prebuilt", "source"):
+        raise BadInput("--lane", f"{lane!r} is not overlay, prebuilt or source")
+    if not re.fullmatch(r"\d+\.\d+|auto", gpu_capability):
+        raise BadInput("--gpu-capability", f"{gpu_capability!r} is not major.minor (e.g. 12.1) or auto")
     relock = relock or lock_only
     files = load_recipe_files(recipe or default_recipe())
     effective_recipe(files, lane)  # a lane the recipe cannot build is exit 2 before any node is touched
     lock = None if relock else require_lock(files, lane)  # so is a stale lock
+    overlays = overlay_bytes(files)  # and an overlay whose bytes are not its sha256
     cfg = config_from(config)
     say = None if json_out else _say
+    if files.recipe.experimental:
+        err_console.print(f"warning: {files.path.name} is EXPERIMENTAL: {files.recipe.experimental}",
+                          highlight=False, markup=False, soft_wrap=True)
 
     def on(node):  # type: ignore[no-untyped-def]
         locked = lock
         if locked is None:
-            locked = do_relock(node, files, lane=lane, say=say)
+            locked = do_relock(node, files, lane=lane, say=say, overlays=overlays)
             write_lock(files, locked)
             if say:
                 say(f"wrote {files.lock_path}")
         if lock_only:
             return locked
+        if (lane or files.recipe.lane) == "prebuilt":
+            from sparkserve.deploy.image_prebuilt import use_prebuilt
+
+            return use_prebuilt(node, files, locked, overlays=overlays, push=push, say=say,
+                                gpu_capability=gpu_capability)
         return build_image(node, files, locked, lane=lane, push=push, platform=platform, log_path=log,
-                           smoke_import=None if no_smoke_import else "vllm", say=say)
+                           smoke_import=None if no_smoke_import else "vllm", say=say, overlays=overlays,
+                           gpu_capability=gpu_capability)
 
     if local:
         from sparkserve.nodes.local import LocalNode
@@ -99,11 +133,16 @@ def _print_build(result, lock_path: Path, json_out: bool) -> None:  # type: igno
         else:
             print(f"{lock_path}: {result.lane} lane, lock sha256 {lock_digest(result)[:12]}")
         return
+    gpu = result.gpu or {}
+    if not gpu.get("ran"):  # loud on stderr even with --json: the image is not proven on a GPU
+        err_console.print(f"warning: the GPU smoke stage did not run ({gpu.get('why') or 'no GPU'}): {result.tag} "
+                          "is NOT GPU-verified (image verify shows it)", highlight=False, markup=False, soft_wrap=True)
     if json_out:
         emit_json(result.as_json())
     else:
+        verified = "GPU smoke passed" if gpu.get("ok") else "NOT GPU-verified"
         print(f"{result.tag} built on {result.node} in {result.seconds:.1f}s: {result.image_id[:19]} "
-              f"(fingerprint {result.fingerprint[:19]}); smoke test passed; log {result.log_path}")
+              f"(fingerprint {result.fingerprint[:19]}); smoke test passed; {verified}; log {result.log_path}")
         if result.pushed:
             print(f"pushed {result.pushed}")
 
@@ -128,6 +167,8 @@ def verify_cmd(config: ConfigOpt = None, json_out: JsonOpt = False,
             print(f"{name}: {fp or 'MISSING'}" + (f" (id {raw[:19]})" if raw else ""))
         for p in check.problems():
             print(f"  {p}")
+        if check.gpu_line:
+            print(check.gpu_line)
         if check.ok:
             print("same image on every node")
         elif check.problem is None:

@@ -25,7 +25,7 @@ from sparkserve.plan.image_identity import facts_problems
 
 Reporter = Callable[[str], None]
 #: Facts that must be equal on every node (``site`` and ``machine`` may legitimately differ in a mixed rig).
-COMPARED_FACTS = ("vllm", "record", "dflash2", "applied", "lock")
+COMPARED_FACTS = ("vllm", "record", "dflash2", "applied", "lock", "overlays", "registry", "packages", "gpu_smoke")
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,23 @@ class ImageCheck:
     def as_json(self) -> dict[str, object]:
         return {"ok": self.ok, "ref": self.ref, "image_ids": dict(self.image_ids),
                 "fingerprints": dict(self.fingerprints), "problems": self.problems(),
-                "facts": {n: {k: f.get(k) for k in ("vllm", "record", "dflash2")} for n, f in self.facts.items()}}
+                "gpu_verified": self.gpu_verified, "gpu": self.gpu_line,
+                "facts": {n: {k: f.get(k) for k in ("vllm", "record", "dflash2", "gpu_smoke")}
+                          for n, f in self.facts.items()}}
+
+    @property
+    def gpu_verified(self) -> bool | None:
+        """Whether the image's facts carry a passed GPU smoke stage (None: no facts read)."""
+        if not self.facts:
+            return None
+        mark = next(iter(self.facts.values())).get("gpu_smoke")
+        return bool(isinstance(mark, dict) and mark.get("verified"))
+
+    @property
+    def gpu_line(self) -> str | None:
+        from sparkserve.deploy.image_gpu import verification_line
+
+        return verification_line(next(iter(self.facts.values()))) if self.facts else None
 
     def problems(self) -> list[str]:
         return ([self.problem.line().removeprefix("error: ")] if self.problem else []) + self.fact_problems

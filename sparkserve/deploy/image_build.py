@@ -18,20 +18,19 @@ RECORD = the series' files, DFlash2 classes); a failed smoke test removes the ta
 from __future__ import annotations
 
 import contextlib
-import io
 import json
 import re
 import secrets
-import tarfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import docker.errors
-from platformdirs import user_state_dir
+from platformdirs import user_cache_dir, user_state_dir
 
+from sparkserve.deploy.image_gpu import GpuSmoke
+from sparkserve.deploy.image_run import _tar, docker_dir, image_facts, run_in_image
 from sparkserve.errors import BadInput, GateFailed, RemoteFailure
 from sparkserve.nodes.base import CommandResult, Node, NodeError
 from sparkserve.nodes.docker_client import docker_errors
@@ -44,9 +43,11 @@ from sparkserve.plan.image_recipe import (
     image_tag,
     lock_digest,
     lock_json,
+    overlay_plan,
     parse_lock,
     parse_recipe,
     series_names,
+    sha256_hex,
 )
 
 Reporter = Callable[[str], None]
@@ -84,21 +85,14 @@ class BuildResult:
     log_path: Path
     facts: dict = field(default_factory=dict)
     pushed: str | None = None
+    gpu: dict | None = None
 
     def as_json(self) -> dict[str, object]:
         return {"node": self.node, "tag": self.tag, "image_id": self.image_id, "fingerprint": self.fingerprint,
                 "lock_sha256": self.lock_sha256, "seconds": round(self.seconds, 1), "log": str(self.log_path),
                 "pushed": self.pushed, "vllm": self.facts.get("vllm"),
-                "differing_from_record": (self.facts.get("record") or {}).get("differing")}
-
-
-def docker_dir() -> Path:
-    """``docker/`` of this checkout, or the copy packaged in the wheel (``sparkserve/docker``)."""
-    here = Path(__file__).resolve().parents[1]
-    for cand in (here.parent / "docker", here / "docker"):
-        if (cand / "Dockerfile").is_file():
-            return cand
-    raise BadInput("docker/", "no Dockerfile next to sparkserve (neither a checkout nor the packaged copy)")
+                "differing_from_record": (self.facts.get("record") or {}).get("differing"),
+                "gpu_smoke": self.gpu, "gpu_verified": bool(self.gpu and self.gpu.get("ok"))}
 
 
 def default_recipe() -> Path:
@@ -119,9 +113,11 @@ def _read(path: Path, what: str) -> bytes:
 def load_recipe_files(path: Path) -> RecipeFiles:
     """Read a recipe, its series and patches, its upstream checks and its lock (if there is one)."""
     recipe = parse_recipe(_read(path, "recipe").decode(errors="replace"), str(path))
-    series_path = (path.parent / recipe.series).resolve()
-    series_text = _read(series_path, "series file").decode(errors="replace")
-    series = [(name, _read(series_path.parent / name, "patch")) for name in series_names(series_text)]
+    series_text, series = "", []
+    if recipe.series:
+        series_path = (path.parent / recipe.series).resolve()
+        series_text = _read(series_path, "series file").decode(errors="replace")
+        series = [(name, _read(series_path.parent / name, "patch")) for name in series_names(series_text)]
     checks = _read((path.parent / recipe.upstream_checks).resolve(), "upstream checks") \
         if recipe.upstream_checks else None
     lock_path = lock_path_for(path)
@@ -132,71 +128,72 @@ def load_recipe_files(path: Path) -> RecipeFiles:
 # ----------------------------------------------------------------------------------------- build context
 
 
-def _tar(files: dict[str, bytes]) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w") as tf:
-        for name, data in sorted(files.items()):
-            ti = tarfile.TarInfo(name)
-            ti.size, ti.mode, ti.mtime = len(data), 0o644, 0
-            tf.addfile(ti, io.BytesIO(data))
-    return buf.getvalue()
+TOOLS = ("apply_series.py", "image_facts.py", "gpu_smoke.py", "wheel_pins.py")
 
 
-def context_files(files: RecipeFiles, lock: Lock | None) -> dict[str, bytes]:
+def context_files(files: RecipeFiles, lock: Lock | None, overlays: dict[str, bytes] | None = None
+                  ) -> dict[str, bytes]:
+    """The build context: Dockerfile, tools/, series/, upstream-checks.json, lock.json, overlays.json and the
+    overlays' bytes as ``overlays/<path>`` (``overlays``: from :func:`overlay_bytes`)."""
     d = docker_dir()
     out = {
         "Dockerfile": (d / "Dockerfile").read_bytes(),
-        "tools/apply_series.py": (d / "tools" / "apply_series.py").read_bytes(),
-        "tools/image_facts.py": (d / "tools" / "image_facts.py").read_bytes(),
         "series/series": files.series_text.encode(),
         "upstream-checks.json": files.checks if files.checks is not None else b"[]\n",
         "lock.json": lock_json(lock).encode() if lock is not None else b"{}\n",
+        "overlays.json": (json.dumps(overlay_plan(files.recipe), indent=1, sort_keys=True) + "\n").encode(),
     }
+    out |= {f"tools/{name}": (d / "tools" / name).read_bytes() for name in TOOLS}
     out |= {f"series/{name}": data for name, data in files.series}
+    out |= {f"overlays/{rel}": data for rel, data in (overlays or {}).items()}
     return out
 
 
-def build_context(files: RecipeFiles, lock: Lock) -> bytes:
-    """The build context tar: Dockerfile, tools/, series/, upstream-checks.json, lock.json."""
-    return _tar(context_files(files, lock))
+def build_context(files: RecipeFiles, lock: Lock, overlays: dict[str, bytes] | None = None) -> bytes:
+    """The build context tar (see :func:`context_files`)."""
+    return _tar(context_files(files, lock, overlays))
 
 
-def facts_program() -> str:
-    return (docker_dir() / "tools" / "image_facts.py").read_text()
+def _overlay_cache() -> Path:
+    return Path(user_cache_dir("sparkserve")) / "overlays"
 
 
-# ------------------------------------------------------------------------------------------- in an image
+def overlay_bytes(files: RecipeFiles, *, fetch_timeout: float = 60.0) -> dict[str, bytes]:
+    """Each overlay's bytes, checked against its sha256 here, before anything goes to a node: a local path
+    (relative to the recipe) is read; an ``https://`` source is fetched once into the cache (by sha256).
+    BadInput (exit 2) naming the overlay and its source when a file is missing or its sha256 is not the
+    recipe's."""
+    out: dict[str, bytes] = {}
+    for o in files.recipe.overlays:
+        if o.source is None:  # a prebuilt image's overlays are only checked in it, never copied
+            continue
+        where = f"{files.path}: overlays: {o.path}"
+        if o.source.startswith(("https://", "http://")):
+            cached = _overlay_cache() / o.sha256
+            data = cached.read_bytes() if cached.is_file() else _fetch(o.source, where, fetch_timeout)
+        else:
+            data = _read((files.path.parent / o.source).resolve(), f"overlay {o.path}")
+        got = sha256_hex(data)
+        if got != o.sha256:
+            raise BadInput(where, f"{o.source} is sha256 {got[:16]}…, the recipe says {o.sha256[:16]}… "
+                           "(refused before the build)")
+        if o.source.startswith(("https://", "http://")):
+            with contextlib.suppress(OSError):
+                _overlay_cache().mkdir(parents=True, exist_ok=True)
+                (_overlay_cache() / o.sha256).write_bytes(data)
+        out[o.path] = data
+    return out
 
 
-def run_in_image(node: Node, image: str, argv: list[str], *, files: dict[str, bytes] | None = None,
-                 step: str = "image", timeout: float = 600.0) -> tuple[int, str, str]:
-    """Run ``argv`` (entrypoint overridden) in a throwaway container of ``image`` with no network; ``files``
-    are put under ``/ctx`` first. (exit code, stdout, stderr); the container is always removed."""
-    with docker_errors(node, step, image):
-        client = node.docker()
-        ctr = client.containers.create(image, command=argv[1:], entrypoint=[argv[0]], network_mode="none",
-                                       labels={"io.sparkserve.scratch": "1"})
-        try:
-            if files:
-                ctr.put_archive("/", _tar({f"ctx/{k}": v for k, v in files.items()}))
-            ctr.start()
-            rc = int(ctr.wait(timeout=timeout).get("StatusCode", 1))
-            out = ctr.logs(stdout=True, stderr=False).decode(errors="replace")
-            err = ctr.logs(stdout=False, stderr=True).decode(errors="replace")
-        finally:
-            with contextlib.suppress(docker.errors.APIError):
-                ctr.remove(force=True)
-    return rc, out, err
+def _fetch(url: str, where: str, timeout: float) -> bytes:
+    import urllib.error
+    import urllib.request
 
-
-def image_facts(node: Node, image: str, *, archs: bool = False) -> dict:
-    """The facts program's JSON for ``image`` on ``node`` (run with the image's own python3)."""
-    argv = ["python3", "-c", facts_program()] + ([] if archs else ["--no-archs"])
-    rc, out, err = run_in_image(node, image, argv, step="image facts")
-    if rc != 0:
-        raise NodeError(node.name, "image facts", f"the facts program failed in {image} (exit {rc})",
-                        last_lines=err.strip().splitlines()[-10:])
-    return dict(json.loads(out))
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (the recipe's https source)
+            return bytes(r.read())
+    except (urllib.error.URLError, OSError) as e:
+        raise BadInput(where, f"cannot fetch {url}: {getattr(e, 'reason', e)}") from None
 
 
 # -------------------------------------------------------------------------------------------------- lock
@@ -305,7 +302,8 @@ def failing_step(log: str) -> tuple[str, list[str]]:
 
 def build_image(node: Node, files: RecipeFiles, lock: Lock, *, lane: str | None = None, push: str | None = None,
                 platform: str | None = None, log_path: Path | None = None, smoke_import: str | None = "vllm",
-                say: Reporter | None = None, timeout: float = 6 * 3600.0) -> BuildResult:
+                say: Reporter | None = None, timeout: float = 6 * 3600.0, overlays: dict[str, bytes] | None = None,
+                gpu_capability: str = "12.1") -> BuildResult:
     """Build the recipe's image on ``node`` (rules in the module docstring)."""
     say = say or (lambda _s: None)
     recipe = files.recipe
@@ -314,6 +312,11 @@ def build_image(node: Node, files: RecipeFiles, lock: Lock, *, lane: str | None 
         recipe = recipe.model_copy(update={"lane": lane})
     if lock.lane != lane:
         raise BadInput("--lane", f"the lock is for the {lock.lane} lane; re-lock for {lane}")
+    if lane == "prebuilt":
+        raise BadInput("--lane", "a prebuilt image is not built: image build runs use_prebuilt for it")
+    if lane == "source":
+        check_source_node(node, platform)
+    overlays = overlay_bytes(files) if overlays is None else overlays
     tag = image_tag(recipe, lock)
     args = build_args(recipe, lock)
     _check_local_pins(node, lane, recipe, lock)
@@ -335,7 +338,7 @@ def build_image(node: Node, files: RecipeFiles, lock: Lock, *, lane: str | None 
                       timeout=timeout, step="build")
     res: list[CommandResult] = []
     try:
-        proc.write(build_context(files, lock))
+        proc.write(build_context(files, lock, overlays))
         proc.close_stdin()
         waiter = threading.Thread(target=lambda: res.append(proc.wait(check=False)), daemon=True)
         waiter.start()
@@ -360,16 +363,54 @@ def build_image(node: Node, files: RecipeFiles, lock: Lock, *, lane: str | None 
     say(f"built {tag} ({found[0][:19]}) in {time.monotonic() - t0:.1f}s; smoke test")
     try:
         facts = smoke_test(node, tag, lock, smoke_import=smoke_import)
+        gpu = gpu_stage(node, tag, want_capability=gpu_capability, say=say)
     except (GateFailed, NodeError):
-        with docker_errors(node, "build", f"untag {tag}"):
-            node.docker().images.remove(tag, noprune=False)
+        untag(node, tag)
         say(f"smoke test failed: removed the tag {tag}")
         raise
+    if gpu.ok:
+        found = image_identity(node, tag) or found
     pushed = None
     if push:
         pushed = push_image(node, tag, push, say=say)
     return BuildResult(node.name, tag, found[0], found[1], lock_digest(lock), time.monotonic() - t0, log_path,
-                       facts, pushed)
+                       facts, pushed, gpu.as_json())
+
+
+def untag(node: Node, tag: str) -> None:
+    with docker_errors(node, "build", f"untag {tag}"):
+        node.docker().images.remove(tag, noprune=False)
+
+
+def gpu_stage(node: Node, tag: str, *, want_capability: str, say: Reporter, mark: bool = True) -> GpuSmoke:
+    """The GPU smoke stage (:mod:`sparkserve.deploy.image_gpu`): GateFailed when it ran and a check failed;
+    without a GPU it says so loudly and leaves the image marked "not GPU-verified"; a pass is committed into
+    the image (``mark``)."""
+    from sparkserve.deploy.image_gpu import gpu_smoke, mark_gpu_verified
+
+    say(f"GPU smoke stage on {node.name}: docker run --gpus all {tag} gpu_smoke.py")
+    gpu = gpu_smoke(node, tag, want_capability=want_capability)
+    if not gpu.ran and not gpu.report:
+        say(f"WARNING: {gpu.why}: the GPU smoke stage did NOT run; {tag} is NOT GPU-verified (its facts say so)")
+        return gpu
+    if not gpu.ok:
+        raise GateFailed(f"{node.name}: GPU smoke", f"{tag}: {gpu.why}",
+                         details=[f"{r['check']}: {r['detail']}" for r in gpu.report.get("checks", [])])
+    if mark:
+        mark_gpu_verified(node, tag, gpu)
+    say(f"GPU smoke passed on {node.name} (capability {gpu.report.get('capability')}): {tag} is GPU-verified")
+    return gpu
+
+
+def check_source_node(node: Node, platform: str | None) -> None:
+    """The source lane compiles vLLM's CUDA kernels for SM12x natively: only on an aarch64 node (a DGX Spark),
+    never cross-built or under qemu (hours of nvcc under emulation, and no GPU to smoke-test the result).
+    NodeError saying why otherwise."""
+    machine = node.run(["uname", "-m"], timeout=20, step="build").stdout.strip()
+    if machine != "aarch64" or (platform and platform != "linux/arm64"):
+        raise NodeError(node.name, "build", f"the source lane builds only natively on an aarch64 SM12x node (a DGX "
+                        f"Spark); {node.name} is {machine}" + (f" and --platform is {platform}" if platform else "")
+                        + ": its kernels, FlashInfer wheels and GPU smoke stage cannot be made right here")
 
 
 def _report_phases(node: Node, remote_log: str, seen: int, say: Reporter) -> int:

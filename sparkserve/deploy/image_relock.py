@@ -29,6 +29,7 @@ from sparkserve.deploy.image_build import (
     RecipeFiles,
     context_files,
     image_facts,
+    overlay_bytes,
     run_in_image,
 )
 from sparkserve.errors import BadInput
@@ -41,6 +42,7 @@ from sparkserve.plan.image_recipe import (
     Lock,
     PatchLock,
     Recipe,
+    lock_checks,
     lock_problems,
     sha256_hex,
 )
@@ -67,7 +69,8 @@ def source_fields(recipe: Recipe) -> dict[str, str]:
     """What the source lane's lock records from the recipe (an edit to any of them makes it stale)."""
     assert recipe.source is not None
     return {"cuda_devel": recipe.source.cuda_devel_image, "cuda_runtime": recipe.source.cuda_runtime_image,
-            "flashinfer_ref": recipe.source.flashinfer_ref, "vllm_ref": recipe.vllm.ref,
+            "torch_index": recipe.source.torch_index, "flashinfer_index": recipe.source.flashinfer_index,
+            "flashinfer": "the vLLM wheel's own pin (its METADATA)", "vllm_ref": recipe.vllm.ref,
             "torch_cuda_arch_list": recipe.torch_cuda_arch_list, "extra_pip": " ".join(recipe.extra_pip)}
 
 
@@ -107,20 +110,43 @@ def require_lock(files: RecipeFiles, lane: str | None = None) -> Lock:
 
 
 def relock(node: Node, files: RecipeFiles, *, lane: str | None = None, pull: bool = True,
-           say: Reporter | None = None) -> Lock:
+           say: Reporter | None = None, overlays: dict[str, bytes] | None = None) -> Lock:
     """A fresh lock for the recipe's ``lane`` (default: the recipe's), resolved on ``node`` (module docstring)."""
     say = say or (lambda _s: None)
     recipe = effective_recipe(files, lane)
     if recipe.lane == "source":
         return _relock_source(node, files, recipe, pull=pull, say=say)
+    overlays = overlay_bytes(files) if overlays is None else overlays
     base_lock, image_id = resolve_image(node, recipe.base.image, recipe.base.platform, pull=pull, say=say)
-    say(f"base {recipe.base.image} is {base_lock.digest_ref or base_lock.id}")
+    say(f"{'image' if recipe.lane == 'prebuilt' else 'base'} {recipe.base.image} is "
+        f"{base_lock.digest_ref or base_lock.id}")
     facts = image_facts(node, image_id)
-    return Lock(recipe=recipe.name, lane="overlay", base=base_lock,
-                vllm={"version": (facts.get("vllm") or {}).get("version"),
-                      "commit": (facts.get("vllm") or {}).get("commit")},
-                patches=_digest_series(node, files, image_id),
-                upstream_checks_sha256=sha256_hex(files.checks) if files.checks is not None else None)
+    vllm = facts.get("vllm") or {}
+    if recipe.lane == "prebuilt":
+        from sparkserve.deploy.image_prebuilt import verify_in_image
+
+        verify_in_image(node, files, image_id, overlays, step="relock")
+        patches: list[PatchLock] = []
+    else:
+        patches = _digest_series(node, files, image_id, overlays)
+    say(f"read from the image: vLLM {vllm.get('version')} ({vllm.get('commit')}), "
+        + ", ".join(f"{k} {v}" for k, v in lock_facts(facts).items() if k != "dialect"))
+    return Lock(recipe=recipe.name, lane=recipe.lane, base=base_lock,
+                vllm={"version": vllm.get("version"), "commit": vllm.get("commit")}, patches=patches,
+                upstream_checks_sha256=sha256_hex(files.checks) if files.checks is not None else None,
+                overlays={o.path: o.sha256 for o in recipe.overlays}, checks=lock_checks(recipe),
+                facts=lock_facts(facts))
+
+
+def lock_facts(facts: dict) -> dict[str, object]:
+    """What a lock records from running the image, beside vLLM's version and commit: FlashInfer, torch, the
+    CUDA torch was built with, and the image's own ``vllm serve`` option list (its dialect) when the facts
+    program reports one."""
+    pkgs = facts.get("packages") or {}
+    return {"flashinfer": pkgs.get("flashinfer-python"), "flashinfer_cubin": pkgs.get("flashinfer-cubin"),
+            "flashinfer_jit_cache": pkgs.get("flashinfer-jit-cache"), "torch": pkgs.get("torch"),
+            "triton": pkgs.get("triton"), "cuda": pkgs.get("torch_cuda"), "python": facts.get("python"),
+            "dialect": facts.get("dialect")}
 
 
 def _relock_source(node: Node, files: RecipeFiles, recipe: Recipe, *, pull: bool, say: Reporter) -> Lock:
@@ -145,7 +171,8 @@ def _relock_source(node: Node, files: RecipeFiles, recipe: Recipe, *, pull: bool
     return Lock(recipe=recipe.name, lane="source", base=BaseLock(image=recipe.base.image),
                 vllm={"version": recipe.vllm.version, "commit": commit}, patches=patches,
                 upstream_checks_sha256=sha256_hex(files.checks) if files.checks is not None else None,
-                source=pins)
+                source=pins, overlays={o.path: o.sha256 for o in recipe.overlays}, checks=lock_checks(recipe),
+                facts={"read": "from the built image by its smoke test (a source build has no image before it)"})
 
 
 def resolve_image(node: Node, image: str, platform: str, *, pull: bool, say: Reporter) -> tuple[BaseLock, str]:
@@ -182,12 +209,13 @@ def resolve_commit(node: Node, ref: str) -> str:
                     f"{VLLM_REPO} on this node); put the 40-hex commit in vllm.ref", last_lines=res.tail(5))
 
 
-def _digest_series(node: Node, files: RecipeFiles, image_id: str) -> list[PatchLock]:
-    """Each patch's sha256 and its touched files' before/after sha256: the series applied in a throwaway
-    container of ``image_id`` by the applier the Dockerfile runs."""
+def _digest_series(node: Node, files: RecipeFiles, image_id: str, overlays: dict[str, bytes] | None = None
+                   ) -> list[PatchLock]:
+    """Each patch's sha256 and its touched files' before/after sha256: the overlays copied and the series
+    applied in a throwaway container of ``image_id`` by the applier the Dockerfile runs."""
     argv = ["python3", "/ctx/tools/apply_series.py", "--series", "/ctx/series/series", "--checks",
-            "/ctx/upstream-checks.json", "--relock"]
-    rc, out, err = run_in_image(node, image_id, argv, files=context_files(files, None), step="relock")
+            "/ctx/upstream-checks.json", "--overlays", "/ctx/overlays.json", "--relock"]
+    rc, out, err = run_in_image(node, image_id, argv, files=context_files(files, None, overlays), step="relock")
     if rc != 0:
         lines = err.strip().splitlines()
         raise BuildFailed(f"{node.name}: relock", (lines[-1] if lines else f"the applier exited {rc}"),

@@ -77,8 +77,8 @@ def check_series_on_wheel(files: RecipeFiles, wheel: Path) -> SeriesCheck:
     """Apply the series to ``wheel`` with the recipe's lock and check the RECORD diff (see module doc)."""
     if files.lock is None:
         raise BadInput(str(files.lock_path), "no lock for this recipe yet")
-    stale = [p for p in lock_problems(files.recipe, files.lock, files.series, files.checks)
-             if "not resolved to a digest" not in p]  # the base is pinned on a node that can pull it
+    stale = [p for p in lock_problems(files.recipe, files.lock, files.series, files.checks)  # the base and its
+             if "not resolved to a digest" not in p and "facts are unresolved" not in p]  # facts: on a node
     if stale:
         return SeriesCheck(wheel, False, f"the lock disagrees with {files.path.name}: {stale[0]}")
     with tempfile.TemporaryDirectory(prefix="sparkserve-series-") as tmp:
@@ -94,6 +94,10 @@ def check_series_on_wheel(files: RecipeFiles, wheel: Path) -> SeriesCheck:
         ok = differing == expected
         summary = (f"{len(files.lock.patches)} patch(es) applied; RECORD diff = the series' files ({len(expected)})"
                    if ok else f"RECORD diff {differing} is not the series' files {expected}")
+        known = [ln.removeprefix("==> series: ").split("upstream checks hold, ", 1)[-1] for ln in out
+                 if ln.startswith("==> series: ") and "known upstream defects" in ln]
+        fixed = [ln.removeprefix("==> upstream check: ") for ln in out if ln.startswith("==> upstream check: FIXED")]
+        summary += "".join(f"; {k}" for k in known) + "".join(f"; {f}" for f in fixed)
         return SeriesCheck(wheel, ok, summary, differing, expected, out)
 
 

@@ -65,40 +65,57 @@ def facts_problems(facts: Mapping[str, Any], lock: Mapping[str, Any] | None) -> 
     :class:`~sparkserve.plan.image_recipe.Lock` dumped to a dict), or with themselves; empty when fine.
 
     Checked: vLLM imports as the locked version and commit; the files that differ from the wheel's RECORD
-    are exactly the files the applied patches touch; each touched file's digest is the lock's "after";
-    every DFlash2 architecture of the registry resolves to a defined class."""
+    are the files the applied patches touch plus the overlays (the known-dirty set), nothing else; each
+    touched file's digest is the lock's "after" and each overlay's is its sha256; every architecture the
+    lock's registry checks name is registered with its class defined; every DFlash2 architecture of the
+    registry resolves to a defined class (and, for a lock without registry checks, ``DFlash2DraftModel`` is
+    there; an image without a lock — not built by sparkserve — is held to what its own facts show)."""
     out: list[str] = []
     vllm = facts.get("vllm") or {}
     if not vllm.get("version"):
         out.append("no vLLM in the image (vllm/_version.py not found)")
+    lock = dict(lock) if lock is not None else None
     if lock is not None:
         want = lock.get("vllm") or {}
         for key in ("version", "commit"):
-            if want.get(key) and vllm.get(key) != want.get(key):
+            if want.get(key) and want.get(key) != "unresolved" and vllm.get(key) != want.get(key):
                 out.append(f"vLLM {key} is {vllm.get(key)!r}, the lock says {want.get(key)!r}")
-    touched = sorted({f for p in (lock or {}).get("patches", []) for f in p.get("touches", {})})
+    patches = (lock or {}).get("patches", [])
+    overlays: dict[str, str] = dict((lock or {}).get("overlays") or {})
+    touched = sorted({f for p in patches for f in p.get("touches", {})})
     applied = facts.get("applied") or {}
     status = {p["name"]: p.get("status") for p in applied.get("patches", [])}
-    really_touched = sorted({f for p in (lock or {}).get("patches", []) if status.get(p["name"]) != "already-upstream"
+    really_touched = sorted({f for p in patches if status.get(p["name"]) != "already-upstream"
                              for f in p.get("touches", {})})
     differing = sorted((facts.get("record") or {}).get("differing") or [])
-    if lock is not None and differing != really_touched:
-        extra = sorted(set(differing) - set(really_touched))
+    if lock is not None:
+        extra = sorted(set(differing) - set(really_touched) - set(overlays))
         lacking = sorted(set(really_touched) - set(differing))
         if extra:
-            out.append(f"files differ from the wheel's RECORD that no patch touches: {', '.join(extra[:5])}")
+            out.append(f"files differ from the wheel's RECORD that no patch or overlay touches: {', '.join(extra[:5])}")
         if lacking:
             out.append(f"files the series patches still match the wheel: {', '.join(lacking[:5])}")
     if lock is not None and applied:
         got = {f: t.get("after") for p in applied.get("patches", []) for f, t in p.get("touches", {}).items()}
-        for p in (lock or {}).get("patches", []):
+        for p in patches:
             for f, t in p.get("touches", {}).items():
                 if f in got and got[f] != t.get("after"):
                     out.append(f"{f} is {str(got[f])[:12]} in the image, the lock says {str(t.get('after'))[:12]}")
     elif lock is not None and touched and not applied:
         out.append("the image has no series manifest (/opt/sparkserve/applied.json)")
+    in_image = facts.get("overlays") or {}
+    for rel, sha in overlays.items():
+        if in_image.get(rel) != sha:
+            out.append(f"overlay {rel} is {str(in_image.get(rel))[:12]} in the image, the recipe says {sha[:12]}")
+    wanted = list(((lock or {}).get("checks") or {}).get("registry") or [])
+    registry = facts.get("registry") or {}
+    for arch in wanted:
+        if arch not in registry:
+            out.append(f"vLLM's registry has no {arch}")
+        elif not registry[arch].get("defined"):
+            out.append(f"{arch} → {registry[arch].get('module')}.{registry[arch].get('class')} is not defined")
     dflash = facts.get("dflash2") or {}
-    if "DFlash2DraftModel" not in dflash:
+    if lock is not None and not wanted and "DFlash2DraftModel" not in dflash:
         out.append("vLLM's registry has no DFlash2DraftModel")
     out += [f"{arch} → {v.get('module')}.{v.get('class')} is not defined" for arch, v in dflash.items()
             if not v.get("defined")]

@@ -14,6 +14,7 @@ from sparkserve.errors import BadInput
 from sparkserve.plan.image_identity import chain_ids, facts_problems, fingerprint
 from sparkserve.plan.image_recipe import (
     BaseLock,
+    Checks,
     Lock,
     PatchLock,
     build_args,
@@ -39,7 +40,8 @@ def _lock(**kw) -> Lock:
                 base=BaseLock(image="vllm/vllm-openai:v0.33.0", digest_ref=DIGEST),
                 vllm={"version": "0.33.0", "commit": "g4ba787ec9"},
                 patches=[PatchLock(name="0001-a.patch", sha256="11" * 32,
-                                   touches={"vllm/a.py": {"before": "22" * 32, "after": "33" * 32}})])
+                                   touches={"vllm/a.py": {"before": "22" * 32, "after": "33" * 32}})],
+                facts={"torch": "2.14.0", "flashinfer": "0.7.2.post1", "cuda": "13.0"})
     base.update(kw)
     return Lock(**base)
 
@@ -87,35 +89,197 @@ def test_dockerfile_lanes_and_pins() -> None:
     text = (REPO / "docker/Dockerfile").read_text()
     froms = re.findall(r"^FROM (\S+)(?: AS (\S+))?", text, re.M)
     stages = {alias for _, alias in froms}
-    assert {"overlay", "source-deps", "vllm-src", "vllm-wheel", "flashinfer-wheel", "wheel-export", "source"} <= stages
+    assert {"overlay", "source-deps", "vllm-src", "vllm-wheel", "wheel-export", "source"} <= stages
     for image, alias in froms:  # every FROM is an ARG (set from the lock), a stage, or scratch
         assert image.startswith("${") or image in stages or image == "scratch", (image, alias)
     assert re.search(r"^ARG BASE_IMAGE$", text, re.M)  # no default: a build outside the lock fails at FROM
-    assert "TORCH_CUDA_ARCH_LIST=12.1a" in text and "type=cache,target=/cache/ccache" in text
+    assert "type=cache,target=/cache/ccache" in text
     assert "git apply" not in text and "patch -p" not in text  # the applier does it, strictly
+    assert "--overlays /ctx/overlays.json" in text.split("AS overlay", 1)[1].split("FROM ", 1)[0]
+    assert '"verified": false' in text and 'io.sparkserve.gpu-verified="false"' in text  # marked until smoke
 
 
-def test_shipped_locks_agree_with_their_recipes_but_the_base_is_unresolved() -> None:
+def _stage(text: str, name: str) -> str:
+    return text.split(f" AS {name}\n", 1)[1].split("\nFROM ", 1)[0]
+
+
+def test_source_lane_keeps_the_12_0f_kernels_and_pins_what_vllm_requires() -> None:
+    """The source lane's repairs (issue 23 item 3), each where it must be."""
+    text = (REPO / "docker/Dockerfile").read_text()
+    # every stage that compiles or ships kernels says "12.0 12.1a": 12.0 keeps the 12.0f family kernels
+    arch = re.findall(r'^ARG TORCH_CUDA_ARCH_LIST=(.*)$', text, re.M)
+    assert arch and set(arch) == {'"12.0 12.1a"'}, arch
+    recipe = parse_recipe((REPO / "docker/recipes/upstream-0.33.0.yaml").read_text(), "u.yaml")
+    assert recipe.torch_cuda_arch_list.split() == ["12.0", "12.1a"]
+    assert parse_recipe(RECIPE, "r.yaml").torch_cuda_arch_list == "12.0 12.1a"  # the default too
+    deps, wheel, runner = _stage(text, "source-deps"), _stage(text, "vllm-wheel"), _stage(text, "source")
+    assert "sh.rustup.rs" in deps and "cargo --version" in deps and "CARGO_HOME" in deps
+    assert 'ARG TORCH_INDEX' in wheel and '--index-url "${TORCH_INDEX}"' in wheel
+    assert "wheel_pins.py requirement torch requirements/cuda.txt" in wheel
+    assert wheel.index("use_existing_torch.py") < wheel.index("--no-build-isolation")
+    assert "wheel_pins.py census /wheels/vllm-*.whl --sm 121 --keep-family 120" in wheel
+    assert "wheel_pins.py flashinfer /wheels/vllm-*.whl > /wheels/flashinfer.txt" in wheel
+    assert "flashinfer" not in _stage(text, "vllm-src") and "FLASHINFER_REF" not in text  # never built
+    assert '-r /wheels/flashinfer.txt' in runner and '--extra-index-url "${FLASHINFER_INDEX}"' in runner
+    assert '-r /wheels/torch.txt' in runner and 'test -x "${CUDA_HOME}/bin/nvcc"' in runner
+    assert "include/cuda_runtime.h" in runner and "TRITON_PTXAS_PATH" not in text
+    assert "--no-archs" not in runner  # the runner's facts carry the census
+    src = recipe.source
+    assert src is not None and "devel" in src.cuda_runtime_image  # nvcc + headers at run time
+    assert src.torch_index.endswith("/whl/cu130")
+    args = build_args(recipe.model_copy(update={"lane": "source"}), _lock(
+        lane="source", source={"cuda_devel_image": DIGEST, "cuda_runtime_image": DIGEST}))
+    assert args["TORCH_CUDA_ARCH_LIST"] == "12.0 12.1a" and args["TORCH_INDEX"] == src.torch_index
+    assert args["FLASHINFER_INDEX"] == "https://flashinfer.ai/whl/cu130"
+
+
+def test_the_flashinfer_pin_is_vllms_own(tmp_path: Path) -> None:
+    """wheel_pins.py reads the built wheel's METADATA: FlashInfer's three wheels at exactly vLLM's pin; a
+    loose requirement is refused; the real vLLM 0.33.0 METADATA gives 0.7.2.post1 and torch 2.14.0."""
+    import sys
+    import zipfile
+
+    sys.path.insert(0, str(REPO / "tests" / "helpers"))
+    from image_fixtures import tool
+
+    pins = tool("wheel_pins")
+    whl = tmp_path / "vllm-0.33.0-cp38-abi3-linux_aarch64.whl"
+    meta = (REPO / "tests/fixtures/vllm-0.33.0-METADATA").read_text()
+    with zipfile.ZipFile(whl, "w") as z:
+        z.writestr("vllm-0.33.0.dist-info/METADATA", meta)
+    assert pins.flashinfer(whl) == ["flashinfer-python==0.7.2.post1", "flashinfer-cubin==0.7.2.post1",
+                                    "flashinfer-jit-cache==0.7.2.post1"]
+    assert pins.pin(whl, "torch") == "torch==2.14.0"
+    loose = tmp_path / "vllm-0.0.1-py3-none-any.whl"
+    with zipfile.ZipFile(loose, "w") as z:
+        z.writestr("vllm-0.0.1.dist-info/METADATA", "Name: vllm\nRequires-Dist: flashinfer-python>=0.6\n")
+    with pytest.raises(pins.Refusal, match="no exact Requires-Dist pin for flashinfer-python"):
+        pins.flashinfer(loose)
+    req = tmp_path / "cuda.txt"
+    req.write_text("-r common.txt\n# torch\ntorch==2.14.0\n")
+    (tmp_path / "common.txt").write_text("numpy\n")
+    assert pins.requirement("torch", [req]) == "torch==2.14.0"
+    req.write_text("torch>=2.13\n")
+    with pytest.raises(pins.Refusal, match="no exact '==' pin"):
+        pins.requirement("torch", [req])
+
+
+def test_the_census_refuses_a_12_1a_only_build(tmp_path: Path) -> None:
+    """A 12.1a-only arch list drops the 12.0f family kernels: the census names it; "12.0 12.1a" passes."""
+    import sys
+    import zipfile
+
+    sys.path.insert(0, str(REPO / "tests" / "helpers"))
+    from image_fixtures import NEW_A, NEW_ABI, PLAIN, elf_with_fatbin, tool
+
+    pins = tool("wheel_pins")
+
+    def wheel(entries: list) -> Path:
+        whl = tmp_path / f"vllm-{len(entries)}.whl"
+        with zipfile.ZipFile(whl, "w") as z:
+            for lib in ("vllm/_C.abi3.so", "vllm/_moe_C.abi3.so"):
+                z.writestr(lib, elf_with_fatbin(entries))
+        return whl
+
+    a121 = (2, 121, PLAIN | NEW_ABI | NEW_A, b"\0" * 16)
+    f120 = (2, 120, PLAIN | NEW_ABI, b"\0" * 16)
+    only_121a = wheel([a121])
+    with pytest.raises(pins.Refusal, match="no sm_120/sm_120f family cubin"):
+        pins.census(only_121a, 121, 120)
+    assert pins.census(only_121a, 121) == ["vllm/_C.abi3.so: sm_121a", "vllm/_moe_C.abi3.so: sm_121a"]
+    both = wheel([f120, a121])
+    assert pins.census(both, 121, 120) == ["vllm/_C.abi3.so: sm_120, sm_121a", "vllm/_moe_C.abi3.so: sm_120, sm_121a"]
+    with pytest.raises(pins.Refusal, match="no SM9x code that runs on sm_90"):
+        pins.census(both, 90)
+
+
+def test_shipped_locks_agree_with_their_recipes_but_say_unresolved() -> None:
     from sparkserve.deploy.image_build import load_recipe_files
+    from sparkserve.plan.image_recipe import unresolved_lock
 
-    for recipe in (REPO / "docker/recipe.yaml", REPO / "docker/recipes/canada-quant-dflash2e.yaml"):
+    recipes = [REPO / "docker/recipe.yaml", *sorted((REPO / "docker/recipes").glob("*.yaml"))]
+    assert [r.name for r in recipes] == ["recipe.yaml", "card-prebuilt.yaml", "upstream-0.33.0.yaml"]
+    for recipe in recipes:
         files = load_recipe_files(recipe)
         assert files.lock is not None
+        assert files.lock == unresolved_lock(files.recipe, files.checks)  # nothing hand-written beyond the recipe
+        assert files.lock.facts == "unresolved" and files.lock.vllm == {"version": "unresolved",
+                                                                         "commit": "unresolved"}
         assert lock_problems(files.recipe, files.lock, files.series, files.checks) == [
-            f"the base {files.recipe.base.image} is not resolved to a digest yet"]
-        assert files.lock.vllm == {"version": "0.33.0", "commit": "g4ba787ec9"}
+            "the lock's facts are unresolved (never read from the image): run `sparkserve image build --relock` "
+            "on a node that can pull the base", f"the base {files.recipe.base.image} is not resolved to a digest yet"]
+
+
+def test_the_default_is_the_cards_lane_and_the_prebuilt_one_checks_the_same_facts() -> None:
+    """The card's Dockerfile @121cecc: the fork base by digest, the two files with their sha256, its gate."""
+    from sparkserve.deploy.image_build import default_recipe, load_recipe_files
+
+    card = load_recipe_files(default_recipe()).recipe
+    assert card.lane == "overlay" and card.experimental is None and card.series is None
+    assert card.base.image == ("ghcr.io/tonyd2wild/vllm-glm53-flash:sm121-v11-dflash2@sha256:"
+                               "4def0ef644cb2e9814136dcffd5e385e21bc594f48f3b292234051904abe85a6")
+    assert {o.path: o.sha256 for o in card.overlays} == {
+        "vllm/model_executor/layers/sparse_attn_indexer_kpool.py":
+            "8a3ecfb0bab2441dd7417ed00a10d142191496149f88e5fe79fcfaea4b160980",
+        "vllm/v1/core/kv_cache_utils.py": "b894ad440cd4722342484cc751ba65a480c6903368af168386b86ca6768288e0"}
+    assert all(str(o.source).startswith("https://raw.githubusercontent.com/canada-quant/") for o in card.overlays)
+    assert {(m.file, m.contains) for m in card.checks.markers} == {
+        ("vllm/v1/core/kv_cache_utils.py", "DFLASH2-DRAFTER-GROUP"),
+        ("vllm/model_executor/layers/sparse_attn_indexer_kpool.py", "topk_indices_buffer")}
+    assert card.checks.registry == ["Glm5NextForConditionalGeneration"]
+    prebuilt = load_recipe_files(REPO / "docker/recipes/card-prebuilt.yaml").recipe
+    assert prebuilt.lane == "prebuilt"
+    assert prebuilt.base.image == "ghcr.io/canada-quant/vllm-glm53-flash-sm121:v2-w4a16-dflash2e"
+    assert [(o.path, o.sha256) for o in prebuilt.overlays] == [(o.path, o.sha256) for o in card.overlays]
+    assert prebuilt.checks == card.checks and prebuilt.vllm == card.vllm
+    upstream = load_recipe_files(REPO / "docker/recipes/upstream-0.33.0.yaml").recipe
+    assert "Failed to run MLA, error: invalid argument" in " ".join(str(upstream.experimental).split())
+
+
+def test_recipe_overlays_are_checked_fields() -> None:
+    base = RECIPE + "overlays:\n  - {path: vllm/a.py, source: a.py, sha256: '%s'}\n"
+    assert parse_recipe(base % ("ab" * 32), "r.yaml").overlays[0].path == "vllm/a.py"
+    with pytest.raises(BadInput, match="overlays.0.sha256: must be 64 lowercase hex"):
+        parse_recipe(base % "abc", "r.yaml")
+    with pytest.raises(BadInput, match="must be a relative .py path"):
+        parse_recipe(base.replace("vllm/a.py", "../etc/passwd") % ("ab" * 32), "r.yaml")
+    with pytest.raises(BadInput, match="overlays: vllm/a.py has no source"):
+        parse_recipe(base.replace("source: a.py, ", "") % ("ab" * 32), "r.yaml")
+    with pytest.raises(BadInput, match="flashinfer_ref: FlashInfer is pinned to exactly what the vLLM"):
+        parse_recipe(RECIPE.replace("lane: overlay", "lane: source") + "source: {cuda_devel_image: a, "
+                     "cuda_runtime_image: b, flashinfer_ref: v0.6.1}\n", "r.yaml")
+    recipe = parse_recipe(base % ("ab" * 32), "r.yaml")
+    lock = _lock(patches=[], overlays={"vllm/a.py": "cd" * 32})
+    assert "overlays changed since the lock was written (vllm/a.py)" in lock_problems(recipe, lock, [])
+    assert "the recipe's marker/registry checks changed since the lock was written" in lock_problems(
+        recipe.model_copy(update={"checks": Checks(registry=["X"])}), lock, [])
 
 
 def test_image_build_refuses_the_unresolved_lock_before_touching_a_node(tmp_path: Path) -> None:
     cfg = tmp_path / "c.yaml"
     cfg.write_text("nodes: [{name: a, host: 192.0.2.1, fabric_ip: 192.0.2.1}]\n")  # unreachable if touched
-    for extra in ([], ["--local", "--lane", "source"]):  # the second: the workflow's source-arm64 step
+    upstream = str(REPO / "docker/recipes/upstream-0.33.0.yaml")
+    cases = (([], "recipe", "the lock's facts are unresolved"),
+             (["--local", "--recipe", upstream, "--lane", "source"], "upstream-0.33.0",  # the workflow's source step
+              "lane is 'source', the lock's is 'overlay'"))
+    for extra, name, why in cases:
         res = subprocess.run([str(REPO / ".venv/bin/sparkserve"), "image", "build", "-c", str(cfg), *extra],
                              capture_output=True, text=True, timeout=60)
-        assert res.returncode == 2
-        assert res.stderr.startswith("error: ")
-        assert "recipe.lock.json: the lock disagrees with recipe.yaml" in res.stderr
+        assert res.returncode == 2, res.stderr
+        first = next(ln for ln in res.stderr.splitlines() if not ln.startswith("warning: "))
+        assert first.startswith(f"error: {REPO / 'docker'}") and f"{name}.lock.json: the lock disagrees with " \
+            f"{name}.yaml: {why}" in first, res.stderr
         assert "Traceback" not in res.stderr
+
+
+def test_image_build_help_labels_the_upstream_lane_experimental() -> None:
+    res = subprocess.run([str(REPO / ".venv/bin/sparkserve"), "image", "build", "--help"], capture_output=True,
+                         text=True, timeout=60, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    text = " ".join(res.stdout.split())
+    assert res.returncode == 0
+    assert "upstream-0.33.0.yaml is EXPERIMENTAL" in text and "Failed to run MLA, error: invalid argument" in text
+    assert "card-prebuilt.yaml uses the card's published image as it is" in text
+    assert 'stays marked "not GPU-verified"' in text
 
 
 ATTRS = {"Id": "sha256:" + "1" * 64, "Os": "linux", "Architecture": "arm64", "Variant": "v8",
@@ -158,7 +322,8 @@ def _facts(differing=(), after="33" * 32, version="0.33.0") -> dict:
 def test_facts_must_match_the_lock() -> None:
     lock = _lock().model_dump(mode="json")
     assert facts_problems(_facts(["vllm/a.py"]), lock) == []
-    assert any("no patch touches: vllm/b.py" in p for p in facts_problems(_facts(["vllm/a.py", "vllm/b.py"]), lock))
+    assert any("no patch or overlay touches: vllm/b.py" in p
+               for p in facts_problems(_facts(["vllm/a.py", "vllm/b.py"]), lock))
     assert any("still match the wheel: vllm/a.py" in p for p in facts_problems(_facts([]), lock))
     assert any("vllm/a.py is 444444444444" in p for p in facts_problems(_facts(["vllm/a.py"], "44" * 32), lock))
     assert any("version is '0.32.0'" in p for p in facts_problems(_facts(["vllm/a.py"], version="0.32.0"), lock))

@@ -17,7 +17,7 @@ lane: source
 base: {image: 'vllm/vllm-openai:v0.33.0'}
 vllm: {version: 0.33.0, ref: v0.33.0}
 series: series
-source: {cuda_devel_image: 'nvidia/cuda:13-devel', cuda_runtime_image: 'nvidia/cuda:13-runtime', flashinfer_ref: v0.6.1}
+source: {cuda_devel_image: 'nvidia/cuda:13-devel', cuda_runtime_image: 'nvidia/cuda:13-runtime'}
 """
 COMMIT = "a" * 40
 DIGEST = "nvidia/cuda@sha256:" + "b" * 64
@@ -30,7 +30,7 @@ def _lock(recipe_text: str = RECIPE, **source: str | None) -> Lock:
                                    "cuda_runtime_id": "sha256:" + "c" * 64}
     pins.update(source)
     return Lock(recipe=recipe.name, lane="source", base=BaseLock(image=recipe.base.image),
-                vllm={"version": "0.33.0", "commit": COMMIT}, source=pins)
+                vllm={"version": "0.33.0", "commit": COMMIT}, source=pins, facts={})
 
 
 def _files(recipe_text: str, lock: Lock | None) -> RecipeFiles:
@@ -43,10 +43,12 @@ def test_a_resolved_source_lock_of_the_recipe_has_no_problems() -> None:
 
 
 @pytest.mark.parametrize(("edit", "named"), [
-    (("flashinfer_ref: v0.6.1", "flashinfer_ref: v0.7.0"), "source flashinfer_ref is 'v0.7.0', the lock's is 'v0.6.1'"),
+    (("'nvidia/cuda:13-runtime'}", "'nvidia/cuda:13-runtime', torch_index: 'https://download.pytorch.org/whl/cu129'}"),
+     "source torch_index is 'https://download.pytorch.org/whl/cu129', the lock's is "
+     "'https://download.pytorch.org/whl/cu130'"),
     (("cuda:13-devel", "cuda:13.1-devel"), "source cuda_devel is 'nvidia/cuda:13.1-devel'"),
     (("ref: v0.33.0", "ref: v0.33.1"), "source vllm_ref is 'v0.33.1', the lock's is 'v0.33.0'"),
-    (("series: series", "series: series\ntorch_cuda_arch_list: '12.0f'"), "source torch_cuda_arch_list is '12.0f'"),
+    (("series: series", "series: series\ntorch_cuda_arch_list: '12.1a'"), "source torch_cuda_arch_list is '12.1a'"),
     (("series: series", "series: series\nextra_pip: ['nvidia-nccl-cu13==2.30.7']"),
      "source extra_pip is 'nvidia-nccl-cu13==2.30.7', the lock's is ''"),
 ])
@@ -82,3 +84,26 @@ def test_the_source_lane_needs_a_source_section() -> None:
     with pytest.raises(BadInput) as err:
         effective_recipe(_files(text, None), "source")
     assert err.value.line().startswith("error: --lane: r.yaml has no source section")
+
+
+def test_the_source_lane_refuses_a_node_that_is_not_an_aarch64_spark() -> None:
+    """What cannot be made right off a Spark (kernels for SM12x, the FlashInfer wheels, the GPU smoke) is
+    refused with the reason, before any build starts."""
+    from sparkserve.deploy.image_build import check_source_node
+    from sparkserve.nodes.base import CommandResult, NodeError
+
+    class Node:
+        name = "head"
+
+        def __init__(self, machine: str) -> None:
+            self.machine = machine
+
+        def run(self, argv, **_kw):  # type: ignore[no-untyped-def]
+            return CommandResult(list(argv), 0, self.machine + "\n", "")
+
+    with pytest.raises(NodeError) as e:
+        check_source_node(Node("x86_64"), None)  # type: ignore[arg-type]
+    assert "builds only natively on an aarch64 SM12x node (a DGX Spark); head is x86_64" in e.value.what
+    with pytest.raises(NodeError, match="--platform is linux/amd64"):
+        check_source_node(Node("aarch64"), "linux/amd64")  # type: ignore[arg-type]
+    check_source_node(Node("aarch64"), "linux/arm64")  # type: ignore[arg-type]
