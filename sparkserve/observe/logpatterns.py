@@ -354,8 +354,10 @@ NEEDLE_INDEX: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = tuple(
 )
 
 #: An exception line inside a traceback: ``ValueError: …``, ``torch.OutOfMemoryError: …``, ``KeyboardInterrupt``.
+#: Also a module-qualified class whose name says nothing of errors (``torch._dynamo.exc.BackendCompilerFailed: …``).
 EXCEPTION_LINE = re.compile(
-    r"^(?P<exc>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Interrupt|Exit)\w*)(?::\s*(?P<msg>.*))?$"
+    r"^(?P<exc>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Interrupt|Exit)\w*"
+    r"|(?:[a-z_]\w*\.)+[A-Z]\w*(?=:))(?::\s*(?P<msg>.*))?$"
 )
 #: Root-cause pointers: the real cause was logged earlier (another process or an earlier traceback).
 POINTER = re.compile(

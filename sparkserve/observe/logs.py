@@ -86,6 +86,7 @@ def _parse(text: str | bytes | BinaryIO, file: str, node: str | None) -> ParsedL
     events = _fold_headers(reader, events, tracebacks, tb_events)
     events.extend(tb_events)
     events = _bare_exceptions(reader, events)
+    events = _fold_message_lines(reader, events)
     events.sort(key=lambda e: (e.sort_line, e.rec.lineno))
     stop, faults, artefacts = _split_at_stop(events)
     for ev in (*faults, *artefacts, *([stop] if stop else [])):
@@ -286,6 +287,28 @@ def _traceback_events(reader: LogReader, tracebacks: dict[int, Traceback]) -> li
 
 
 _BELOW_ERROR = frozenset({"WARNING", "INFO", "DEBUG"})
+
+
+def _prefix(rec: Record) -> str:
+    """The text before a record's message: for a logger line, its whole prefix with level, time and file:line."""
+    return rec.text[: len(rec.text) - len(rec.msg)] if rec.text.endswith(rec.msg) else rec.text
+
+
+def _fold_message_lines(reader: LogReader, events: list[Event]) -> list[Event]:
+    """Rule 9: the lines that continue an exception's message outside a traceback in view (``torch.AcceleratorError:
+    CUDA error: …`` then `Search for `cudaErrorIllegalAddress' …`, `CUDA kernel errors might be …`, each carrying the
+    logger's same prefix) are part of that fault, never faults of their own."""
+    run: dict[int, str] = {}  # line index → the prefix of the message it belongs to
+    drop: set[int] = set()
+    for e in sorted((e for e in events if e.kind is Kind.FAULT), key=lambda x: x.sort_line):
+        idx = e.sort_line
+        prev = reader.prev_in_stream(idx, e.rec.stream, window=1)
+        if prev is not None and prev[0] in run and run[prev[0]] == _prefix(e.rec):
+            run[idx] = run[prev[0]]  # the message goes on (even a line that reads like an exception line)
+            drop.add(id(e))
+        elif e.rec.level is not None and EXCEPTION_LINE.match(e.rec.msg):
+            run[idx] = _prefix(e.rec)
+    return [e for e in events if id(e) not in drop]
 
 
 def _bare_exceptions(reader: LogReader, events: list[Event]) -> list[Event]:
