@@ -246,12 +246,16 @@ def _print_status(cfg: Config, st: StackStatus, serving: Serving | None) -> None
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
-def doctor_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: AcceptNew = False) -> None:
+def doctor_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: AcceptNew = False,
+               drift: Annotated[bool, typer.Option(
+                   "--drift", help="also diff every node's host (kernel, driver, CX-7 firmware, iommu, swappiness, "
+                                   "earlyoom, /dev/shm, NCCL) against the last boot whose gates passed")] = False,
+               ) -> None:
     """ssh, docker, disk, UMA memory headroom, ports, stale containers, paths, CX-7 fabric — every node.
 
     Every node it can reach is checked in full; the others are reported. Exit 1 when a check fails; 3 when
     a node (its ssh or its docker) cannot be reached. --json prints one document in every case."""
-    from sparkserve.deploy.doctor import as_json, check_all, unreachable_checks
+    from sparkserve.deploy.doctor import as_json, check_all, drift_checks, unreachable_checks
     from sparkserve.deploy.hf_models import is_hf_target, resolve_target
     from sparkserve.nodes.factory import open_reachable
 
@@ -259,7 +263,10 @@ def doctor_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: 
     with open_reachable(cfg) as (nodes, unreachable):
         if is_hf_target(cfg) and not unreachable:
             cfg = resolve_target(cfg, nodes)
-        checks = check_all(cfg, nodes, None, check_ports=True, unreachable=unreachable)
+        hosts: dict = {}
+        checks = check_all(cfg, nodes, None, check_ports=True, unreachable=unreachable, host_out=hosts, storage=True)
+        if drift:
+            checks += drift_checks(cfg, hosts)
     out = as_json(checks)
     if json_out:
         emit_json(out)

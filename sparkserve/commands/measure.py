@@ -89,8 +89,16 @@ def bench(
     the_cell = _sized(cell.value, size)
     if protocol is ProtocolName.forced and chat_template is not None:
         raise BadInput("--chat-template", "only the card protocol renders prompts client-side")
+    cfg = config_from(config, nodes=url is None)
+    if url is None:  # the config's own stack: every rank alive first, or the dead one named at once
+        from sparkserve.deploy.stack import ranks_alive
+        from sparkserve.nodes.factory import open_reachable
+
+        with open_reachable(cfg) as (nodes, unreachable):
+            ranks_alive(cfg, nodes, unreachable,
+                        say=(lambda _: None) if json_out else (lambda line: err_console.print(line, markup=False)))
     result, bench_id = bench_and_record(
-        config_from(config, nodes=url is None), the_cell, prompts, url=url, model=model,
+        cfg, the_cell, prompts, url=url, model=model,
         config_given=config is not None, deadline_s=deadline, stall_timeout_s=stall, progress=not json_out,
         protocol=protocol.value, chat_template=chat_template,
     )

@@ -219,6 +219,38 @@ def check_all(cfg: Config, nodes: dict[str, Node], plan: Plan | None = None, *,
     return checks
 
 
+def drift_checks(cfg: Config, hosts: Mapping[str, HostFacts]) -> list[Check]:
+    """`doctor --drift`: every node's host fingerprint now against the last boot whose gates passed (the
+    journal's): one check per node, failing with each changed fact ``name: then -> now``."""
+    ref = lookup(lambda j: j.last_good_host_facts(), None)
+    if ref is None:
+        return [Check("all", "drift", "warn", "no boot whose gates passed is in the journal: nothing to diff "
+                      "against (a passing `up` records one)")]
+    out: list[Check] = []
+    when = f"the last boot whose gates passed ({ref['time'][:19]}, deployment {ref['fingerprint'][:12]})"
+    for n in cfg.nodes:
+        then, f = ref["hosts"].get(n.name), hosts.get(n.name)
+        if f is None:
+            continue
+        if then is None:
+            out.append(Check(n.name, "drift", "warn", f"{n.name} was not part of {when}"))
+            continue
+        now = f.fingerprint()
+        changed = [f"{k}: {_said(then.get(k))} -> {_said(now.get(k))}" for k in sorted(set(then) | set(now))
+                   if then.get(k) != now.get(k)]
+        out.append(Check(n.name, "drift", "fail", f"changed since {when}: " + "; ".join(changed)) if changed
+                   else Check(n.name, "drift", "ok", f"{n.name}: no drift since {when}"))
+    return out
+
+
+def _said(v: Any) -> str:
+    if isinstance(v, dict):
+        return ", ".join(f"{k}={x}" for k, x in v.items()) or "none"
+    if isinstance(v, list):
+        return ", ".join(map(str, v)) or "none"
+    return "none" if v in (None, "") else str(v)
+
+
 def _target_parity(cfg: Config, targets: Mapping[str, TargetManifest]) -> list[Check]:
     """Every node's copy of the target against the head's (the reference, as for the drafter): a copy with
     shards missing, of another size, or with other safetensors headers fails."""

@@ -266,3 +266,30 @@ def parse_since(since: str) -> float:
         return float(since)
     except (ValueError, IndexError):
         raise BadInput("--since", f"{since!r} is not a duration like 10m or a unix time") from None
+
+
+
+def ranks_alive(cfg: Config, nodes: Mapping[str, Node], unreachable: Mapping[str, SparkserveError],
+                say: Reporter = quiet) -> None:
+    """Before a bench: every configured node runs a rank of one deployment (the head's). RemoteFailure (exit 3)
+    naming the first node whose rank is not running — at once, not after every request of the cell failed
+    against a stack with a dead follower (fault case A34). A node that cannot be asked (no SSH from this machine:
+    the API may still answer) is said and skipped."""
+    found, errors = managed_where_reachable(dict(nodes), cfg)
+    for name, e in {**unreachable, **errors}.items():
+        say(f"warning: {name}: its rank's liveness not checked ({e.what})")
+    head = [c for c in found.get(cfg.head.name, []) if c.running]
+    if cfg.head.name in found and not head:
+        raise RemoteFailure(f"{cfg.head.name}: bench", f"no rank runs on the head {cfg.head.name}: nothing serves "
+                            "(`sparkserve up`)", node=cfg.head.name, step="liveness")
+    fp = head[0].fingerprint if head else None
+    for n in cfg.followers:
+        if n.name not in found:
+            continue
+        mine = [c for c in found[n.name] if fp is None or c.fingerprint == fp]
+        if not any(c.running for c in mine):
+            what = (f"rank {mine[0].rank} ({mine[0].name}) is {mine[0].status}" if mine
+                    else f"no rank of deployment {(fp or '?')[:12]} is there")
+            raise RemoteFailure(f"{n.name}: bench", f"{what} on {n.name}: the stack cannot serve a request — "
+                                "`sparkserve logs` says why, `sparkserve up` starts it again", node=n.name,
+                                step="liveness")

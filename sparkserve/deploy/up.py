@@ -263,7 +263,8 @@ def memory_before_start(cfg: Config, nodes: dict[str, Node], say: Reporter) -> d
               for check, status, detail in memory_verdict(cfg, by_name[name], f, dropped=drop)]
     _raise_refusals(checks, ("memory",))
     for name, f in facts.items():
-        if f.drop and f.memory([]) is not None and f.memory([]).unified:  # type: ignore[union-attr]
+        mem = f.memory([])
+        if f.drop and mem is not None and mem.unified:
             say(f"warning: {name}: the page cache was not dropped before the boot ({f.drop}) — "
                 f"{sudoers_fix(by_name[name].user, str(cfg.host.proc_root))}")
     return facts
@@ -351,9 +352,11 @@ def _boot(cfg: Config, nodes: dict[str, Node], plan: Plan, found: _Found, *, sta
             result.gates = _gate(cfg, nodes, plan, containers)
         _settle(cfg, nodes, plan, containers, say)
         _record(cfg, fp, image_id, digest, "up" if result.gates is None else "up+gates")
+        _record_hosts(fp, found.hosts, gates_passed=result.gates is not None)
         return result
     except BaseException as e:
         _record(cfg, fp, image_id, digest, f"failed: {type(e).__name__}")
+        _record_hosts(fp, found.hosts, gates_passed=False)
         saved = teardown(cfg, nodes, started, tag="failed-up", say=say,
                          why="failure: stopping and removing every container this run started")
         raise explain_failure(e, saved) from None
@@ -431,6 +434,13 @@ def _gate_lines(report: GateReport) -> list[str]:
         for e in g.evidence[:3]:
             out.append(f"  {e.node}:{e.line}: {e.text[:160]}")
     return out
+
+
+def _record_hosts(fp: str, hosts: dict[str, HostFacts], *, gates_passed: bool) -> None:
+    """Every node's host fingerprint at this boot (`doctor --drift` diffs against the last one whose gates passed)."""
+    if hosts:
+        record("host_facts", fingerprint=fp, gates_passed=gates_passed,
+               hosts={name: f.fingerprint() for name, f in hosts.items()})
 
 
 def _record(cfg: Config, fp: str, image_id: str, digest: str, outcome: str) -> None:

@@ -27,6 +27,7 @@ _WRITERS: dict[str, Callable[..., Any]] = {
     "active_drafter": Journal.set_active_drafter,
     "clear_active_drafter": Journal.clear_active_drafter,
     "supervise_event": Journal.record_supervise_event,
+    "host_facts": Journal.record_host_facts,
 }
 _warned: set[Path] = set()  # journals already warned about in this process: one line each
 

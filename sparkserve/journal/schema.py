@@ -100,6 +100,16 @@ MIGRATIONS: list[str] = [
     );
     CREATE INDEX supervise_events_fp ON supervise_events(fingerprint, kind);
     """,
+    """
+    CREATE TABLE host_facts (                 -- `up`: every node's host fingerprint at each boot (`doctor --drift`)
+        id INTEGER PRIMARY KEY,
+        time TEXT NOT NULL,
+        fingerprint TEXT NOT NULL,            -- the deployment that booted
+        gates_passed INTEGER NOT NULL,        -- 1: the boot's gates passed (a reference for drift)
+        hosts_json TEXT NOT NULL              -- {node: deploy.hostfacts.HostFacts.fingerprint()}
+    );
+    CREATE INDEX host_facts_good ON host_facts(gates_passed, id);
+    """,
 ]
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -259,6 +259,18 @@ class Journal:
     def clear_active_drafter(self, config_sha256: str) -> int:
         return self._write("DELETE FROM active_drafters WHERE config_sha256 = ?", (config_sha256,))
 
+    # -- host fingerprints (doctor --drift) -------------------------------------------------------
+
+    def record_host_facts(self, fingerprint: str, gates_passed: bool, hosts: dict[str, Any]) -> int:
+        """Every node's host fingerprint at one boot of the deployment ``fingerprint``."""
+        return self._write("INSERT INTO host_facts (time, fingerprint, gates_passed, hosts_json) VALUES (?, ?, ?, ?)",
+                           (now(), fingerprint, int(gates_passed), json.dumps(hosts, sort_keys=True)))
+
+    def last_good_host_facts(self) -> dict[str, Any] | None:
+        """The newest boot whose gates passed: time, deployment fingerprint, and each node's host fingerprint."""
+        row = self._conn.execute("SELECT time, fingerprint, hosts_json FROM host_facts WHERE gates_passed = 1 "
+                                 "ORDER BY id DESC LIMIT 1").fetchone()
+        return None if row is None else {"time": row[0], "fingerprint": row[1], "hosts": json.loads(row[2])}
 
     # -- supervise (incidents, recoveries, give-ups, banked acceptance bands) ----------------------
 
