@@ -347,7 +347,7 @@ def test_a_bench_on_a_damaged_journal_keeps_its_result_in_the_fallback(
                        accepted_tokens=7372)
     monkeypatch.setattr(run, "run_cell", lambda *a, **k: done)  # the bench itself is not what is tested here
     cfg = load_config(Path(__file__).resolve().parents[2] / "sparkserve" / "data" / "default.yaml")
-    result, bench_id = run.bench_and_record(cfg, cell, None)
+    result, bench_id = run.bench_and_record(cfg, cell, None, protocol="forced")  # no chat template needed
     assert result is done and bench_id is None
     rows = fallback_lines(jpath.with_name(jpath.name + ".fallback.jsonl"))
     assert [r["kind"] for r in rows] == ["bench"] and rows[0]["result_json"] == done.to_json()
