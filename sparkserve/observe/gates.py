@@ -22,7 +22,9 @@ not find (records: :mod:`sparkserve.observe.gate_report`). Gates (DESIGN.md):
   ``Loaded DFlash mask embedding for mask_token_id N …`` on every rank, with the expected id.
 * ``smoke`` — the smoke cell ran: every request complete, zero stream errors. Not run → fails.
 * ``faults`` — no fault line on any node since boot (shutdown artefacts after a deliberate stop are not
-  faults), and every node's engine container alive.
+  faults), every node's engine container alive, and NCCL on RDMA: a node whose NCCL logged the socket transport
+  (`Using network Socket`, seen with NCCL_DEBUG=INFO during the boot window) fails it; ``observed.transport`` holds
+  each node's network (None: not shown). Informational NCCL WARN lines (a GID table change) are no faults.
 * ``runner`` — every node's workers walk the V2 model runner (``Using V2 Model Runner``), no V1 fallback.
 * ``identity`` — the same image ID and the same drafter digest on every node. Not collected → fails.
 
@@ -300,6 +302,7 @@ def _faults(an: Analysis, liveness: Mapping[str, bool | None] | None, ex: Expect
         ],
         "dead_containers": dead,
         "kernel_lines": {n: len(lines) for n, lines in knl.items()},
+        "transport": {n: f.transport for n, f in an.nccl.items()},  # NCCL's network per node (None: not shown)
     }
     evidence = [_ev(log, e) for log, e in faults] + [
         Evidence(n, None, f"engine container on {n} is not running") for n in dead
@@ -321,6 +324,13 @@ def _faults(an: Analysis, liveness: Mapping[str, bool | None] | None, ex: Expect
                         f"{n0}: {knl[n0][0][:200]}")
     if missing:
         problems.append(f"no log from {', '.join(missing)}")
+    # the transport (NCCL_DEBUG=INFO during the boot window): RDMA passes, the TCP socket fallback fails
+    socket = sorted(n for n, f in an.nccl.items() if f.transport == "Socket")
+    evidence += [_ev(log, e) for log in an.logs for e in log.of(Kind.NCCL_TRANSPORT)
+                 if an.nccl.get(log.node) and an.nccl[log.node].transport == "Socket"][:4]
+    if socket:
+        problems.append(f"NCCL fell back to the socket transport on {', '.join(socket)} (`Using network Socket`): "
+                        "TP runs several times slower — check NCCL_IB_HCA and the CX-7 RoCE devices (`doctor`)")
     if problems:
         return Verdict("faults", False, expected, observed, "; ".join(problems), evidence)
     if liveness is None:
@@ -329,6 +339,11 @@ def _faults(an: Analysis, liveness: Mapping[str, bool | None] | None, ex: Expect
         unknown = sorted(n for n, a in liveness.items() if a is None)
         alive = "every engine container alive" + (f" (not checked: {', '.join(unknown)})" if unknown else "")
     arte = f"; {len(an.artefacts)} shutdown artefact line(s) after a deliberate stop ignored" if an.artefacts else ""
+    ib = sorted(n for n, f in an.nccl.items() if f.transport == "IB")
+    arte += f"; NCCL over IB/RoCE on {', '.join(ib)}" if ib else ""
+    notes = [(log, e) for log in an.logs for e in log.of(Kind.NCCL_NOTE)]
+    arte += f"; {len(notes)} informational NCCL WARN line(s) (async events)" if notes else ""
+    evidence += [_ev(log, e) for log, e in notes[:3]]
     unread = sorted(n for n, lines in (kernel or {}).items() if lines is None)
     if kernel is not None:
         arte += "; no NVRM/Xid kernel lines" + (f" (kernel log not readable on {', '.join(unread)})" if unread else "")
@@ -368,11 +383,13 @@ def _runner(an: Analysis, ex: Expectations) -> Verdict:
     return Verdict("runner", True, ex.runner, per_node, "V2 model runner on every node", evidence)
 
 
-def _identity(identity: Mapping[str, NodeIdentity] | None, ex: Expectations) -> Verdict:
+def _identity(identity: Mapping[str, NodeIdentity] | None, ex: Expectations, an: Analysis | None = None) -> Verdict:
     expected = "the same image ID and drafter digest on every node"
     if not identity:
         return Verdict("identity", False, expected, None, "not run: no image IDs or drafter digests collected")
     observed = {n: {"image_id": i.image_id, "drafter_digest": i.drafter_digest} for n, i in identity.items()}
+    for n, f in (an.nccl if an is not None else {}).items():  # the NCCL each rank loaded, from its own log
+        observed.setdefault(n, {})["nccl"] = {"version": f.version, "cuda": f.cuda, "library": f.library}
     evidence = []
     for n, i in identity.items():
         evidence.append(Evidence(n, None, f"image {i.image_id or '?'}"))
@@ -386,6 +403,11 @@ def _identity(identity: Mapping[str, NodeIdentity] | None, ex: Expectations) -> 
         distinct = {v for v in vals.values() if v}
         if len(distinct) > 1:
             problems.append(f"{what}s differ: " + ", ".join(f"{n}={(v or '?')[:19]}" for n, v in vals.items()))
+    nccl = an.nccl if an is not None else {}
+    for what, attr in (("NCCL version", "version"), ("NCCL library", "library")):
+        vals = {n: getattr(f, attr) for n, f in nccl.items() if getattr(f, attr)}
+        if len(set(vals.values())) > 1:  # a build one node loads and the other does not (pip vs system libnccl)
+            problems.append(f"{what} differs: " + ", ".join(f"{n}={v}" for n, v in vals.items()))
     for n in ex.nodes or ():
         if n not in identity:
             problems.append(f"no identity facts from {n}")
@@ -428,7 +450,7 @@ def judge(
             _smoke(smoke, expect),
             _faults(an, liveness, expect, kernel),
             _runner(an, expect),
-            _identity(identity, expect),
+            _identity(identity, expect, an),
         ]
     )
     return report.with_skipped(skip) if skip else report

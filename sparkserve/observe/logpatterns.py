@@ -52,6 +52,9 @@ class Kind(StrEnum):
     FAULT = "fault"
     TRACEBACK_START = "traceback_start"
     BARE_EXCEPTION = "bare_exception"
+    NCCL_TRANSPORT = "nccl_transport"
+    NCCL_VERSION = "nccl_version"
+    NCCL_NOTE = "nccl_note"
 
 
 class FaultKind(StrEnum):
@@ -101,6 +104,18 @@ def _p(
 ) -> LogPattern:
     return LogPattern(kind, needles, re.compile(regex), notes, fault, fatal, milestone)
 
+
+#: NCCL's async-event WARN lines that are information, not failure. NVIDIA/nccl's IB async thread: 2.18–2.22 `NET/IB :
+#: [%s:%d ]Got async event : %s` for every event (ibv_event_type_str: the non-fatal ones below); 2.23–2.27 `%s:%d Got
+#: async error event: %s` (its own "non-fatal" branch) and `%s:%d unknown event type (%d)` for GID change (18) and
+#: speed change (20); 2.28+ `%s:%d GID table changed` and `%s:%d Got non-fatal async event: %s(%d)`. Fatal events
+#: (`async fatal event`, a catastrophic error, CQ/QP/SRQ errors) stay faults.
+NCCL_INFORMATIONAL = (
+    r"(?:\S+:\d+ )?Got async event : (?:GID table change|port active|port error|LID change|P_Key change|SM change"
+    r"|client reregistration|path migrated|send queue drained|last WQE reached|SRQ limit reached)"
+    r"|\S+:\d+ Got async error event: |\S+:\d+ Got non-fatal async event: |\S+:\d+ GID table changed"
+    r"|\S+:\d+ unknown event type \((?:18|20)\)"
+)
 
 # Order matters only within a kind family: the first matching pattern of a line wins for faults
 # (an `Engine core proc … died unexpectedly` is engine_dead, not worker_died).
@@ -244,6 +259,24 @@ PATTERNS: tuple[LogPattern, ...] = (
        "whole message: Ray's `Shutting down Ray distributed executor.` follows a dead engine core), "
        "`[shutdown] EngineCore: trigger received signal=SIGTERM`, worker `Parent process exited, terminating "
        "worker queues`"),
+    # --- NCCL (the library's own lines: `host:pid:tid [dev] NCCL INFO …`, src/debug.cc; no vLLM prefix) ---------
+    _p(Kind.NCCL_TRANSPORT, ("NET/IB : Using", "NET/Socket : Using", "Using network "),
+       r"NET/(?P<net>IB|Socket) : Using(?P<devices>.*?)(?:; OOB (?P<oob>\S+))?$|Using network (?P<net2>\S+(?: \S+)*)$",
+       "NCCL_DEBUG=INFO, NCCL_DEBUG_SUBSYS INIT,NET: `NET/IB : Using%s %s; OOB %s:%s` (devices ` [%d]%s:%d/RoCE`, "
+       "NVIDIA/nccl src/transport/net_ib/init.cc, net_ib.cc before 2.28), `NET/Socket : Using%s` "
+       "(src/transport/net_socket.cc) and `Using network %s` (src/init.cc): RDMA, or the TCP fallback that runs "
+       "TP=2 several times slower"),
+    _p(Kind.NCCL_VERSION, ("NCCL version ", "is using nccl==", "Found nccl from"),
+       r"NCCL version (?P<version>\d+\.\d+\.\d+)\S*?(?:\+cuda(?P<cuda>[\d.]+))?$"
+       r"|vLLM is using nccl==(?P<v2>[\w.+-]+)"
+       r"|Found nccl from (?:library|environment variable VLLM_NCCL_SO_PATH=)\s*(?P<library>\S+)",
+       "NCCL's `NCCL version %d.%d.%d%s+cuda%d.%d` (src/init.cc VERSION_STRING: bare at NCCL_DEBUG=WARN/VERSION, "
+       "an INFO line at INFO), vLLM's `vLLM is using nccl==%s` (pynccl) and `Found nccl from library %s` / "
+       "`Found nccl from environment variable VLLM_NCCL_SO_PATH=%s` (vllm/utils find_nccl_library)"),
+    _p(Kind.NCCL_NOTE, ("async event", "async error event", "GID table changed", "unknown event type"),
+       r"NET/IB : (?P<what>" + NCCL_INFORMATIONAL + r")",
+       "NCCL WARN lines that report, not fail (the async-event thread, src/transport/net_ib…): a GID table change "
+       "(an address renewed on a RoCE netdev), port active/error and the other events NCCL itself calls non-fatal"),
     # --- faults (first match wins) ------------------------------------------------------------------
     _p(Kind.FAULT, ("Engine core proc",),
        r"Engine core proc \S+ died unexpectedly",
@@ -282,9 +315,10 @@ PATTERNS: tuple[LogPattern, ...] = (
        "PyTorch ProcessGroupNCCL watchdog (`[rank0]:[E… ProcessGroupNCCL.cpp:…] [Rank 0] Watchdog caught …`)",
        FaultKind.TIMEOUT, fatal=True),
     _p(Kind.FAULT, ("NCCL WARN", "NCCL error"),
-       r"\bNCCL WARN\b|NCCL error",
-       "NCCL library `host:pid:tid [dev] file.cc:line NCCL WARN …` (no vLLM prefix); vLLM `RuntimeError: NCCL "
-       "error: …`", FaultKind.NCCL, fatal=True),
+       r"\bNCCL WARN\b(?!.*NET/IB : (?:" + NCCL_INFORMATIONAL + r"))|NCCL error",
+       "NCCL library `host:pid:tid [dev] file.cc:line [(func) ]NCCL WARN …` (src/debug.cc; no vLLM prefix) — every "
+       "WARN but the informational async events (NCCL_NOTE); vLLM `RuntimeError: NCCL error: …`",
+       FaultKind.NCCL, fatal=True),
     _p(Kind.FAULT, ("ibv_",),
        r"\bibv_\w+ failed",
        "RDMA `ibv_modify_qp failed with 110 (Connection timed out)`", FaultKind.NCCL),
@@ -347,6 +381,7 @@ ANCHORS: tuple[str, ...] = (
     "ngine core", "EngineCore ", "EngineDead", "NCCL", "ibv_", "graph addresses", "stored in KV", "marked dead",
     "throughput:",
     "RPC call", "orker", "TCPStore", "c10d", "Xid", "Traceback", "ERR", "CRITICAL", "rror: ", "xception: ",
+    "NET/", "network ", "nccl", "event", "GID table",
 )
 #: anchor → ((needle, index into PATTERNS), …) for the needles holding that anchor.
 NEEDLE_INDEX: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = tuple(

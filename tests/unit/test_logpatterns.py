@@ -16,6 +16,8 @@ from sparkserve.deploy.watchdog import Phase, phase_of_line
 from sparkserve.observe.logline import strip_ansi
 from sparkserve.observe.logpatterns import FATAL, PATTERNS, FaultKind, Kind, Milestone, milestone_of
 
+NCCL_NOTE = next(p.regex for p in PATTERNS if p.kind is Kind.NCCL_NOTE)
+
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 
 # --- the regexes the table replaced (reference only) ----------------------------------------------
@@ -154,7 +156,8 @@ def test_on_every_fixture_line_the_table_matches_whatever_the_old_regexes_matche
     lines = _fixture_lines()
     assert len(lines) > 1000
     missed_fatal = [x for x in lines if OLD_FATAL.search(x) and not FATAL.search(x)]
-    assert missed_fatal == []
+    # on purpose (issue 26): NCCL's informational async events (a GID table change) no longer end a boot
+    assert [x for x in missed_fatal if not NCCL_NOTE.search(x)] == []
     moved = [x for x in lines for cur in Phase if old_phase_of_line(x, cur) is not phase_of_line(x, cur)]
     assert moved == []
 

@@ -250,7 +250,8 @@ def test_every_pattern_documents_its_versions() -> None:
             "processes are hanging",
             FaultKind.TIMEOUT,
         ),
-        ("transport/net_ib.cc:100 NCCL WARN NET/IB : mlx5_3:1 Got async event : GID table change", FaultKind.NCCL),
+        ("transport/net_ib.cc:100 NCCL WARN NET/IB : mlx5_3:1 Got async event : local catastrophic error",
+         FaultKind.NCCL),
         ("RuntimeError: NCCL error: unhandled system error", FaultKind.NCCL),
         ("ibv_modify_qp failed with 110 (Connection timed out)", FaultKind.NCCL),
         ("[c10d] recvValue failed on SocketImpl(fd=31): Failed to recv, got 0 bytes.", FaultKind.OTHER),
@@ -266,6 +267,7 @@ def test_fault_kinds_from_the_real_strings(msg: str, kind: FaultKind) -> None:
     [
         "Custom collectives are disabled because this multi-node group does not have MNNVL-capable GPUs on every rank.",
         "vLLM is using nccl==2.27.5",
+        "transport/net_ib.cc:100 NCCL WARN NET/IB : mlx5_3:1 Got async event : GID table change",  # information
         "Engine 000: Avg prompt throughput: 4012.6 tokens/s, Running: 32 reqs, GPU KV cache usage: 3.1%",
         "[shutdown] Executor: waiting for worker exit count=1",
         "Triton kernel JIT compilation during inference: _topk_topp_kernel.",
