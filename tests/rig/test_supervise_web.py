@@ -1,0 +1,121 @@
+"""The supervisor's port seen by real clients: Debian's headless ``chromium`` renders the status page and shows a
+failing gate in red within one round of a fault; Debian's ``prometheus`` server scrapes the exporter.
+
+One stack (one ``local: true`` node, ``runtime: process``) with ``supervise.recover: false``: a fault stays
+on the page, nothing restarts. The fault is real input: the node's meminfo source (``supervise.meminfo_path``)
+drops below the MemFree floor. Both programs are installed by scripts/setup; a missing one fails the test.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import time
+import urllib.parse
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from supervise_stack import LocalStack, Supervisor, free_port, healthy_meminfo
+
+RED = "rgb(220, 40, 40)"
+GREEN = "rgb(214, 245, 214)"
+
+
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory) -> Iterator[tuple[LocalStack, Supervisor]]:
+    st = LocalStack.make(tmp_path_factory.mktemp("web"), nodes=1, supervise={"recover": False, "interval_s": 1})
+    try:
+        st.cli("up")
+        sup = st.supervise()
+        yield st, sup
+    finally:
+        st.close()
+    assert st.rank_pids() == []
+
+
+def need(program: str) -> str:
+    path = shutil.which(program)
+    assert path, f"{program} is not installed (scripts/setup installs it from Debian)"
+    return path
+
+
+def render(url: str, tmp: Path) -> str:
+    """The DOM after chromium rendered the page (its scripts ran, styles applied)."""
+    argv = [need("chromium"), "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+            "--no-first-run", f"--user-data-dir={tmp / 'chromium-profile'}",
+            "--dump-dom", url]
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=90)
+    assert p.returncode == 0 and "<html" in p.stdout, p.stderr[-2000:]
+    return p.stdout
+
+
+def gate_row(dom: str, gate: str) -> str:
+    m = re.search(rf"<tr[^>]*id=\"gate-{gate}\"[^>]*>", dom)
+    assert m, f"no row for gate {gate} in the rendered page"
+    return m.group(0)
+
+
+def test_chromium_renders_the_status_page_and_shows_a_failing_gate_red_within_one_round(watched, tmp_path) -> None:
+    st, sup = watched
+    sup.wait_status(lambda s: s["gates"]["memory"]["ok"] is True, 15, "memory passing")
+    dom = render(sup.url + "/", tmp_path)
+    assert 'data-rendered="1"' in dom  # the page's script ran in the browser
+    row = gate_row(dom, "memory")
+    assert "gate ok" in row and f'data-shown-color="{GREEN}"' in row, row
+    assert 'id="acceptance-chart"' in dom or "no acceptance figures yet" in dom
+    assert "tiny" in dom and "Incidents" in dom and 'id="history"' in dom
+
+    rounds = sup.status()["rounds"]
+    (st.work / "n0.meminfo").write_text(healthy_meminfo(free_gib=1.5))  # below the 4 GiB floor
+    s = sup.wait_status(lambda s: s["rounds"] >= rounds + 2, 15, "the next full round")
+    assert s["gates"]["memory"]["ok"] is False
+    dom = render(sup.url + "/", tmp_path)
+    row = gate_row(dom, "memory")
+    assert "gate fail" in row and f'data-shown-color="{RED}"' in row, row
+    assert "MemFree 1.50 GiB is below the floor" in dom
+    (st.work / "n0.meminfo").write_text(healthy_meminfo())
+    sup.wait_status(lambda s: s["gates"]["memory"]["ok"] is True, 15, "memory passing again")
+
+
+def test_a_real_prometheus_scrapes_the_exporter(watched, tmp_path) -> None:
+    st, sup = watched
+    port = free_port()
+    target = sup.url.removeprefix("http://")
+    (tmp_path / "prometheus.yml").write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        f"scrape_configs:\n  - job_name: sparkserve\n    static_configs:\n      - targets: ['{target}']\n")
+    proc = subprocess.Popen([need("prometheus"), f"--config.file={tmp_path / 'prometheus.yml'}",
+                             f"--storage.tsdb.path={tmp_path / 'tsdb'}", f"--web.listen-address=127.0.0.1:{port}"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def query(q: str) -> list[dict]:
+        url = f"http://127.0.0.1:{port}/api/v1/query?query={urllib.parse.quote(q)}"
+        with urllib.request.urlopen(url, timeout=3) as r:
+            return json.loads(r.read())["data"]["result"]
+
+    try:
+        end, got = time.monotonic() + 45, []
+        while time.monotonic() < end:
+            try:
+                got = query("sparkserve_gate_ok")
+                if len(got) == 7:
+                    break
+            except OSError:
+                pass
+            assert proc.poll() is None, proc.stderr.read().decode()[-2000:] if proc.stderr else ""
+            time.sleep(0.5)
+        gates = {r["metric"]["gate"]: float(r["value"][1]) for r in got}
+        assert set(gates) == {"progress", "wedge", "ranks", "faults", "kernel", "memory", "acceptance"}, got
+        assert gates["progress"] == 1.0 and gates["ranks"] == 1.0
+        up = query('up{job="sparkserve"}')
+        assert up and float(up[0]["value"][1]) == 1.0
+        mem = query("sparkserve_node_memfree_bytes")
+        assert mem and mem[0]["metric"]["node"] == "n0" and float(mem[0]["value"][1]) > 4 * 2**30
+        assert query("sparkserve_canary_latency_seconds")
+    finally:
+        proc.terminate()
+        proc.wait(20)
