@@ -18,6 +18,8 @@ How the intervals are made (seeded: the same banked rows give the same intervals
 * **deltas** resample both drafters with the same draws — the same prompt indices, and boots matched by
   round — so what the two have in common cancels; the delta is relative, ``x / baseline − 1``.
 * per-position acceptance comes from the counters only: its interval is across boots, none with one boot.
+* a figure without within-boot replicates (acceptance length under the card protocol: its replies are not
+  streamed, so no chunks count the engine steps) gets the across-boots interval alone, none with one boot.
 
 The verdict rule (:class:`~sparkserve.measure.ab_records.Rule`): on the primary cell's metric, KEEP the
 candidate when the delta's interval lies above 0, REVERT to the baseline when it lies below, TIE when it
@@ -170,7 +172,11 @@ def _arm_reps(waves: list[Wave], metric: str, draws: _Draws) -> tuple[float | No
     point = float(np.mean(points))
     reps = [r for _, r in got]
     if any(r is None for r in reps):
-        return point, None
+        # no within-boot replicates (the card protocol's replies are not streamed: no chunks to count steps
+        # by): with two or more boots, resample the boots' own figures
+        if len(waves) < 2:
+            return point, None
+        return point, np.asarray(points, dtype=float)[draws.boots(len(waves))].mean(axis=1)
     stack = np.stack(reps, axis=1)  # (n_boot, boots)
     if len(waves) == 1:
         return point, stack[:, 0]

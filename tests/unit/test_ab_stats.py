@@ -118,6 +118,20 @@ def test_a_card_protocol_campaign_says_so_and_k_heads_each_column() -> None:
     assert "forced output length off" in md and "Per-position acceptance (K=4, c16)" in md
 
 
+def test_without_chunks_the_acceptance_interval_is_across_boots_alone() -> None:
+    """Card-protocol waves (replies not streamed: no chunks) still get an acceptance interval over boots."""
+    sp, waves = campaign(["A", "B"], rounds=2)
+    flat = [w.model_copy(update={"samples": w.samples.model_copy(update={"chunks": [0] * len(w.samples.chunks)})})
+            for w in waves]
+    a = analyze(sp, flat, [])
+    f = next(x for x in a.figures if x.drafter == "A" and x.cell == "c16")
+    points = [w.result.acceptance_length for w in flat if w.drafter == "A" and w.cell == "c16"]
+    assert len(points) == 2 and f.acceptance_length.lo is not None
+    assert min(points) - 1e-9 <= f.acceptance_length.lo <= f.acceptance_length.hi <= max(points) + 1e-9
+    one = analyze(sp.model_copy(update={"rounds": 1}), [w for w in flat if w.round == 0], [])
+    assert all(x.acceptance_length.lo is None for x in one.figures)  # one boot: nothing to resample
+
+
 def test_plot_writes_a_png_and_names_the_extra_when_matplotlib_is_missing(tmp_path, monkeypatch) -> None:
     sp, waves = campaign(["A", "B"])
     r = build_report(1, "done", sp, waves, [])
