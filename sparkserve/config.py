@@ -137,7 +137,9 @@ class FabricConfig(Strict):
     master_port: int = Field(default=29521, ge=1024, le=65535, description="torch.distributed rendezvous "
                              "port on the head (the card's launcher: 29521)")
     sysfs_root: Path = Field(default=Path("/sys"), description="where to read /sys/class/{net,infiniband}")
-    nccl_debug: str = "WARN"
+    nccl_debug: str = Field(default="INFO", description="NCCL_DEBUG; INFO (with NCCL_DEBUG_SUBSYS=INIT,NET) "
+                            "prints the transport NCCL chose while communicators are set up — the boot "
+                            "window — so the faults gate can tell RDMA from the socket fallback")
     nccl_net: str | None = Field(default="IB", description="NCCL_NET: IB makes NCCL fail closed instead of "
                                  "falling back to sockets silently (null: unset, NCCL picks)")
     addr_range: str = Field(default="auto", description="NCCL_IB_ADDR_RANGE: the fabric subnet NCCL takes RoCE "

@@ -30,6 +30,7 @@ from sparkserve.plan.container import (
     ContainerSpec,
     Mount,
 )
+from sparkserve.plan.fabric import NCCL_BOOT_SUBSYS
 from sparkserve.units import vllm_size
 
 TARGET_MOUNT = "/models/target"
@@ -235,6 +236,8 @@ def _ray_start_argv(cfg: Config, node: NodeConfig, rank: int) -> list[str]:
 def node_env(cfg: Config, node: NodeConfig, fabric_env: dict[str, str] | None) -> dict[str, str]:
     env = dict(BASE_ENV)
     env["NCCL_DEBUG"] = cfg.fabric.nccl_debug
+    if cfg.fabric.nccl_debug.upper() == "INFO":  # only the INIT and NET lines: set-up time, not steady state
+        env["NCCL_DEBUG_SUBSYS"] = NCCL_BOOT_SUBSYS
     env.update(cfg.serve.env)
     env["VLLM_HOST_IP"] = node.fabric_ip
     if cfg.serve.executor == "ray":

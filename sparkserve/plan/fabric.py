@@ -162,6 +162,9 @@ def parse_sysfs(files: dict[str, str]) -> SysfsFacts:
 ROCE_VERSION_NUM = "2"
 ADDR_FAMILY = "AF_INET"
 WIDEST_PREFIX = 24  # NCCL_IB_ADDR_RANGE is never narrower than a /24 (the Spark netplan layout's subnet)
+#: NCCL_DEBUG_SUBSYS with NCCL_DEBUG=INFO: only the subsystems that print while communicators are set up (the boot
+#: window), among them the transport line the faults gate reads (`NET/IB : Using …` / `Using network IB`).
+NCCL_BOOT_SUBSYS = "INIT,NET"
 
 
 @dataclass(frozen=True)
