@@ -205,7 +205,8 @@ def test_killed_follower_fails_gates_and_status_while_health_stays_200(e2e) -> N
     assert "faults" in got and "engine container on node-b is not running" in evidence_text(got["faults"])
 
     t0 = time.monotonic()  # a request to the head now hangs: a stream error naming the node, not a stuck command
-    b = e2e.cli("bench", "--cell", "smoke", "--request-timeout", "4", "--stall-timeout", "4", "--json", cfg=cfg)
+    b = e2e.cli("bench", "--protocol", "forced", "--cell", "smoke", "--request-timeout", "4", "--stall-timeout", "4",
+                "--json", cfg=cfg)
     assert time.monotonic() - t0 < 30
     assert b.returncode != 0
     assert "hung" in b.stdout + b.stderr and "node-a" in b.stdout + b.stderr

@@ -83,7 +83,7 @@ def test_one_local_node_serves_gates_benches_and_down_leaves_no_process(e2e, sol
     assert st["ok"] is True and [x["status"] for x in st["nodes"]["solo"]] == ["running"]
     ids = _full_ids(tmp_path)
     assert len(ids) == 1 and len(marked_pids(ids)) == 1  # the engine, in its own session
-    bench = e2e.json("bench", "--cell", "smoke", cfg=solo, timeout=120)
+    bench = e2e.json("bench", "--protocol", "forced", "--cell", "smoke", cfg=solo, timeout=120)
     assert bench["requests_ok"] == bench["prompts"] and bench["stream_errors"] == 0
     logs = e2e.cli("logs", cfg=solo)
     assert logs.returncode == 0 and "solo | " in logs.stdout and "Application startup complete." in logs.stdout

@@ -235,7 +235,9 @@ class Scenario:
         self.say(f"metrics-{name}", "/metrics did not answer", ok=False)
 
     def bench(self) -> None:
-        p, took = self.sparkserve("bench", "bench", "-c", str(self.cfg), "--cell", "smoke", "--json", timeout=400)
+        # forced: the comparison below is `vllm bench serve --ignore-eos` (the card protocol: part_cardbench.py)
+        p, took = self.sparkserve("bench", "bench", "-c", str(self.cfg), "--protocol", "forced", "--cell", "smoke",
+                                  "--json", timeout=400)
         try:
             d = json.loads(p.stdout)
         except json.JSONDecodeError:
