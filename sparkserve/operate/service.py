@@ -134,7 +134,9 @@ def status(*, scope: Scope, dest: Path | None = None) -> tuple[bool, str]:
     path = (dest or unit_dir(scope)) / UNIT
     if not path.exists():
         return False, f"not installed ({path} does not exist)"
+    if dest is not None:
+        return True, f"installed at {path} (a directory of your own: systemd was not asked)"
     if shutil.which("systemctl") is None:
         return True, f"installed at {path}; no systemctl on this machine"
     p = _systemctl(scope, "status", "--no-pager", "--lines=5", UNIT, check=False)
-    return True, (p.stdout or p.stderr).strip()
+    return True, f"installed at {path}\n" + (p.stdout or p.stderr).strip()
