@@ -289,6 +289,12 @@ TORCH = [  # PyTorch C++ (c10d, ProcessGroupNCCL): seen in the real captures / v
                r"\d+\] Failed to check the \"should dump\" flag on TCPStore, \(maybe TCPStore server has shut down too "
                r"early\), with error: .+$"),
 ]
+NCCL = [  # the NCCL library at NCCL_DEBUG=INFO (NVIDIA/nccl src/debug.cc `%s:%d:%d ` + `[%d] NCCL INFO %s`)
+    re.compile(r"^[\w.-]+:\d+:\d+ \[\d+\] NCCL INFO (?:NCCL version \d+\.\d+\.\d+\S*\+cuda[\d.]+"  # src/init.cc
+               r"|NET/IB : Using(?: \[\d+\]\w+:\d+/(?:RoCE|IB))+ (?:\[RO\])?; OOB \S+:\S+"  # transport/net_ib
+               r"|NET/Socket : Using(?: \[\d+\]\S+:\S+)+"  # transport/net_socket.cc
+               r"|Using network (?:IB|Socket))$"),  # src/init.cc
+]
 PREFIX = re.compile(
     r"^(?P<pfx>.*?)\((?P<proc>[A-Za-z_]\w*) pid=(?P<pid>\d+)\) (?P<lvl>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
     r"(?P<ts>\d\d-\d\d \d\d:\d\d:\d\d) \[(?P<file>[^\]:]+):(?P<line>\d+)\] (?P<msg>.*)$")
@@ -412,6 +418,9 @@ def classify(rec: Record, prev: Record | None) -> bool:
         return True
     if any(rx.match(ln) for rx in TORCH):
         rec.kind = "torch"
+        return True
+    if any(rx.match(ln) for rx in NCCL):
+        rec.kind = "nccl"
         return True
     segs = [RAY_PREFIX.sub("", s) for s in ln.split("\r") if s]
     if segs and all(TQDM.match(s) for s in segs):

@@ -1178,6 +1178,30 @@ class Emulator:
         """Run one boot phase for one local rank. Raises BootFailure / Wedged."""
         return getattr(self, f"ph_{name}")(rank)
 
+    def nccl_init_lines(self, rank: int, local: int) -> None:
+        """What NCCL itself prints while the communicator is set up, at NCCL_DEBUG=INFO (sparkserve's default, with
+        NCCL_DEBUG_SUBSYS=INIT,NET): its version, the transport and `Using network …`. Formats from NVIDIA/nccl:
+        src/debug.cc (`%s:%d:%d ` host/pid/tid, `[%d] NCCL INFO %s`), src/init.cc (`NCCL version %d.%d.%d+cuda%d.%d`,
+        `Using network %s`), src/transport/net_ib/init.cc (`NET/IB : Using%s %s; OOB %s:%s`, a device as
+        ` [%d]%s:%d/RoCE`), src/transport/net_socket.cc (`NET/Socket : Using%s`, an interface as ` [%d]%s:%s`).
+        NCCL_NET=Socket (or NCCL_IB_DISABLE=1 without NCCL_NET=IB) takes the socket fallback."""
+        if os.environ.get("NCCL_DEBUG", "").upper() not in ("INFO", "TRACE"):
+            return
+        pid = self.worker_pids[rank]
+        head = f"{os.uname().nodename}:{pid}:{pid + 9} [{local}] NCCL INFO "
+        iface = os.environ.get("NCCL_SOCKET_IFNAME") or "eth0"
+        ip = os.environ.get("VLLM_HOST_IP") or "127.0.0.1"
+        net = os.environ.get("NCCL_NET", "")
+        socket_net = net == "Socket" or (os.environ.get("NCCL_IB_DISABLE") == "1" and net != "IB")
+        lines = [f"NCCL version {NCCL_VERSION}+cuda13.0"]
+        if socket_net:
+            lines += [f"NET/Socket : Using [0]{iface}:{ip}<0>", "Using network Socket"]
+        else:
+            hcas = [h for h in os.environ.get("NCCL_IB_HCA", "").split(",") if h] or ["mlx5_0"]
+            devs = "".join(f" [{i}]{h}:1/RoCE" for i, h in enumerate(hcas))
+            lines += [f"NET/IB : Using{devs} [RO]; OOB {iface}:{ip}<0>", "Using network IB"]
+        self.log.raw("".join(head + ln + "\n" for ln in lines), sys.stdout)
+
     def _crash(self, rank: int, phase: str) -> None:
         f = self.faults.for_rank("crash_boot", rank)
         if not f or f.params.get("phase", "init") != phase:
@@ -1210,6 +1234,8 @@ class Emulator:
         if rank == 0:
             self.log.info_once(self.wname(rank), self.worker_pids[rank], AT["nccl"],
                                f"vLLM is using nccl=={NCCL_VERSION}")
+        if self.nnodes > 1:
+            self.nccl_init_lines(rank, local)
         if self.nnodes > 1 or len(set(self.ray_ips.values())) > 1:
             self.wk(rank, "WARNING", "mnnvl", "Custom collectives are disabled because this multi-node group does "
                                               "not have MNNVL-capable GPUs on every rank.")
