@@ -348,9 +348,8 @@ class Supervisor:
         with self.state.lock:
             self.state.restarts += 1
         self.heartbeat.expect(self.cfg.serve.ready_timeout_s + 600.0)
-        t0 = time.monotonic()
         try:
-            restart(self.cfg, self.nodes, say=lambda m: self.say(f"  {m}"))
+            stop_s, up_s = restart(self.cfg, self.nodes, say=lambda m: self.say(f"  {m}"))
         except SparkserveError as e:
             self._set_phase("incident", f"restart failed: {e.line()}")
             record("supervise_event", fingerprint=self.fingerprint, event="restart_failed",
@@ -359,15 +358,17 @@ class Supervisor:
             self.fault_rounds = self.s.confirm_rounds  # the next round's failure acts at once
             self._reset_watch()
             return None
-        took = time.monotonic() - t0
+        took = stop_s + up_s
         self._reset_watch()
         self.ranks = {}
         self.fault_rounds = 0
         with self.state.lock:
             self.state.recoveries += 1
-        self._set_phase("watching", f"recovered: serving again after a restart of {took:.1f}s")
+        self._set_phase("watching", f"recovered: serving again after a restart of {took:.1f}s (stop {stop_s:.1f}s, "
+                                    f"up {up_s:.1f}s)")
         record("supervise_event", fingerprint=self.fingerprint, event="recovered",
-               event_json=json.dumps({"restart_s": took, "restarts_in_window": len(self.budget.restarts)}))
+               event_json=json.dumps({"restart_s": took, "stop_s": stop_s, "up_s": up_s,
+                                      "restarts_in_window": len(self.budget.restarts)}))
         self._alert("recovered", f"serving again after a restart of {took:.1f}s", "success")
         return None
 

@@ -71,14 +71,15 @@ def stop_everything(cfg: Config, nodes: dict[str, Node], say: Say) -> dict[str, 
     return result.removed
 
 
-def restart(cfg: Config, nodes: dict[str, Node], say: Say) -> float:
-    """Graceful `down`, then the normal `up` path with gates. Returns the seconds it took; raises what `up`
-    raises when the stack does not come back (gate failure, boot failure: `up` tore it down already)."""
+def restart(cfg: Config, nodes: dict[str, Node], say: Say) -> tuple[float, float]:
+    """Graceful `down`, then the normal `up` path with gates. Returns the seconds of each part (stop, up);
+    raises what `up` raises when the stack does not come back (gate or boot failure: `up` tore it down)."""
     import time
 
     from sparkserve.deploy.up import up
 
     t0 = time.monotonic()
     stop_everything(cfg, nodes, say)
+    t1 = time.monotonic()
     up(cfg, nodes, run_gates=True, say=say)
-    return time.monotonic() - t0
+    return t1 - t0, time.monotonic() - t1

@@ -43,7 +43,8 @@ fastsafetensors nvidia-cutlass-dsl quack-kernels tokenspeed-mla humming-kernels 
 opentelemetry-api opentelemetry-exporter-otlp opentelemetry-semantic-conventions-ai fastapi-cli
 fastapi-cloud-cli email-validator pywin32"""
 OVERRIDE = {"apache-tvm-ffi": "apache-tvm-ffi>=0.1.11,<0.2"}
-EXTRA = ["uvicorn", "python-multipart", "apache-tvm-ffi"]  # fastapi[standard] pieces vLLM imports; xgrammar's need
+EXTRA = ["uvicorn", "python-multipart", "apache-tvm-ffi",  # fastapi[standard] pieces vLLM imports; xgrammar's need
+         "py-spy"]  # `supervise`'s forensics dump every rank's stacks with it (tests/real/part_supervise.py)
 ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "platform_system": "Linux", "sys_platform": "linux",
        "platform_machine": "x86_64", "os_name": "posix", "implementation_name": "cpython",
        "platform_python_implementation": "CPython"}
