@@ -92,3 +92,17 @@ def test_a_cause_is_not_a_peer_lost_line() -> None:
                  "ValueError: Free memory on device cuda:0 (28.77/139.8 GiB) on startup is less than desired"):
         assert not PEER_LOST.search(line)
     assert wait._only_lost_its_peer(wait.NodeView("b", 1, "c", log=[ln for _, ln in follower_lost_head(5)]))
+
+
+def test_a_stopped_rank_is_headlined_with_its_logs_cause(monkeypatch, cfg: Config) -> None:  # noqa: F811
+    """Issue 26 item 2: the headline was `rank 0 … stopped (exit code 1)` / `EngineCore failed to start.` with the
+    cause on a later line. The real public log of vllm-project/vllm#25837 (free memory below GMU): its ValueError
+    leads."""
+    from pathlib import Path
+
+    log = Path(__file__).resolve().parents[1] / "fixtures/logs/public/vllm-25837-free-memory-less-than-gmu.log"
+    lines = [(T.format(ms=100), ln) for ln in log.read_text().splitlines()]
+    plan = build_plan(cfg)
+    f = _boot(monkeypatch, cfg, {plan.head.node: lines}, {plan.head.node: (1, T.format(ms=400))})
+    assert f.node == plan.head.node and "stopped (exit code 1): " in f.what
+    assert "ValueError: Free memory on device (3.22/4.0 GiB) on startup is less than desired GPU memory" in f.what
