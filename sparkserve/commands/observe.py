@@ -48,11 +48,25 @@ def logs_live(
         from sparkserve.nodes.factory import open_nodes
 
         with open_nodes(cfg) as nodes:
-            stream_logs(cfg, nodes, node=node, follow=follow, since=since, tail=tail)
+            found = stream_logs(cfg, nodes, node=node, follow=follow, since=since, tail=tail)
+        if not found:
+            _point_at_saved_logs()
     except KeyboardInterrupt:
         if not follow:
             raise
         # following is ended by Ctrl-C: that is how it is used, not a failure
+
+
+def _point_at_saved_logs() -> None:
+    """Nothing runs: say so, and where the last saved logs are (`down` saves every rank's before it stops it)."""
+    from sparkserve.commands._common import err_console
+    from sparkserve.deploy.stack import last_saved_logs
+
+    last = last_saved_logs()
+    where = (f"; the last saved logs are in {last}: {', '.join(sorted(p.name for p in last.glob('*.log')))} "
+             f"(`sparkserve logs analyze {last}/*.log`)" if last else "; no saved logs either")
+    err_console.print(f"logs: no sparkserve container runs on any node{where}", markup=False, highlight=False,
+                      soft_wrap=True)
 
 
 def _log_files(items: list[str], option: str) -> list[LogFile]:
@@ -148,7 +162,7 @@ def gates_cmd(
     bad = [s for s in skips if s not in GATE_NAMES]
     if bad:
         raise BadInput("--skip", f"unknown gate {bad[0]!r}; gates are {', '.join(GATE_NAMES)}")
-    cfg = config_from(config, accept_new=accept_new)
+    cfg = config_from(config, accept_new=accept_new, nodes=not from_log)
     if from_log:
         if bank:
             raise BadInput(
@@ -162,11 +176,12 @@ def gates_cmd(
         report = judge_files(cfg, logs, skip=skips)
     else:
         # live gates only: `--from-log` judges files and never loads the node stack (docker, paramiko: 0.3 s)
+        from sparkserve.commands.progress import Progress
         from sparkserve.deploy.gates_live import run_gates
         from sparkserve.nodes.factory import open_nodes
 
-        with open_nodes(cfg) as nodes:
-            report = run_gates(cfg, nodes, bank=bank, skip=tuple(skips))
+        with Progress(enabled=not json_out) as p, open_nodes(cfg) as nodes:
+            report = run_gates(cfg, nodes, bank=bank, skip=tuple(skips), say=p.say)
     if json_out:
         emit_json(report.to_json())
     else:
@@ -195,6 +210,55 @@ def _print_report(report: GateReport) -> None:
     )
 
 
+def bundle_cmd(
+    config: ConfigOpt = None,
+    output: Annotated[Path | None, typer.Option(
+        "--output", "-o", help="the tar.gz to write (default: ./sparkserve-bundle-<time>.tar.gz)")] = None,
+    redact_hosts: Annotated[bool, typer.Option(
+        "--redact-hosts", help="also replace host names and IP addresses (host-N, ip-N)")] = False,
+    accept_new: AcceptNew = False,
+) -> None:
+    """One tar.gz for a bug report: config (secrets redacted), plan, doctor, gates (no smoke), image facts
+    and lock, drafter and target manifests, host facts, versions, journal tail, the last saved logs.
+
+    Each part is best effort: an unreachable node or a failed part is named in the bundle's errors.json.
+    Nothing on a node is changed. Exit 0 once the file is written."""
+    import time
+
+    import yaml
+
+    from sparkserve.commands._common import err_console
+    from sparkserve.commands.progress import Progress
+    from sparkserve.config import find_config_path, load_config, no_config_error
+    from sparkserve.deploy.bundle import collect, host_map, secret_values, write
+    from sparkserve.nodes.factory import open_reachable
+
+    file = find_config_path(config)
+    if file is None:
+        raise no_config_error()
+    cfg = load_config(file)
+    if accept_new:
+        cfg.ssh.accept_new_host_keys = True
+    try:
+        text: str | None = file.read_text()
+    except OSError:
+        text = None
+    try:
+        raw = yaml.safe_load(text or "") or {}
+    except yaml.YAMLError:
+        raw = {}
+    secrets = secret_values(raw, cfg) | secret_values(cfg.normalized(), None)
+    out = output or Path(f"sparkserve-bundle-{time.strftime('%Y%m%d-%H%M%S')}.tar.gz")
+    with Progress() as p, open_reachable(cfg) as (nodes, unreachable):
+        b = collect(cfg, nodes, unreachable, config_text=text, say=p.say)
+    path = write(b, out, secrets=secrets, hosts=host_map(cfg) if redact_hosts else None)
+    missing = f"; {len(b.errors)} part(s) could not be collected (errors.json)" if b.errors else ""
+    err_console.print(f"bundle: {len(b.files) + 2} files{missing}", markup=False, highlight=False)
+    print(f"wrote {path}: attach it to the bug report (secrets redacted"
+          f"{', hosts and IPs too' if redact_hosts else '; --redact-hosts also hides host names and IPs'})")
+
+
 def register(app: typer.Typer) -> None:
     app.add_typer(logs_app, name="logs")
     app.command("gates")(gates_cmd)
+    app.command("bundle")(bundle_cmd)

@@ -94,6 +94,9 @@ class Progress:
             return
         with self._lock:
             self._current, self._t_current = msg, self.clock()
+            if self._boot_live is not None:  # the boot is over once the command speaks again: its table stays
+                self._boot_live.stop()
+                self._boot_live = None
         self._line(msg if not self.tty else _escape(msg))
 
     def _heartbeat(self) -> None:
@@ -139,9 +142,9 @@ class Progress:
                     )
                     from rich.progress import Progress as RichProgress
 
-                    self._copy = RichProgress(
+                    self._copy = RichProgress(  # transient: once done, one summary line per node stays
                         TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                        TimeRemainingColumn(), console=self.console, transient=False)
+                        TimeRemainingColumn(), console=self.console, transient=True)
                     self._copy.start()
                 if node not in self._tasks:
                     self._tasks[node] = self._copy.add_task(f"{node}: drafter", total=total)
@@ -158,6 +161,8 @@ class Progress:
                 self._copy.stop()
                 self._copy = None
                 self._tasks.clear()
+                for node, (done, total, t0) in self._copied.items():  # the bars are gone: one line each
+                    self._line(self._copy_text(node, done, total, t0))
 
     # -- boot -------------------------------------------------------------------------------------------
 

@@ -10,6 +10,8 @@ is a stream error, not a stuck command). The banked pool for this deployment com
 from __future__ import annotations
 
 import json
+import time
+from collections.abc import Callable
 from typing import Any
 
 from sparkserve.config import Config, resolve_api_key
@@ -19,6 +21,7 @@ from sparkserve.deploy.sync import remote_manifest
 from sparkserve.deploy.wait import _stamp
 from sparkserve.errors import RemoteFailure
 from sparkserve.journal import lookup, record
+from sparkserve.journal.history import GATES_SMOKE_CELL
 from sparkserve.measure.prompts import builtin_prompts
 from sparkserve.measure.records import CELLS, Cell
 from sparkserve.measure.run import run_cell
@@ -41,12 +44,13 @@ def smoke_cell(cfg: Config) -> Cell:
     return Cell(base.name, prompts=s.prompts, concurrency=s.concurrency, max_tokens=s.max_tokens)
 
 
-def run_smoke(cfg: Config, plan: Plan) -> tuple[SmokeResult, dict[str, Any]]:
-    """The smoke cell against the head's API: what the smoke gate judges, and the raw bench result."""
+def run_smoke(cfg: Config, plan: Plan, *, progress: bool = False) -> tuple[SmokeResult, dict[str, Any]]:
+    """The smoke cell against the head's API: what the smoke gate judges, and the raw bench result.
+    ``progress``: bench's live bar on stderr (a terminal)."""
     cell = smoke_cell(cfg)
     res = run_cell(plan.api_url, plan.served_name, cell, builtin_prompts(), node=plan.head.node,
                    api_key=resolve_api_key(cfg), deadline_s=cfg.gates.smoke.request_timeout_s,
-                   stall_timeout_s=min(60.0, cfg.gates.smoke.request_timeout_s), progress=False)
+                   stall_timeout_s=min(60.0, cfg.gates.smoke.request_timeout_s), progress=progress)
     errors = tuple(SmokeError(plan.head.node, f"request {e.request}: {e.kind}: {e.detail}") for e in res.errors)
     incomplete = res.incomplete
     return SmokeResult(requests=cell.prompts, requests_ok=res.requests_ok, stream_errors=res.stream_errors,
@@ -71,10 +75,32 @@ def boot_since(state: ContainerState) -> float | None:
     return since
 
 
+def _quiet(_: str) -> None:
+    pass
+
+
+def _wants_bar(say: Callable[[str], None]) -> bool:
+    """Whether ``say`` belongs to a reporter drawing on a terminal (commands.progress.Progress: ``enabled``
+    and ``tty``): then the smoke cell draws bench's live bar; else its start and end are lines."""
+    owner = getattr(say, "__self__", None)
+    return bool(getattr(owner, "enabled", False) and getattr(owner, "tty", False))
+
+
+def _smoke_line(raw: dict[str, Any] | None, took: float) -> str:
+    if not raw:
+        return f"gates: smoke cell ended after {took:.1f}s"
+    al = raw.get("acceptance_length")
+    al_s = f", acceptance length {al:.2f}" if isinstance(al, int | float) else ""
+    return (f"gates: smoke {raw.get('requests_ok', '?')}/{raw.get('prompts', '?')} requests ok, "
+            f"{raw.get('output_tok_s', 0):,.1f} tok/s{al_s} in {took:.1f}s")
+
+
 def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str, str], *,
-                      smoke: bool = True, bank: bool = False, skip: tuple[str, ...] = ()) -> GateReport:
+                      smoke: bool = True, bank: bool = False, skip: tuple[str, ...] = (),
+                      say: Callable[[str], None] = _quiet) -> GateReport:
     """Every gate on the stack in ``containers`` (node → container id): collect on every node, judge,
-    and record the run (and, with ``bank``, the observed pool) in the journal. `up`'s last step."""
+    and record the run (and, with ``bank``, the observed pool) in the journal. `up`'s last step.
+    ``say`` narrates the steps (the smoke cell as bench's bar on a terminal, else a line at each end)."""
     def per_node(name: str) -> tuple[ParsedLog, bool, str | None, str | None, list[str] | None]:
         eng = engine_for(nodes[name], plan)
         cid = containers.get(name)
@@ -100,7 +126,14 @@ def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, container
         alive = on_all(names, lambda name: name in containers
                        and engine_for(nodes[name], plan).state(containers[name]).running)
         if all(alive.values()):
-            smoke_result, raw_smoke = run_smoke(cfg, plan)
+            c = smoke_cell(cfg)
+            say(f"gates: smoke cell, {c.prompts} requests × {c.max_tokens} tokens at concurrency {c.concurrency} "
+                f"against {plan.head.node}")
+            t_smoke = time.monotonic()
+            smoke_result, raw_smoke = (run_smoke(cfg, plan, progress=True) if _wants_bar(say)
+                                       else run_smoke(cfg, plan))
+            say(_smoke_line(raw_smoke, time.monotonic() - t_smoke))
+    say(f"gates: reading every rank's log, image and drafter ({len(names)} node(s))")
     facts = on_all(names, per_node)
     logs = {name: f[0] for name, f in facts.items()}
     liveness = {name: f[1] for name, f in facts.items()}
@@ -115,7 +148,8 @@ def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, container
         record("banked_pool", fingerprint=plan.fingerprint, pool_tokens=observed)
     record("gate_run", fingerprint=plan.fingerprint, ok=report.ok, verdicts=report.to_json(), boot_id=boot)
     if raw_smoke is not None:
-        record("bench", fingerprint=plan.fingerprint, cell="smoke", result_json=json.dumps(raw_smoke, indent=2) + "\n")
+        record("bench", fingerprint=plan.fingerprint, cell=GATES_SMOKE_CELL,
+               result_json=json.dumps(raw_smoke, indent=2) + "\n")
     return report
 
 
@@ -141,7 +175,8 @@ def _drafter_has_mask(node: Node, path: str) -> bool:
     return res.ok
 
 
-def run_gates(cfg: Config, nodes: dict[str, Node], *, bank: bool = False, skip: tuple[str, ...] = ()) -> GateReport:
+def run_gates(cfg: Config, nodes: dict[str, Node], *, bank: bool = False, skip: tuple[str, ...] = (),
+              say: Callable[[str], None] = _quiet) -> GateReport:
     """`sparkserve gates` on the running stack: find its containers by label on every node. A skipped smoke
     gate is not run at all (it is the slow part: a bench cell against the API)."""
     existing = managed_on_all(nodes, cfg)
@@ -159,4 +194,4 @@ def run_gates(cfg: Config, nodes: dict[str, Node], *, bank: bool = False, skip: 
     if len(fps) > 1:
         raise RemoteFailure("gates", f"nodes run different deployments ({', '.join(f[:12] for f in fps)})")
     plan = build_plan(cfg, fingerprint=fps.pop())
-    return collect_and_judge(cfg, nodes, plan, containers, smoke="smoke" not in skip, bank=bank, skip=skip)
+    return collect_and_judge(cfg, nodes, plan, containers, smoke="smoke" not in skip, bank=bank, skip=skip, say=say)

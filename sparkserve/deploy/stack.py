@@ -121,7 +121,33 @@ def down(cfg: Config, nodes: dict[str, Node], *, unreachable: Mapping[str, Spark
         removed = {k: [c.name for c in v] for k, v in existing.items() if v}
         for k, v in removed.items():
             say(f"{k}: removed {', '.join(v)}")
+        _record_down(cfg, existing)
         return DownResult(removed, saved, missing)
+
+
+def _record_down(cfg: Config, existing: Mapping[str, list[ManagedContainer]]) -> None:
+    """`down` in the journal: one row per deployment it took down (`history` shows it as kind "down")."""
+    from sparkserve.journal import record
+    from sparkserve.journal.history import DOWN_OUTCOME
+
+    by_fp: dict[str, dict[str, str]] = {}
+    for node, cs in existing.items():
+        for c in cs:
+            by_fp.setdefault(c.fingerprint, {})[node] = c.image_id
+    for fp, images in by_fp.items():
+        record("deployment", fingerprint=fp, config=cfg.normalized(), image_ids=images,
+               drafter_manifest_sha256=None, outcome=DOWN_OUTCOME)
+
+
+def last_saved_logs() -> Path | None:
+    """The newest folder of saved logs (`down`, a failed `up`, …), or None."""
+    from sparkserve.deploy.teardown import logs_dir
+
+    try:
+        folders = [d for d in logs_dir().iterdir() if d.is_dir() and any(d.glob("*.log"))]
+    except OSError:
+        return None
+    return max(folders, key=lambda d: d.name) if folders else None
 
 
 # -- status -----------------------------------------------------------------------------------------------
@@ -228,9 +254,10 @@ def status(cfg: Config, nodes: dict[str, Node], *,
 
 
 def stream_logs(cfg: Config, nodes: dict[str, Node], *, node: str | None = None, follow: bool = False,
-                since: str | None = None, out: Callable[[str], None] = print, tail: int | None = None) -> None:
+                since: str | None = None, out: Callable[[str], None] = print, tail: int | None = None) -> int:
     """Every node's sparkserve container logs (or one node's), each line prefixed with its node;
-    ``follow`` streams every node at once until interrupted; ``tail``: only each container's last N lines."""
+    ``follow`` streams every node at once until interrupted; ``tail``: only each container's last N lines.
+    Returns how many containers (or processes) it found."""
     names = [n.name for n in cfg.nodes if node is None or n.name == node]
     if node is not None and not names:
         raise BadInput("--node", f"no node named {node!r} (nodes: {', '.join(n.name for n in cfg.nodes)})")
@@ -238,9 +265,12 @@ def stream_logs(cfg: Config, nodes: dict[str, Node], *, node: str | None = None,
     width = max(len(n) for n in names)
     lock_out = threading.Lock()
 
+    found = [0]
+
     def stream(name: str) -> None:
         eng = engine_for(nodes[name], cfg)
         for c in eng.list_managed():
+            found[0] += 1
             for line in eng.logs(c.id, follow=follow, since=since_v, tail=tail):
                 with lock_out:
                     out(f"{name:<{width}} | {line}")
@@ -255,6 +285,7 @@ def stream_logs(cfg: Config, nodes: dict[str, Node], *, node: str | None = None,
     else:
         for n in names:
             stream(n)
+    return found[0]
 
 
 def parse_since(since: str) -> float:

@@ -46,8 +46,10 @@ from sparkserve.nodes.parallel import after, on_all
 from sparkserve.nodes.processes import rank_id
 from sparkserve.nodes.runtime import LABEL_ENGINE_ID, engine_for, ensure_same_engine
 from sparkserve.observe.gate_report import GateReport, Verdict
-from sparkserve.plan.build import Plan, build_plan
+from sparkserve.plan.build import CACHE_MOUNT, Plan, build_plan, cache_dirs
+from sparkserve.plan.dialects import dialect_for
 from sparkserve.plan.fabric import FabricFacts, fabric_envs
+from sparkserve.plan.validate import refuse_inexpressible
 
 BootWatcher = Callable[[list[NodeView], float], None]
 
@@ -170,16 +172,40 @@ def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool,
     with docker_opening(docker_nodes), lock.held(nodes[cfg.head.name], what="up", break_lock=break_lock):
         found = _preflight(cfg, nodes, validate=validate, copy_drafter=copy_drafter, say=say)
         fp = deploy_fingerprint(cfg, found.image_id, found.drafter.digest)
-        plan = build_plan(cfg, fabric_env=fabric_envs(found.fabric), fingerprint=fp, api_key=resolve_api_key(cfg))
+        # the image ID keys the caches and picks the image's own dialect facts; a setting that dialect
+        # cannot express is refused here, before any container starts (exit 2)
+        image_id = found.image_id if cfg.runtime == "docker" else None
+        dialect = dialect_for(cfg, image_id=image_id)
+        refuse_inexpressible(cfg, dialect)
+        plan = build_plan(cfg, fabric_env=fabric_envs(found.fabric), fingerprint=fp, api_key=resolve_api_key(cfg),
+                          image_id=image_id, dialect=dialect)
         running = _healthy_existing(cfg, plan, found.existing)
         if running is not None:
             gates = _keep(cfg, nodes, plan, running, say, run_gates=run_gates)
             return UpResult("unchanged", plan.api_url, plan.served_name, fp, found.image_id, found.drafter.digest,
                             time.monotonic() - t0, containers=running, sync=found.drafter.summary, gates=gates)
+        _make_cache_dirs(cfg, nodes, plan)
         status = _clear_the_way(cfg, nodes, found, say)
         found.hosts = memory_before_start(cfg, nodes, say)
         return _boot(cfg, nodes, plan, found, status=status, t0=t0, run_gates=run_gates, say=say,
                      on_update=on_update)
+
+
+def _make_cache_dirs(cfg: Config, nodes: dict[str, Node], plan: Plan) -> None:
+    """The image's cache dirs on every node (docker bind mounts need their sources), under the cache root the
+    preflight made. RemoteFailure naming the node that refuses."""
+    dirs = cache_dirs(plan)
+
+    def make(name: str) -> None:
+        for d in dirs.get(name, []):
+            try:
+                nodes[name].makedirs(d)
+            except OSError as e:
+                raise RemoteFailure(f"{name}: cache", f"cannot create {d}: {e.strerror or e} (container.cache_root)",
+                                    node=name, step="cache") from None
+
+    if any(dirs.values()):
+        on_all([n.name for n in cfg.nodes], make)
 
 
 def _preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_drafter: bool,
@@ -194,7 +220,9 @@ def _preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_draf
     # the drafter's manifest from each node's cache reads no weights, so the node probe answers it too
     # (before validation: one python3 start per node for every check); a cache miss is read in full after
     cached: dict[str, RemoteState | None] | None = None if copy_drafter else {}
-    rw = {s.node: [m.source for m in s.mounts if not m.read_only] for s in build_plan(cfg).specs}
+    # the cache root is made (and so proven writable) here; the image's own dirs under it once its ID is known
+    rw = {s.node: [m.source.rsplit("/", 1)[0] for m in s.mounts if m.target == CACHE_MOUNT]
+          for s in build_plan(cfg).specs}
     with ThreadPoolExecutor(max_workers=6) as pool:
         f_valid = pool.submit(validate_inputs, cfg, nodes) if validate else None
         f_checks = pool.submit(check_all, cfg, nodes, None, check_ports=True, mkdirs=rw, fabric_out=fabric,
@@ -296,7 +324,7 @@ def _keep(cfg: Config, nodes: dict[str, Node], plan: Plan, running: dict[str, st
         check_parity(cfg, nodes, running)
         if run_gates and not gates_live().passed_for_this_boot(nodes, plan.fingerprint, running, plan):
             say("the running stack has no passing gate verdict for this boot: running the gates")
-            report = _gate(cfg, nodes, plan, running)
+            report = _gate(cfg, nodes, plan, running, say)
             _settle(cfg, nodes, plan, running, say)
     except SparkserveError as e:
         parity = isinstance(e, RemoteFailure) and e.step == "rank parity"
@@ -311,7 +339,7 @@ def _keep(cfg: Config, nodes: dict[str, Node], plan: Plan, running: dict[str, st
 def _settle(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str, str], say: Reporter) -> None:
     """The settle window: every rank watched for ``gates.settle_s`` more (BootFailure at step "settle")."""
     if cfg.gates.settle_s > 0:
-        say(f"watching every rank for {cfg.gates.settle_s:g}s before saying it serves (settle window)")
+        say(f"settle: watching every rank {cfg.gates.settle_s:g}s more before saying it serves")
         watch_alive(plan, nodes, containers, seconds=cfg.gates.settle_s)
 
 
@@ -345,11 +373,12 @@ def _boot(cfg: Config, nodes: dict[str, Node], plan: Plan, found: _Found, *, sta
         boot_s = wait_ready(plan, nodes, containers, timeout_s=cfg.serve.ready_timeout_s, floors=floors,
                             on_update=on_update)
         check_parity(cfg, nodes, containers)
-        say(f"serving {plan.served_name} at {plan.api_url} after {boot_s:.1f}s")
+        say(f"the head answers at {plan.api_url} after {boot_s:.1f}s" + (
+            "; the gates decide whether it serves" if run_gates else ""))
         result = UpResult(status, plan.api_url, plan.served_name, fp, image_id, digest, time.monotonic() - t0,
                           boot_s, containers, found.drafter.summary)
         if run_gates:
-            result.gates = _gate(cfg, nodes, plan, containers)
+            result.gates = _gate(cfg, nodes, plan, containers, say)
         _settle(cfg, nodes, plan, containers, say)
         _record(cfg, fp, image_id, digest, "up" if result.gates is None else "up+gates")
         _record_hosts(fp, found.hosts, gates_passed=result.gates is not None)
@@ -403,14 +432,40 @@ def _start(plan: Plan, nodes: dict[str, Node], started: dict[str, list[str]], sa
     return containers
 
 
-def _gate(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str, str]) -> GateReport:
-    """Every gate, with the smoke cell; GateFailed naming the failed gates and their evidence."""
-    report = gates_live().collect_and_judge(cfg, nodes, plan, containers)
+def _gate(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str, str],
+          say: Reporter = quiet) -> GateReport:
+    """Every gate, with the smoke cell, narrated (one line per gate); GateFailed naming the failed gates and
+    their evidence. A node whose docker daemon stopped answering meanwhile is the cause, whatever the gates saw
+    (its rank's requests failed with it): RemoteFailure at step "docker" (exit 3), naming it (fault case A30)."""
+    try:
+        report = gates_live().collect_and_judge(cfg, nodes, plan, containers, say=say)
+    except SparkserveError:
+        _daemons_answer(cfg, nodes, plan, containers, "while the gates ran")
+        raise
+    if not report.ok:
+        _daemons_answer(cfg, nodes, plan, containers, "while the gates ran")
+    for g in report.gates:
+        say(f"gate {g.name}: {'skipped' if g.skipped else 'ok' if g.ok else 'FAIL'} — {g.reason}")
     if not report.ok:
         failed = [_gate_where(g) for g in report.failed()]
         raise GateFailed("gates", f"{', '.join(failed)} failed after boot; the stack was stopped",
                          details=_gate_lines(report))
     return report
+
+
+def _daemons_answer(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str, str], when: str) -> None:
+    """RemoteFailure (exit 3, step "docker") naming the first node whose docker daemon does not answer (runtime
+    docker only)."""
+    if plan.runtime != "docker":
+        return
+    names = [n.name for n in cfg.nodes if n.name in containers]
+    answers = on_all(names, lambda name: bool(getattr(engine_for(nodes[name], plan), "daemon_answers", lambda: True)()))
+    for name in names:
+        if not answers[name]:
+            rank = next((s.rank for s in plan.specs if s.node == name), "?")
+            raise RemoteFailure(f"{name}: docker", f"the node's docker daemon stopped answering {when}; rank {rank} "
+                                f"container {containers[name][:12]} may still be on the node — run `sparkserve down` "
+                                "once its docker is back", node=name, step="docker")
 
 
 def gates_live() -> ModuleType:

@@ -10,7 +10,13 @@ from typing import Any
 
 from sparkserve.journal.schema import sha256_text
 
-HISTORY_KINDS = ("deployment", "gates", "pool", "bench", "campaign")
+HISTORY_KINDS = ("deployment", "gates", "pool", "bench", "campaign", "down", "smoke")
+
+#: The outcome of the deployment row `down` writes (a row of its own: kind "down" in the history).
+DOWN_OUTCOME = "taken down"
+
+#: The bench cell name under which the gates' smoke run (`up`, `gates`) is recorded: kind "smoke", not "bench".
+GATES_SMOKE_CELL = "smoke@gates"
 
 
 def since_time(since: str, *, now: datetime | None = None) -> str:
@@ -31,7 +37,7 @@ def since_time(since: str, *, now: datetime | None = None) -> str:
 
 @dataclass(frozen=True)
 class HistoryEntry:
-    kind: str  # deployment | gates | pool | bench | campaign
+    kind: str  # deployment | down | gates | smoke | pool | bench | campaign
     id: int | str
     time: str
     fingerprint: str | None
@@ -55,6 +61,10 @@ def read(c: sqlite3.Connection, limit: int) -> list[HistoryEntry]:
         distinct = sorted(set(ids.values()))
         img = ", ".join(_short(i) for i in distinct) or "?"
         drafter = _short(manifest) if manifest else "?"
+        if outcome == DOWN_OUTCOME:  # `down` took this deployment down
+            out.append(HistoryEntry("down", id_, t, fp, f"stopped and removed on {len(ids)} node(s): "
+                                    f"{', '.join(sorted(ids))}"))
+            continue
         out.append(HistoryEntry(
             "deployment", id_, t, fp, f"{outcome} on {len(ids)} node(s), image {img}, drafter {drafter}",
         ))
@@ -73,6 +83,10 @@ def read(c: sqlite3.Connection, limit: int) -> list[HistoryEntry]:
         (limit,),
     ):
         sha_ok = sha256_text(raw) == sha
+        if cell == GATES_SMOKE_CELL:  # the smoke gate's run (`up`, `gates`), not a `bench` command's
+            out.append(HistoryEntry("smoke", id_, t, fp, "gates' " + _bench_summary("smoke", raw),
+                                    ok=_bench_ok(raw), sha256_ok=sha_ok))
+            continue
         out.append(HistoryEntry("bench", id_, t, fp, _bench_summary(cell, raw), ok=_bench_ok(raw),
                                 sha256_ok=sha_ok))
     for id_, t, status, fp, spec in c.execute(

@@ -132,7 +132,8 @@ class Journal:
         image IDs, drafter manifest digest, outcome."""
         row = self._conn.execute(
             "SELECT time, fingerprint, config_json, image_ids_json, drafter_manifest_sha256, outcome FROM"
-            " deployments WHERE fingerprint LIKE ? ORDER BY id DESC LIMIT 1", (fingerprint + "%",)).fetchone()
+            " deployments WHERE fingerprint LIKE ? AND outcome != ? ORDER BY id DESC LIMIT 1",
+            (fingerprint + "%", history.DOWN_OUTCOME)).fetchone()
         if row is None:
             return None
         return {"time": row[0], "fingerprint": row[1], "config": json.loads(row[2]),
@@ -296,6 +297,7 @@ class Journal:
         rows = self._conn.execute("SELECT id, cell, result_json FROM bench_results WHERE fingerprint = ? "
                                   "ORDER BY id DESC LIMIT ?", (fingerprint, limit)).fetchall()
         return [(int(a), b, c) for a, b, c in rows]
+
 
     def history(self, limit: int = 50) -> list[HistoryEntry]:
         """Newest first, every kind of record interleaved by time. BadInput when the journal is damaged

@@ -200,8 +200,19 @@ def fake_report(ok: bool) -> GateReport:
 
 
 @pytest.fixture
-def no_nodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """`open_nodes` replaced: no node is reached; records the node names of every open."""
+def no_nodes(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> list[str]:
+    """`open_nodes` replaced: no node is reached; records the node names of every open. The config is a
+    file with hosts of its own (a command that reaches nodes refuses init's placeholder hosts)."""
+    import yaml
+
+    from sparkserve.config import default_yaml_text
+
+    data = yaml.safe_load(default_yaml_text())
+    for n in data["nodes"]:
+        n["host"] = n["host"].replace(".lan", ".test")
+    cfg = tmp_path / "sparkserve.yaml"
+    cfg.write_text(yaml.safe_dump(data, sort_keys=False))
+    monkeypatch.setenv("SPARKSERVE_CONFIG", str(cfg))
     opened: list[str] = []
 
     @contextlib.contextmanager
@@ -217,8 +228,8 @@ def no_nodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def test_live_gates_call_gates_live_and_exit_by_verdict(monkeypatch, capsys, no_nodes, ok: bool, code: int) -> None:
     calls = []
     monkeypatch.setattr(
-        gates_live_mod, "run_gates", lambda cfg, nodes, bank=False, skip=(): calls.append(bank) or fake_report(ok)
-    )
+        gates_live_mod, "run_gates",
+        lambda cfg, nodes, bank=False, skip=(), say=None: calls.append(bank) or fake_report(ok))
     rc, out, _ = main(monkeypatch, capsys, "gates", "--json", "--bank")
     assert rc == code and calls == [True] and no_nodes == ["spark-a", "spark-b"]
     assert json.loads(out)["ok"] is ok
@@ -230,7 +241,7 @@ def test_live_gates_skip_marks_the_live_verdict(monkeypatch, capsys, no_nodes) -
     monkeypatch.setattr(
         gates_live_mod,
         "run_gates",
-        lambda cfg, nodes, bank=False, skip=(): calls.append(skip) or fake_report(False).with_skipped(skip),
+        lambda cfg, nodes, bank=False, skip=(), say=None: calls.append(skip) or fake_report(False).with_skipped(skip),
     )
     rc, out, _ = main(monkeypatch, capsys, "gates", "--skip", "faults")
     assert rc == 0 and calls == [("faults",)] and "skip" in out and "all gates passed" in out

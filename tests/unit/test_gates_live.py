@@ -11,6 +11,7 @@ import pytest
 
 from sparkserve.config import load_config
 from sparkserve.deploy import gates_live
+from sparkserve.deploy import stack as deploy_stack
 from sparkserve.nodes.engine import ContainerState
 from sparkserve.observe.gate_inputs import SmokeResult
 
@@ -59,6 +60,7 @@ def stack(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
     FakeEngine.since, FakeEngine.states = {}, {}
     monkeypatch.setattr(gates_live, "engine_for", lambda node, how=None: FakeEngine(node))
+    monkeypatch.setattr(deploy_stack, "engine_for", lambda node, how=None: FakeEngine(node))  # boot_id's
     monkeypatch.setattr(gates_live, "run_smoke", fake_smoke)
     digest = SimpleNamespace(manifest=SimpleNamespace(digest="d"))
     monkeypatch.setattr(gates_live, "remote_manifest", lambda node, path: digest)
