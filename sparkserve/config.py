@@ -62,6 +62,13 @@ CARD_ENV = {
 }
 
 
+def dialect_names() -> tuple[str, ...]:
+    """The engine dialects shipped in sparkserve/data/dialects (their files are plan/dialects.py's to read)."""
+    d = resources.files("sparkserve").joinpath("data/dialects")
+    return tuple(json.loads(f.read_text())["name"] for f in sorted(d.iterdir(), key=lambda f: f.name)
+                 if f.name.endswith(".json"))
+
+
 def _size(v: Any) -> int:
     try:
         return parse_size(v)
@@ -278,11 +285,10 @@ class ServeConfig(Strict):
     def _dialect(cls, v: Any) -> Any:
         if v is None:
             return v
-        from sparkserve.plan.dialects import shipped_names
-
         v = str(v)
-        if v not in shipped_names():
-            raise ValueError(f"no engine dialect {v!r} (shipped: {', '.join(shipped_names())})")
+        names = dialect_names()
+        if v not in names:
+            raise ValueError(f"no engine dialect {v!r} (shipped: {', '.join(names)})")
         return v
 
     @field_validator("vllm")

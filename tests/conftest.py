@@ -28,6 +28,13 @@ if str(RIG_DIR) not in sys.path:
 collect_ignore = ["real"]
 
 
+@pytest.fixture(autouse=True)
+def _own_image_facts(tmp_path_factory, monkeypatch):
+    """Every test has its own stored image facts (plan/dialects.py; `image verify` writes them), so a facts
+    file in this machine's state dir never picks another test's engine dialect."""
+    monkeypatch.setenv("SPARKSERVE_IMAGE_FACTS", str(tmp_path_factory.mktemp("facts") / "image-facts.json"))
+
+
 @pytest.fixture(scope="session")
 def rig():
     import rig as riglib

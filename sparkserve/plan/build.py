@@ -14,7 +14,10 @@ one-node plan runs vLLM on one node alone: no ``--nnodes``/``--node-rank``/``--m
 
 from __future__ import annotations
 
+import hashlib
+import ipaddress
 import json
+import os
 from typing import Literal
 
 from pydantic import BaseModel
@@ -30,15 +33,18 @@ from sparkserve.plan.container import (
     ContainerSpec,
     Mount,
 )
+from sparkserve.plan.dialects import Dialect, dialect_for
 from sparkserve.plan.fabric import NCCL_BOOT_SUBSYS
-from sparkserve.units import vllm_size
 
 TARGET_MOUNT = "/models/target"
 DRAFTER_MOUNT = "/models/drafter"
-CACHE_MOUNTS = {  # host subdir of container.cache_root → container path (JIT caches survive restarts)
+CACHE_MOUNT = "/cache"  # the image's cache dir (container.cache_root/<image key>), as the card mounts it
+CACHE_MOUNTS = {  # subdir of the image's cache dir → container path (JIT caches survive restarts)
     "vllm": "/root/.cache/vllm",
-    "flashinfer": "/root/.cache/flashinfer",
+    "flashinfer": "/root/.cache/flashinfer",  # the card's launcher
+    "tilelang": "/root/.tilelang",  # the card's launcher (TileLang's default cache, ~/.tilelang)
     "triton": "/root/.triton",
+    "deep_gemm": "/root/.deep_gemm",  # DeepGEMM's JIT cache (DG_JIT_CACHE_DIR, set below)
 }
 RAY_PORT = 6379
 
@@ -51,18 +57,35 @@ NODE_SPECIFIC_ENV = (
     API_KEY_ENV,  # the API key lives on the head only (the API server runs there)
 )
 
-# Environment every rank gets (spark-field-notes.md: what the working Spark launchers set).
+# Environment every rank gets: the card's banked launcher (card-stack.md "Env"; docs/concepts/card-differences.md
+# lists where sparkserve differs). The arch lists and FLASHINFER_DISABLE_VERSION_CHECK are serve.env defaults
+# (they are the image's and the GPU's, not every engine's); the fabric's are node_env's.
 BASE_ENV = {
     "HF_HUB_OFFLINE": "1",
     "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_ENGINE_READY_TIMEOUT_S": "3600",
-    "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "1800",
+    "VLLM_ENGINE_READY_TIMEOUT_S": "3600",  # "load-bearing — cold JIT otherwise kills boot" (card README)
+    "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS": "3600",
     "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
     "NCCL_IB_DISABLE": "0",
     "NCCL_CUMEM_ENABLE": "0",
     "NCCL_NVLS_ENABLE": "0",
     "NCCL_IGNORE_CPU_AFFINITY": "1",
+    "NCCL_CROSS_NIC": "0",
+    "NCCL_IB_MERGE_NICS": "0",
+    "NCCL_BLOCKING_WAIT": "0",
+    # a rank that JIT-compiles for minutes must not trip torch's 600 s NCCL watchdog on a cold boot
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",
+    "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC": "1800",
+    "TORCH_NCCL_DISABLE_WATCHDOG": "1",
 }
+# Only in a container (runtime docker): paths inside the image's cache mount.
+CONTAINER_ENV = {
+    "HF_HOME": f"{CACHE_MOUNT}/huggingface",  # the card's launcher
+    "DG_JIT_CACHE_DIR": CACHE_MOUNTS["deep_gemm"],
+}
+# The dual-rail rule's variables (issue 26), set with any multi-node fabric as the card does.
+ROCE_ENV = {"NCCL_IB_ROCE_VERSION_NUM": "2", "NCCL_IB_ADDR_FAMILY": "AF_INET"}
+SOCKET_ENV = ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "MN_IF_NAME", "UCX_NET_DEVICES")
 
 
 class Plan(BaseModel):
@@ -78,6 +101,8 @@ class Plan(BaseModel):
     api_port: int
     served_name: str
     specs: list[ContainerSpec]
+    dialect: str = "0.33.0"  # the engine's flag dialect the argvs are rendered in (plan/dialects.py)
+    dialect_source: str = ""
 
     @property
     def head(self) -> ContainerSpec:
@@ -168,35 +193,51 @@ def compilation_json(cfg: Config) -> str:
     )
 
 
-def engine_args(cfg: Config) -> list[str]:
-    """Arguments identical on every rank (the part rank parity compares)."""
+def kv_bytes_flag(dialect: Dialect) -> str:
+    """The flag that pins the KV pool in this dialect (0.33: --kv-cache-memory-bytes; the card's fork:
+    --kv-cache-memory). A dialect with neither renders the upstream name, which validate then refuses."""
+    return dialect.kv_flag or "--kv-cache-memory-bytes"
+
+
+def engine_args(cfg: Config, dialect: Dialect | None = None) -> list[str]:
+    """Arguments identical on every rank (the part rank parity compares), in the card's launcher's order."""
     s = cfg.serve
-    argv = [
-        model_paths(cfg)[0],
-        "--served-model-name", cfg.model.served_name,
-        "--tensor-parallel-size", str(s.tensor_parallel_size),
-    ]
+    d = dialect or dialect_for(cfg)
+    argv = [model_paths(cfg)[0], "--served-model-name", cfg.model.served_name]
+    if s.trust_remote_code:
+        argv.append("--trust-remote-code")
+    argv += ["--tensor-parallel-size", str(s.tensor_parallel_size)]
     if s.enable_expert_parallel:
         argv.append("--enable-expert-parallel")
-    argv += ["--max-model-len", str(s.max_model_len)]
+    argv += ["--gpu-memory-utilization", repr(s.gpu_memory_utilization), "--max-model-len", str(s.max_model_len)]
     if s.max_num_seqs is not None:
         argv += ["--max-num-seqs", str(s.max_num_seqs)]
-    argv += ["--kv-cache-dtype", s.kv_cache_dtype, "--gpu-memory-utilization", repr(s.gpu_memory_utilization)]
-    if s.kv_cache_memory_bytes is not None:
-        argv += ["--kv-cache-memory-bytes", vllm_size(s.kv_cache_memory_bytes)]
+    if s.block_size is not None:
+        argv += ["--block-size", str(s.block_size)]
+    argv += ["--speculative-config", speculative_json(cfg)]
+    argv += ["--kv-cache-dtype", s.kv_cache_dtype]
+    if s.kv_cache_memory_bytes is not None:  # the exact integer: the engine gets the bytes the pool was banked at
+        argv += [kv_bytes_flag(d), str(s.kv_cache_memory_bytes)]
     if s.enforce_eager:
         argv.append("--enforce-eager")
     else:
         argv += ["--compilation-config", compilation_json(cfg)]
     if s.attention_backend:
         argv += ["--attention-backend", s.attention_backend]
-    argv += ["--speculative-config", speculative_json(cfg)]
+    if s.tool_call_parser:
+        argv += ["--tool-call-parser", s.tool_call_parser]
+    if s.enable_auto_tool_choice:
+        argv.append("--enable-auto-tool-choice")
+    if s.reasoning_parser:
+        argv += ["--reasoning-parser", s.reasoning_parser]
+    if s.default_chat_template_kwargs is not None:
+        argv += ["--default-chat-template-kwargs", json.dumps(s.default_chat_template_kwargs, separators=(",", ":"))]
     argv += list(s.extra_args)
     return argv
 
 
-def _mp_argv(cfg: Config, rank: int) -> list[str]:
-    argv = ["vllm", "serve", *engine_args(cfg)]
+def _mp_argv(cfg: Config, rank: int, dialect: Dialect) -> list[str]:
+    argv = ["vllm", "serve", *engine_args(cfg, dialect)]
     if len(cfg.nodes) == 1:  # one node: vLLM alone on it, no rendezvous
         if cfg.serve.host:
             argv += ["--host", cfg.serve.host]
@@ -217,8 +258,8 @@ def _mp_argv(cfg: Config, rank: int) -> list[str]:
     return argv
 
 
-def _ray_serve_argv(cfg: Config) -> list[str]:
-    argv = ["vllm", "serve", *engine_args(cfg), "--distributed-executor-backend", "ray"]
+def _ray_serve_argv(cfg: Config, dialect: Dialect) -> list[str]:
+    argv = ["vllm", "serve", *engine_args(cfg, dialect), "--distributed-executor-backend", "ray"]
     if cfg.serve.host:
         argv += ["--host", cfg.serve.host]
     argv += ["--port", str(cfg.serve.port)]
@@ -233,8 +274,29 @@ def _ray_start_argv(cfg: Config, node: NodeConfig, rank: int) -> list[str]:
             f"--node-ip-address={node.fabric_ip}", "--num-gpus", str(node.gpus), "--block"]
 
 
+def addr_range(cfg: Config, detected: dict[str, str] | None = None) -> str:
+    """NCCL_IB_ADDR_RANGE: fabric.addr_range, else the range detection derived (several HCAs: every listed HCA's
+    own address), else the smallest network, at least a /24, holding every node's fabric_ip (the card's
+    192.168.102.1/.2 → 192.168.102.0/24)."""
+    if cfg.fabric.addr_range != "auto":
+        return cfg.fabric.addr_range
+    if detected and detected.get("NCCL_IB_ADDR_RANGE"):
+        return detected["NCCL_IB_ADDR_RANGE"]
+    ips = [ipaddress.ip_address(n.fabric_ip) for n in cfg.nodes]
+    widest = 24 if all(ip.version == 4 for ip in ips) else 64
+    prefix = widest
+    while prefix > 0:
+        net = ipaddress.ip_network(f"{ips[0]}/{prefix}", strict=False)
+        if all(ip in net for ip in ips):
+            return str(net)
+        prefix -= 1
+    return str(ipaddress.ip_network(f"{ips[0]}/0", strict=False))
+
+
 def node_env(cfg: Config, node: NodeConfig, fabric_env: dict[str, str] | None) -> dict[str, str]:
     env = dict(BASE_ENV)
+    if cfg.runtime == "docker":
+        env.update(CONTAINER_ENV)
     env["NCCL_DEBUG"] = cfg.fabric.nccl_debug
     if cfg.fabric.nccl_debug.upper() == "INFO":  # only the INIT and NET lines: set-up time, not steady state
         env["NCCL_DEBUG_SUBSYS"] = NCCL_BOOT_SUBSYS
@@ -244,9 +306,14 @@ def node_env(cfg: Config, node: NodeConfig, fabric_env: dict[str, str] | None) -
         env["RAY_NODE_IP_ADDRESS"] = node.fabric_ip
         env["RAY_OVERRIDE_NODE_IP_ADDRESS"] = node.fabric_ip
         env["RAY_memory_monitor_refresh_ms"] = "0"  # Ray's OOM killer misreads unified memory
+    if len(cfg.nodes) > 1:  # the fabric's transport: one node has none (NCCL_NET=IB would fail its init there)
+        if cfg.fabric.nccl_net:
+            env["NCCL_NET"] = cfg.fabric.nccl_net
+        env.update(ROCE_ENV)
+        env["NCCL_IB_ADDR_RANGE"] = addr_range(cfg, fabric_env)
     # explicit fabric values from the config; auto ones come from detection on the node
     if cfg.fabric.interface != "auto":
-        for k in ("NCCL_SOCKET_IFNAME", "GLOO_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "UCX_NET_DEVICES"):
+        for k in SOCKET_ENV:
             env[k] = cfg.fabric.interface
     if cfg.fabric.hca != "auto":
         env["NCCL_IB_HCA"] = cfg.fabric.hca
@@ -258,7 +325,37 @@ def node_env(cfg: Config, node: NodeConfig, fabric_env: dict[str, str] | None) -
         # (the link-local entry), so an empty value is never set
         if v != "" and k not in explicit:
             env[k] = v
+    if "NCCL_SOCKET_IFNAME" in env and "MN_IF_NAME" not in env:  # the card sets all four socket names
+        env["MN_IF_NAME"] = env["NCCL_SOCKET_IFNAME"]
     return env
+
+
+def node_home(node: NodeConfig, homes: dict[str, str] | None = None) -> str:
+    """The node user's home: what the node reported, else this machine's (a local node), else the usual
+    one (/root for root, /home/<user> otherwise — DGX OS's layout)."""
+    if homes and homes.get(node.name):
+        return homes[node.name]
+    if node.local:
+        return os.path.expanduser("~")
+    return "/root" if node.user == "root" else f"/home/{node.user}"
+
+
+def image_key(cfg: Config, image_id: str | None) -> str:
+    """The cache directory of one image: the first 12 hex of its ID (a new image never reuses kernels an
+    older one built); before the ID is known (render, a plan without nodes), ``ref-`` and 12 hex of the ref."""
+    if image_id:
+        return image_id.split(":", 1)[-1][:12]
+    return "ref-" + hashlib.sha256(cfg.image.ref.encode()).hexdigest()[:12]
+
+
+def cache_dir(cfg: Config, node: NodeConfig, image_id: str | None = None,
+              homes: dict[str, str] | None = None, key: str | None = None) -> str:
+    """This image's cache directory on ``node`` (container.cache_root, ``~/`` = the node user's home);
+    ``key`` replaces the image key (the launcher's run-time placeholder)."""
+    root = cfg.container.cache_root
+    if root.startswith("~/"):
+        root = node_home(node, homes).rstrip("/") + root[1:]
+    return f"{root.rstrip('/')}/{key or image_key(cfg, image_id)}"
 
 
 def container_name(cfg: Config, node: NodeConfig, rank: int) -> str:
@@ -271,29 +368,40 @@ def build_plan(
     fabric_env: dict[str, dict[str, str]] | None = None,
     fingerprint: str | None = None,
     api_key: str | None = None,
+    image_id: str | None = None,
+    homes: dict[str, str] | None = None,
+    dialect: Dialect | None = None,
+    cache_key: str | None = None,
 ) -> Plan:
     """The per-node container specs ``up`` starts. ``fingerprint`` defaults to the config's own.
 
     ``api_key`` (from config.resolve_api_key, at deploy time) becomes the head's VLLM_API_KEY secret.
+    ``image_id`` (known once the nodes were asked) keys the cache directories and picks the image's stored
+    dialect facts; ``homes`` are the node users' homes; ``dialect`` defaults to :func:`dialect_for`;
+    ``cache_key`` replaces the image key of the cache directories (the launcher's run-time placeholder).
     """
     fp = fingerprint or cfg.fingerprint()
     c = cfg.container
-    mounts = [
-        Mount(source=mount_for(str(cfg.model.target), TARGET_MOUNT)[0], target=TARGET_MOUNT, read_only=True),
-        Mount(source=str(cfg.drafter.path), target=DRAFTER_MOUNT, read_only=True),
-    ]
-    mounts += [
-        Mount(source=str(c.cache_root / sub), target=dst, read_only=False) for sub, dst in CACHE_MOUNTS.items()
-    ]
-    if cfg.runtime == "process":
-        mounts = []  # a host process sees the host paths themselves (model_paths)
+    d = dialect or dialect_for(cfg, image_id=image_id)
     specs = []
     for rank, node in enumerate(cfg.nodes):
         if cfg.serve.executor == "mp":
-            command, after = _mp_argv(cfg, rank), None
+            command, after = _mp_argv(cfg, rank, d), None
         else:
             command = _ray_start_argv(cfg, node, rank)
-            after = _ray_serve_argv(cfg) if rank == 0 else None
+            after = _ray_serve_argv(cfg, d) if rank == 0 else None
+        mounts: list[Mount] = []
+        if cfg.runtime == "docker":  # a host process sees the host paths themselves (model_paths)
+            cache = cache_dir(cfg, node, image_id, homes, cache_key)
+            mounts = [
+                Mount(source=mount_for(str(cfg.model.target), TARGET_MOUNT)[0], target=TARGET_MOUNT, read_only=True),
+                Mount(source=str(cfg.drafter.path), target=DRAFTER_MOUNT, read_only=True),
+                Mount(source=cache, target=CACHE_MOUNT, read_only=False),
+            ]
+            mounts += [Mount(source=f"{cache}/{sub}", target=dst, read_only=False) for sub, dst in CACHE_MOUNTS.items()]
+        ulimits = {"memlock": (c.memlock, c.memlock)}
+        if not c.core_dumps:
+            ulimits["core"] = (0, 0)
         specs.append(
             ContainerSpec(
                 node=node.name,
@@ -313,8 +421,8 @@ def build_plan(
                     LABEL_RANK: str(rank),
                     LABEL_ROLE: "head" if rank == 0 else "follower",
                 },
-                ulimits={"memlock": (c.memlock, c.memlock)},
-                shm_size=c.shm_size,
+                ulimits=ulimits,
+                memory=c.memory,
                 devices=list(c.rdma_devices),
                 gpus=c.gpus == "all",
                 stop_timeout=c.stop_timeout_s,
@@ -335,7 +443,14 @@ def build_plan(
         api_port=cfg.serve.port,
         served_name=cfg.model.served_name,
         specs=specs,
+        dialect=d.name,
+        dialect_source=d.source,
     )
+
+
+def cache_dirs(plan: Plan) -> dict[str, list[str]]:
+    """node → the writable mount sources its container needs (created on the node before it starts)."""
+    return {s.node: [m.source for m in s.mounts if not m.read_only] for s in plan.specs}
 
 
 def parity_view(spec: ContainerSpec) -> dict[str, object]:
@@ -357,5 +472,6 @@ def parity_view(spec: ContainerSpec) -> dict[str, object]:
         "image": spec.image,
         "argv": kept,
         "env": {k: v for k, v in sorted(spec.env.items()) if k not in NODE_SPECIFIC_ENV},
-        "mounts": sorted((m.source, m.target, m.read_only) for m in spec.mounts),
+        # the caches are per node (the node user's home, the image's key): only their targets must agree
+        "mounts": sorted((m.source if m.read_only else "", m.target, m.read_only) for m in spec.mounts),
     }

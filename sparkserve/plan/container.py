@@ -86,7 +86,9 @@ class ContainerSpec(BaseModel):
     labels: dict[str, str]
     network_mode: str = "host"
     ipc_mode: str = "host"
-    shm_size: int
+    # docker ignores --shm-size under --ipc=host (the host's /dev/shm is used): rendered only when set
+    shm_size: int | None = None
+    memory: int | None = None  # docker --memory (the card: 118g)
     ulimits: dict[str, tuple[int, int]] = Field(default_factory=lambda: {"memlock": (-1, -1)})
     cap_add: list[str] = Field(default_factory=lambda: ["IPC_LOCK"])
     devices: list[str] = Field(default_factory=list)
@@ -125,8 +127,11 @@ class ContainerSpec(BaseModel):
                 "--stop-timeout", str(self.stop_timeout)]
         for k, v in self.labels.items():
             argv += ["--label", f"{k}={v}"]
-        argv += [f"--network={self.network_mode}", f"--ipc={self.ipc_mode}",
-                 "--shm-size", docker_size(self.shm_size)]
+        argv += [f"--network={self.network_mode}", f"--ipc={self.ipc_mode}"]
+        if self.shm_size is not None:
+            argv += ["--shm-size", docker_size(self.shm_size)]
+        if self.memory is not None:
+            argv += ["--memory", docker_size(self.memory)]
         for name, (soft, hard) in self.ulimits.items():
             argv += ["--ulimit", f"{name}={soft}:{hard}"]
         for cap in self.cap_add:
@@ -155,6 +160,7 @@ class ContainerSpec(BaseModel):
             "network_mode": self.network_mode,
             "ipc_mode": self.ipc_mode,
             "shm_size": self.shm_size,
+            "mem_limit": self.memory,
             "ulimits": [{"name": k, "soft": s, "hard": h} for k, (s, h) in self.ulimits.items()],
             "cap_add": list(self.cap_add) or None,
             "devices": [f"{d}:{d}:rwm" for d in self.devices] or None,

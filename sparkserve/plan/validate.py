@@ -32,6 +32,7 @@ from sparkserve.models.drafter import (
 from sparkserve.models.files import read_config
 from sparkserve.models.target import TargetFacts, inspect_target
 from sparkserve.plan.build import build_plan
+from sparkserve.plan.dialects import Dialect, dialect_for
 from sparkserve.plan.vllm_args import OptionList, ParserUnavailable, RealParser, get_judge
 
 GMU_WARN_ABOVE = 0.85
@@ -46,6 +47,10 @@ RENDERED_FROM = {
     "kv_cache_memory_bytes": "serve.kv_cache_memory_bytes", "compilation_config": "serve.compilation",
     "enforce_eager": "serve.enforce_eager", "attention_backend": "serve.attention_backend",
     "speculative_config": "speculative", "distributed_executor_backend": "serve.executor",
+    "block_size": "serve.block_size", "trust_remote_code": "serve.trust_remote_code",
+    "tool_call_parser": "serve.tool_call_parser", "enable_auto_tool_choice": "serve.enable_auto_tool_choice",
+    "reasoning_parser": "serve.reasoning_parser", "default_chat_template_kwargs": "serve.default_chat_template_kwargs",
+    "kv_cache_memory": "serve.kv_cache_memory_bytes",
     "nnodes": "nodes", "node_rank": "nodes", "master_addr": "nodes[0].fabric_ip",
     "master_port": "fabric.master_port", "headless": "nodes", "host": "serve.host", "port": "serve.port",
 }
@@ -120,14 +125,47 @@ def check_config(cfg: Config, report: Report | None = None) -> Report:
     if s.enforce_eager and s.compilation.cudagraph_mode.value != "NONE":
         r.warn("serve.enforce_eager", f"eager mode ignores serve.compilation (cudagraph_mode "
                f"{s.compilation.cudagraph_mode.value}); the graphs gate will expect no graphs")
+    if cfg.container.shm_size is not None and cfg.runtime == "docker":
+        r.warn("container.shm_size", "ignored: the containers run with --ipc=host, so /dev/shm is the host's "
+               "(docker drops --shm-size); size the host's /dev/shm instead")
+    check_dialect(cfg, r)
     _check_extra_args(cfg, r)
     return r
+
+
+def check_dialect(cfg: Config, r: Report, dialect: Dialect | None = None) -> None:
+    """Every setting the plan renders must be a flag of the image's engine dialect: one it cannot express
+    is refused here, naming the field and the image (the plan never renders a flag the engine lacks but for
+    these, so the refusal comes before any node is touched)."""
+    d = dialect or dialect_for(cfg)
+    plan = build_plan(cfg, dialect=d)
+    argv = plan.head.serve_argv()
+    if argv[:2] != ["vllm", "serve"]:
+        return
+    options = OptionList.load(version=d)
+    extra = {a.split("=", 1)[0] for a in cfg.serve.extra_args}
+    image = cfg.image.ref if cfg.runtime == "docker" else f"serve.vllm {cfg.serve.vllm}"
+    for a in argv[3:]:
+        if not a.startswith("--") or a in extra or d.accepts(a):
+            continue
+        found = options.by_flag.get(a)
+        field = RENDERED_FROM.get(found["dest"] if found else a[2:].replace("-", "_"), "plan")
+        r.error(field, f"{a} cannot be expressed by {image}'s engine: its dialect, vLLM {d.vllm_version} "
+                f"({d.source}), has no {a} (set serve.vllm_version to override the dialect, or leave {field} unset)")
+
+
+def refuse_inexpressible(cfg: Config, dialect: Dialect) -> None:
+    """BadInput (exit 2) naming the first setting ``dialect`` cannot express: ``up`` calls it once the image
+    ID is known, before any container starts (the image's stored facts may have named another dialect)."""
+    r = Report()
+    check_dialect(cfg, r, dialect)
+    r.raise_first()
 
 
 def _check_extra_args(cfg: Config, r: Report) -> None:
     if not cfg.serve.extra_args:
         return
-    options = OptionList.load(version=cfg.serve.vllm_version)
+    options = OptionList.load(version=dialect_for(cfg))
     for a in cfg.serve.extra_args:
         if not a.startswith("-"):
             continue
@@ -166,10 +204,10 @@ def _check_kind(cfg: Config, d: DrafterFacts, r: Report, cfg_file: str) -> None:
                     " is not a DFlash drafter (vLLM 0.33 converts only dflash and dflash2)")
         else:
             r.error(cfg_file, f"architectures {d.architectures} is not a DFlash drafter vLLM 0.33 knows ({known})")
-    version = cfg.serve.vllm_version
-    by_version = ARCHITECTURES_BY_VLLM.get(version, ())
-    if d.known and not any(a in by_version for a in d.architectures):
-        r.error(cfg_file, f"architectures {d.architectures}: vLLM {version} (serve.vllm_version) registers only "
+    version = dialect_for(cfg).vllm_version
+    by_version = ARCHITECTURES_BY_VLLM.get(version)  # None: a build (the card's fork) sparkserve has no list for
+    if d.known and by_version is not None and not any(a in by_version for a in d.architectures):
+        r.error(cfg_file, f"architectures {d.architectures}: vLLM {version} (the engine's dialect) registers only "
                 f"{', '.join(by_version)}")
     for p in d.problems:
         r.error(p.where, p.what)
@@ -408,7 +446,7 @@ def validate(
         check_argvs(cfg, r, judge)
         return r
     try:
-        j = get_judge(parser, cfg.serve.vllm_version)  # "auto" falls back to the option list; "vllm" raises
+        j = get_judge(parser, dialect_for(cfg))  # "auto" falls back to the option list; "vllm" raises
     except ParserUnavailable as e:
         r.error("vllm", str(e))
         return r

@@ -1,21 +1,23 @@
-"""Judge `vllm serve` argvs the way the configured vLLM version (``serve.vllm_version``) does.
+"""Judge `vllm serve` argvs the way the image's engine does: its flag dialect (:mod:`sparkserve.plan.dialects`).
 
 Two judges with one interface:
 
 * ``RealParser`` — vLLM's own parser (the one `vllm serve` builds), in a subprocess started once with
   ``VLLM_TARGET_DEVICE=cpu`` so this process stays light; many argvs go through one subprocess. Used
-  when ``vllm`` is importable (or ``$SPARKSERVE_VLLM_PYTHON`` names an interpreter that has it).
-* ``OptionList`` — the committed dump of that parser for each supported version
+  when ``vllm`` is importable (or ``$SPARKSERVE_VLLM_PYTHON`` names an interpreter that has it) and it is
+  the dialect's version.
+* ``OptionList`` — a dialect's option list: the committed dump of a version's parser
   (``data/vllm-<version>-serve-args.json``, made by scripts/dump_vllm_serve_args.py: 0.33.0 from the
   light install in .venv; 0.25.1 from its PyPI wheel, ``pip install --no-deps --target DIR``, the
   dist-info version suffixed ``+cpu`` so 0.25.1's platform detection picks the CPU platform, then
-  ``PYTHONPATH=DIR``): every option, its arity and type, checked with argparse's rules (exact flags or
-  unique ``--`` prefixes, ``=value`` forms, vLLM's ``_``→``-`` and ``--a.b`` forms).
+  ``PYTHONPATH=DIR``), a dialect file's list built from one (the card's fork), or the list ``image verify``
+  dumped from the image's own parser. Checked with argparse's rules (exact flags or unique ``--`` prefixes,
+  ``=value`` forms, vLLM's ``_``→``-`` and ``--a.b`` forms).
 
-A real parser of another version than the configured one is not the judge: ``auto`` then falls back to
-the configured version's option list, ``vllm`` is ParserUnavailable. :func:`renderable` says whether a
-flag exists in a version (the plan renders nothing a version lacks: every flag sparkserve renders exists
-in both lists, which a unit test keeps true).
+A real parser of another version than the dialect's is not the judge: ``auto`` then falls back to the
+dialect's option list, ``vllm`` is ParserUnavailable. :func:`renderable` says whether a flag exists in a
+dialect (the plan renders nothing a dialect lacks, but for a setting it cannot express, which validate
+refuses naming the field and the image).
 
 Either way an unknown or misspelled flag, a missing value or a value the type rejects (``8GiB`` for
 ``--kv-cache-memory-bytes``) is a failed verdict that names the flag.
@@ -32,20 +34,25 @@ import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
 from typing import Any, Literal, Protocol
 
-VLLM_VERSION = "0.33.0"  # the default serve.vllm_version
-SUPPORTED_VERSIONS = ("0.33.0", "0.25.1")
-OPTION_LIST = f"data/vllm-{VLLM_VERSION}-serve-args.json"
+from sparkserve.plan.dialects import DEFAULT_DIALECT, Dialect, UnknownDialect, shipped, shipped_names
+
+VLLM_VERSION = DEFAULT_DIALECT  # the dialect of an image nothing is known about
+SUPPORTED_VERSIONS = shipped_names()  # the shipped dialects (0.33.0, 0.25.1, the card's fork)
 
 
-def option_list_resource(version: str = VLLM_VERSION) -> str:
-    """The packaged option list of ``version`` (a resource path under sparkserve/)."""
-    if version not in SUPPORTED_VERSIONS:
-        raise ParserUnavailable(f"no option list for vLLM {version} (supported: {', '.join(SUPPORTED_VERSIONS)})")
-    return f"data/vllm-{version}-serve-args.json"
+def _dialect(version: str | Dialect) -> Dialect:
+    if isinstance(version, Dialect):
+        return version
+    try:
+        return shipped(version)
+    except UnknownDialect:
+        raise ParserUnavailable(f"no option list for vLLM {version} (shipped dialects: "
+                                f"{', '.join(SUPPORTED_VERSIONS)})") from None
+
+
 PYTHON_ENV = "SPARKSERVE_VLLM_PYTHON"
 WORKER = Path(__file__).with_name("_vllm_parser_worker.py")
 START_TIMEOUT_S = 180.0
@@ -167,7 +174,8 @@ class RealParser:
 
 
 # Inner types of options the dump only knows as `_optional_type(...)`: the ones sparkserve renders.
-_OPTIONAL_INNER = {"kv_cache_memory_bytes": "human_readable_int", "speculative_config": "loads"}
+_OPTIONAL_INNER = {"kv_cache_memory_bytes": "human_readable_int", "speculative_config": "loads",
+                   "kv_cache_memory": "int"}
 _HRI = re.compile(r"(\d+(?:\.\d+)?)([kKmMgGtT])")
 
 
@@ -214,14 +222,14 @@ class OptionList:
         self.long_flags = sorted(f for f in self.by_flag if f.startswith("--"))
 
     @classmethod
-    def load(cls, path: Path | None = None, *, version: str = VLLM_VERSION) -> OptionList:
-        """The option list at ``path``, else the packaged one of ``version`` (cached per version)."""
+    def load(cls, path: Path | None = None, *, version: str | Dialect = VLLM_VERSION) -> OptionList:
+        """The option list at ``path``, else the one of dialect ``version`` (a name or a Dialect)."""
         if path:
             return cls(json.loads(path.read_text()))
-        if version not in _LOADED:
-            text = resources.files("sparkserve").joinpath(option_list_resource(version)).read_text()
-            _LOADED[version] = json.loads(text)
-        return cls(_LOADED[version])
+        d = _dialect(version)
+        out = cls(d.options)
+        out.name = f"vLLM {d.vllm_version} option list ({d.list_origin})"
+        return out
 
     def accepts(self, flag: str) -> bool:
         """``flag`` (``--name``, without a value) is an option of this version (exactly, not a prefix)."""
@@ -353,47 +361,45 @@ class OptionList:
             raise _Reject(f"unrecognized arguments: {' '.join(extras)}")
 
 
-_LOADED: dict[str, dict[str, Any]] = {}
-
-
-def renderable(flag: str, version: str = VLLM_VERSION) -> bool:
-    """Whether vLLM ``version``'s `vllm serve` has option ``flag`` (the plan renders no other)."""
-    return OptionList.load(version=version).accepts(flag)
+def renderable(flag: str, version: str | Dialect = VLLM_VERSION) -> bool:
+    """Whether dialect ``version``'s `vllm serve` has option ``flag`` (the plan renders no other)."""
+    return _dialect(version).accepts(flag)
 
 
 class _Reject(Exception):
     """The option list rejects an argv, with argparse's own wording."""
 
 
-def get_judge(mode: Literal["auto", "vllm", "list"] = "auto", version: str = VLLM_VERSION,
+def get_judge(mode: Literal["auto", "vllm", "list"] = "auto", version: str | Dialect = VLLM_VERSION,
               ) -> RealParser | OptionList:
-    """The judge for vLLM ``version``. ``vllm``: the real parser, ParserUnavailable when it cannot start
-    or is another version; ``list``: the version's option list; ``auto``: the real parser if it is that
+    """The judge for dialect ``version``. ``vllm``: the real parser, ParserUnavailable when it cannot start
+    or is another version; ``list``: the dialect's option list; ``auto``: the real parser if it is that
     version, else the option list."""
+    d = _dialect(version)  # an unknown dialect is refused before anything starts
     if mode == "list":
-        return OptionList.load(version=version)
+        return OptionList.load(version=d)
     if mode == "vllm":
-        return _real_of(version)
-    if not vllm_python() or installed_vllm_version() not in (None, version):
-        return OptionList.load(version=version)
+        return _real_of(d)
+    if not vllm_python() or installed_vllm_version() not in (None, d.vllm_version):
+        return OptionList.load(version=d)
     try:
-        return _real_of(version)
+        return _real_of(d)
     except ParserUnavailable:
-        return OptionList.load(version=version)
+        return OptionList.load(version=d)
 
 
-def _real_of(version: str) -> RealParser:
-    option_list_resource(version)  # an unsupported version is refused before anything starts
+def _real_of(d: Dialect) -> RealParser:
     real = RealParser()
-    if real.vllm_version != version:
+    if real.vllm_version != d.vllm_version:
         real.close()
-        raise ParserUnavailable(f"the installed vLLM is {real.vllm_version}, but serve.vllm_version is {version} "
-                                f"(set {PYTHON_ENV} to a python with vLLM {version}, or use --parser list)")
+        raise ParserUnavailable(f"the installed vLLM is {real.vllm_version}, but the engine's dialect is vLLM "
+                                f"{d.vllm_version} ({d.source or 'serve.vllm_version'}; set {PYTHON_ENV} to a "
+                                f"python with vLLM {d.vllm_version}, or use --parser list)")
     return real
 
 
 def check_argvs(argvs: list[list[str]], judge: RealParser | OptionList | None = None,
-                version: str = VLLM_VERSION) -> tuple[str, list[ArgvVerdict]]:
+                version: str | Dialect = VLLM_VERSION) -> tuple[str, list[ArgvVerdict]]:
     """(judge name, one verdict per argv). Starts (and stops) a judge when none is given."""
     own = judge is None
     j = judge or get_judge(version=version)

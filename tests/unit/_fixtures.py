@@ -147,6 +147,8 @@ if [[ "$1 $2" == "container inspect" ]]; then
   [[ "${SHIM_NOT_RUNNING:-}" == "$name" ]] && echo false || echo true
 elif [[ "$1" == run ]]; then
   echo 0123456789abcdef
+elif [[ "$1 $2" == "image inspect" ]]; then  # the image's ID (the launcher keys the caches by it)
+  echo "sha256:${SHIM_IMAGE_ID:-feedfacecafe0123456789abcdef0123456789abcdef0123456789abcdef0123}"
 fi
 """
 
@@ -188,3 +190,34 @@ def read_shim_log(log: Path) -> list[dict[str, Any]]:
         else:
             out.append({"prog": "ssh", "host": fields[1], "opts": fields[2].split(), "command": fields[3]})
     return out
+
+
+# --- a fake /sys for fabric detection ----------------------------------------------------------------------
+
+
+def write_fake_sysfs(root: Path, *, twin: bool = False) -> Path:
+    """One CX-7 port holding both nodes' RoCE v2 IPv4 GIDs (both rig nodes read this machine's tree): spark-a's
+    192.168.200.1 at GID 3, spark-b's 192.168.200.2 at GID 5; ``twin``: roceP2p1s0f1 with its own v2 addresses."""
+    def w(rel: str, text: str) -> None:
+        p = root / rel
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(text + "\n")
+
+    hcas = [("rocep1s0f1", "enp1s0f1np1", "200")] + ([("roceP2p1s0f1", "enP2p1s0f1np1", "201")] if twin else [])
+    for hca, ndev, net in hcas:
+        w(f"class/net/{ndev}/operstate", "up")
+        w(f"class/net/{ndev}/mtu", "9000")
+        w(f"class/net/{ndev}/carrier", "1")
+        (root / f"class/infiniband/{hca}/device/net/{ndev}").mkdir(parents=True, exist_ok=True)
+        port = f"class/infiniband/{hca}/ports/1"
+        w(f"{port}/state", "4: ACTIVE")
+        w(f"{port}/phys_state", "5: LinkUp")
+        w(f"{port}/link_layer", "Ethernet")
+        w(f"{port}/rate", "200 Gb/sec (4X HDR)")
+        for idx, gid, kind in ((0, "fe80:0000:0000:0000:0000:0000:0000:0001", "IB/RoCE v1"),
+                               (3, f"0000:0000:0000:0000:0000:ffff:c0a8:{int(net):02x}01", "RoCE v2"),
+                               (5, f"0000:0000:0000:0000:0000:ffff:c0a8:{int(net):02x}02", "RoCE v2")):
+            w(f"{port}/gids/{idx}", gid)
+            w(f"{port}/gid_attrs/types/{idx}", kind)
+            w(f"{port}/gid_attrs/ndevs/{idx}", ndev)
+    return root

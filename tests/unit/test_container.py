@@ -31,6 +31,7 @@ VARIANTS: dict[str, object] = {
     "network_mode": "bridge",
     "ipc_mode": "private",
     "shm_size": 2**20,
+    "memory": 118 * 2**30,
     "ulimits": {"nofile": (4096, 4096)},
     "cap_add": ["SYS_NICE"],
     "devices": ["/dev/other"],
@@ -105,7 +106,12 @@ def test_docker_run_argv_carries_the_whole_spec(tmp_path: Path) -> None:
     assert argv[:3] == ["docker", "run", "-d"] and _value(argv, "--name") == "sparkserve-r1-spark-b"
     for flag in ("--network=host", "--ipc=host", "--gpus"):
         assert flag in argv
-    assert _value(argv, "--shm-size") == "64g" and _value(argv, "--ulimit") == "memlock=-1:-1"
+    # the card's --memory=118g and --ulimit core=0; no --shm-size (docker ignores it under --ipc=host)
+    assert "--shm-size" not in argv and _value(argv, "--memory") == "118g"
+    assert [argv[i + 1] for i, a in enumerate(argv) if a == "--ulimit"] == ["memlock=-1:-1", "core=0:0"]
+    sdk = s.docker_sdk_kwargs()["host_config"]
+    assert sdk["mem_limit"] == 118 * 2**30 and sdk["shm_size"] is None
+    assert {"name": "core", "soft": 0, "hard": 0} in sdk["ulimits"]
     assert _value(argv, "--cap-add") == "IPC_LOCK" and _value(argv, "--device") == "/dev/infiniband"
     assert f"{LABEL_FINGERPRINT}={cfg.fingerprint()}" in argv and _value(argv, "--restart") == "no"
     assert _value(argv, "--stop-timeout") == str(cfg.container.stop_timeout_s)

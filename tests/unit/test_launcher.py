@@ -9,7 +9,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fixtures import REPO, DrafterSpec, config_file, install_shims, read_shim_log, write_drafter
+from _fixtures import (
+    REPO,
+    DrafterSpec,
+    config_file,
+    install_shims,
+    read_shim_log,
+    write_drafter,
+    write_fake_sysfs,
+)
 
 from sparkserve.config import Config, load_config
 from sparkserve.errors import BadInput
@@ -17,6 +25,7 @@ from sparkserve.plan.build import build_plan
 from sparkserve.plan.launcher import render_launcher, sh_word
 
 COMMITTED = REPO / "launch_dflash2_tp2.sh"
+IMAGE_ID = "sha256:feedfacecafe0123456789abcdef0123456789abcdef0123456789abcdef0123"  # the docker shim's
 
 
 @pytest.fixture
@@ -92,6 +101,8 @@ class Rig:
             "model": {"target": str(base / "target model")},
             "drafter": {"path": str(base / "default drafter")},
             "container": {"cache_root": str(base / "jit cache")},
+            # pinned: detection reads each node's sysfs (test_fabric_left_on_auto_is_detected_on_each_node)
+            "fabric": {"interface": "enp1s0f1np1", "hca": "rocep1s0f1", "gid_index": 3},
         }
         for k, v in (over or {}).items():
             data[k] = {**data.get(k, {}), **v} if isinstance(v, dict) else v
@@ -123,7 +134,7 @@ class Rig:
         variant.serve.enforce_eager = eager
         fp = variant.fingerprint()
         variant.drafter.path = drafter
-        plan = build_plan(variant, fingerprint=fp)
+        plan = build_plan(variant, fingerprint=fp, image_id=IMAGE_ID)  # the image ID keys the caches, as in `up`
         return [s.docker_run_argv()[1:] for s in plan.start_order()]
 
 
@@ -143,7 +154,8 @@ def test_one_command_starts_the_follower_over_ssh_then_the_head_with_the_plans_a
     assert all(mount in r["argv"] for r in runs)  # a path with spaces arrives as one argument, remotely too
     ssh = [e for e in rig.events() if e["prog"] == "ssh"]
     assert ssh and all(e["opts"] == ["-o", "BatchMode=yes", "-p", "23"] for e in ssh)
-    assert (tmp_path / "with space" / "jit cache" / "vllm").is_dir()
+    for sub in ("vllm", "flashinfer", "tilelang", "triton", "deep_gemm"):  # one dir per image ID, as `up` makes
+        assert (tmp_path / "with space" / "jit cache" / "feedfacecafe" / sub).is_dir()
     assert "all 2 ranks started" in p.stderr
 
 
@@ -265,7 +277,8 @@ def test_stale_managed_ranks_are_stopped_everywhere_before_any_start(tmp_path: P
     rig = Rig(tmp_path)
     p = rig.run(_drafter(tmp_path), SHIM_EXISTING="sparkserve-r0-spark-a=1;sparkserve-r1-spark-b=1")
     assert p.returncode == 0, p.stderr
-    verbs = [(e["host"], e["argv"][0]) for e in rig.events() if e["prog"] == "docker" and e["argv"][0] != "container"]
+    verbs = [(e["host"], e["argv"][0]) for e in rig.events()
+             if e["prog"] == "docker" and e["argv"][0] not in ("container", "image")]  # inspections
     assert verbs[:4] == [("local", "stop"), ("local", "rm"), ("ubuntu@spark-b.lan", "stop"),
                          ("ubuntu@spark-b.lan", "rm")]
     assert verbs[4:] == [("ubuntu@spark-b.lan", "run"), ("local", "run")]
@@ -304,3 +317,75 @@ def test_an_unreadable_drafter_config_is_one_line(tmp_path: Path, reader: str, c
     assert p.returncode == 2
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and needle in lines[0], p.stderr
+
+
+# --- fabric on auto: detected on each node at run time, by up's own rule ------------------------------------
+
+
+def _without_env(argv: list[str]) -> list[str]:
+    out: list[str] = []
+    for i, a in enumerate(argv):
+        if a == "-e" or (i and argv[i - 1] == "-e"):
+            continue
+        out.append(a)
+    return out
+
+
+def _env_of(argv: list[str]) -> dict[str, str]:
+    return dict(argv[i + 1].split("=", 1) for i, a in enumerate(argv) if a == "-e" and "=" in argv[i + 1])
+
+
+@pytest.mark.parametrize("twin", [False, True], ids=["one-hca", "dual-rail"])
+def test_fabric_left_on_auto_is_detected_on_each_node_as_up_would(tmp_path: Path, twin: bool) -> None:
+    from sparkserve.plan.fabric import parse_sysfs, resolve
+    from sparkserve.plan.fabric_node import node_read_sysfs
+
+    sysfs = write_fake_sysfs(tmp_path / "sys", twin=twin)
+    rig = Rig(tmp_path, over={"fabric": {"interface": "auto", "hca": "auto", "gid_index": "auto",
+                                         "sysfs_root": str(sysfs)}})
+    drafter = _drafter(tmp_path)
+    p = rig.run(drafter)
+    assert p.returncode == 0, p.stderr
+    # up's path: the probe's sysfs facts resolved by plan/fabric.py, handed to build_plan
+    detected = {n.name: resolve(parse_sysfs(node_read_sysfs(str(sysfs))), rig.cfg.fabric, n.fabric_ip, node=n.name)
+                .env() for n in rig.cfg.nodes}
+    variant = rig.cfg.model_copy(deep=True)
+    fp = variant.fingerprint()
+    variant.drafter.path = drafter
+    plan = build_plan(variant, fingerprint=fp, image_id=IMAGE_ID, fabric_env=detected)
+    for run, spec in zip(rig.runs(), plan.start_order(), strict=True):
+        assert _env_of(run["argv"]) == spec.env, spec.node  # the same env as `up`, detected values included
+        assert _without_env(run["argv"]) == _without_env(spec.docker_run_argv()[1:])  # and all else, in order
+    a, b = (_env_of(r["argv"]) for r in reversed(rig.runs()))  # head, follower
+    if twin:  # the dual-rail rule: no global GID index, NCCL picks per HCA inside the range
+        assert "NCCL_IB_GID_INDEX" not in a and a["NCCL_IB_HCA"] == "rocep1s0f1,roceP2p1s0f1"
+        assert (a["NCCL_IB_ROCE_VERSION_NUM"], a["NCCL_IB_ADDR_FAMILY"]) == ("2", "AF_INET")
+        assert a["NCCL_IB_ADDR_RANGE"] == "192.168.200.0/23"
+    else:
+        assert (a["NCCL_IB_GID_INDEX"], b["NCCL_IB_GID_INDEX"]) == ("3", "5")  # per node
+        assert a["NCCL_IB_HCA"] == "rocep1s0f1" and a["NCCL_IB_ADDR_RANGE"] == "192.168.200.0/24"
+    assert a["NCCL_SOCKET_IFNAME"] == a["MN_IF_NAME"] == "enp1s0f1np1"
+    assert "spark-b: fabric NCCL_SOCKET_IFNAME=enp1s0f1np1" in p.stderr
+
+
+def test_a_node_without_its_fabric_address_stops_the_launch_before_any_start(tmp_path: Path) -> None:
+    sysfs = write_fake_sysfs(tmp_path / "sys")
+    rig = Rig(tmp_path, over={"nodes": [{"name": "spark-a", "host": "spark-a.lan", "fabric_ip": "192.168.200.1"},
+                                        {"name": "spark-b", "host": "spark-b.lan", "fabric_ip": "192.168.200.9"}],
+                              "fabric": {"interface": "auto", "hca": "auto", "gid_index": "auto",
+                                         "sysfs_root": str(sysfs)}})
+    p = rig.run(_drafter(tmp_path))
+    assert p.returncode == 3, p.stderr
+    assert "error: spark-b: fabric: no RoCE v2 GID entry for fabric_ip 192.168.200.9" in p.stderr
+    assert rig.runs() == []
+
+
+def test_render_refuses_auto_fabric_it_cannot_detect(tmp_path: Path) -> None:
+    v6 = [{"name": c, "host": f"{c}.lan", "fabric_ip": f"fd00::{i}"} for i, c in enumerate("ab", 1)]
+    cfg = load_config(config_file(tmp_path / "c.yaml", {"nodes": v6}))
+    with pytest.raises(BadInput) as e:
+        render_launcher(cfg)
+    assert e.value.where == "fabric.interface" and "fd00::1 is not IPv4" in e.value.what
+    pinned = load_config(config_file(tmp_path / "c.yaml", {
+        "nodes": v6, "fabric": {"interface": "enp1s0f1np1", "hca": "rocep1s0f1", "gid_index": 3}}))
+    assert "FABRIC_PROGRAM" not in render_launcher(pinned)

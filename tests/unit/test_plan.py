@@ -30,9 +30,11 @@ def test_mp_head_serves_the_api_and_followers_run_headless(tmp_path: Path) -> No
         a = s.command
         assert a[:3] == ["vllm", "serve", TARGET_MOUNT]
         assert _value(a, "--nnodes") == "2" and _value(a, "--node-rank") == str(s.rank)
-        assert _value(a, "--master-addr") == "192.168.200.1" and _value(a, "--master-port") == "29501"
+        assert _value(a, "--master-addr") == "192.168.200.1" and _value(a, "--master-port") == "29521"
         assert _value(a, "--distributed-executor-backend") == "mp"
-        assert _value(a, "--kv-cache-memory-bytes") == "8G"  # vLLM rejects 8GiB
+        # the card's bytes, exactly, in the default image's (the card's fork) dialect; never "8G"
+        assert _value(a, "--kv-cache-memory") == "8053063680" and "--kv-cache-memory-bytes" not in a
+        assert _value(a, "--block-size") == "2304" and _value(a, "--max-num-seqs") == "6"
         assert json.loads(_value(a, "--speculative-config")) == {
             "method": "dflash", "model": DRAFTER_MOUNT, "num_speculative_tokens": 7}
         assert json.loads(_value(a, "--compilation-config")) == {
@@ -67,8 +69,14 @@ def test_mounts_target_and_drafter_read_only_at_fixed_paths_plus_caches(tmp_path
     m = build_plan(cfg).head.mounts
     assert m[0] == Mount(source=str(cfg.model.target), target=TARGET_MOUNT, read_only=True)
     assert m[1] == Mount(source="/models/whatever-name", target=DRAFTER_MOUNT, read_only=True)
-    assert {x.target for x in m[2:]} == {"/root/.cache/vllm", "/root/.cache/flashinfer", "/root/.triton"}
+    assert {x.target for x in m[2:]} == {"/cache", "/root/.cache/vllm", "/root/.cache/flashinfer", "/root/.tilelang",
+                                          "/root/.triton", "/root/.deep_gemm"}
     assert all(not x.read_only for x in m[2:])
+    # under the node user's home, one directory per image (the ref's key until the image ID is known)
+    cache = m[2].source
+    assert cache.startswith("/home/ubuntu/.cache/sparkserve/ref-") and all(x.source.startswith(cache) for x in m[2:])
+    by_id = build_plan(cfg, image_id="sha256:0123456789abcdef" + "0" * 48).head.mounts
+    assert by_id[2].source == "/home/ubuntu/.cache/sparkserve/0123456789ab"
 
 
 def test_ray_head_starts_ray_then_execs_serve_and_workers_join(tmp_path: Path) -> None:
@@ -112,10 +120,12 @@ def test_api_key_is_a_head_secret_never_dumped_never_in_argv(tmp_path: Path) -> 
 
 
 @pytest.mark.parametrize(("over", "flag", "value"), [
-    ({"serve": {"kv_cache_memory_bytes": "512MiB"}}, "--kv-cache-memory-bytes", "512M"),
+    ({"serve": {"kv_cache_memory_bytes": "512MiB"}}, "--kv-cache-memory", "536870912"),
+    ({"serve": {"kv_cache_memory_bytes": "512MiB", "vllm_version": "0.33.0"}}, "--kv-cache-memory-bytes",
+     "536870912"),
     ({"serve": {"attention_backend": "FLASH_ATTN"}}, "--attention-backend", "FLASH_ATTN"),
     ({"serve": {"host": "0.0.0.0"}}, "--host", "0.0.0.0"),
-    ({"fabric": {"master_port": 29521}}, "--master-port", "29521"),
+    ({"fabric": {"master_port": 29501}}, "--master-port", "29501"),
 ])
 def test_variants_render_their_flag(tmp_path: Path, over: dict[str, Any], flag: str, value: str) -> None:
     assert _value(build_plan(_cfg(tmp_path, over)).head.command, flag) == value

@@ -14,6 +14,7 @@ from sparkserve.config import Config, load_config
 from sparkserve.deploy.up import planned_steps
 from sparkserve.errors import BadInput
 from sparkserve.plan.build import DRAFTER_MOUNT, TARGET_MOUNT, build_plan, drafter_in_argv, parity_view
+from sparkserve.plan.dialects import shipped
 from sparkserve.plan.validate import check_config
 
 RENDEZVOUS = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless",
@@ -72,7 +73,8 @@ def test_the_two_node_default_still_rendezvous(tmp_path: Path) -> None:
 def test_process_plan_runs_serve_vllm_on_the_host_paths_without_mounts(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path, PROCESS)
     plan = build_plan(cfg)
-    docker_plan = build_plan(_cfg(tmp_path))
+    # in the process runtime's dialect: no image there, so serve.vllm_version, else vLLM 0.33.0's flag names
+    docker_plan = build_plan(_cfg(tmp_path), dialect=shipped("0.33.0"))
     for spec, dspec in zip(plan.specs, docker_plan.specs, strict=True):
         argv = plan.process_argv(spec)
         assert argv[:3] == ["/opt/vllm-venv", "serve", str(cfg.model.target)]

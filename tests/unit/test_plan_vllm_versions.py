@@ -79,7 +79,7 @@ def test_a_dflash2_drafter_is_refused_for_an_engine_that_does_not_register_it(tm
     d, t = _models(tmp_path, "DFlash2DraftModel")
     r = validate(_cfg(tmp_path, {"serve": {"vllm_version": "0.25.1"}}), drafter_dir=d, target_dir=t, parser="none")
     assert [e.what for e in r.errors] == [
-        "architectures ['DFlash2DraftModel']: vLLM 0.25.1 (serve.vllm_version) registers only DFlashDraftModel"]
+        "architectures ['DFlash2DraftModel']: vLLM 0.25.1 (the engine's dialect) registers only DFlashDraftModel"]
     assert validate(_cfg(tmp_path), drafter_dir=d, target_dir=t, parser="none").ok
 
 
@@ -102,5 +102,6 @@ def test_auto_uses_the_configured_versions_list_when_the_installed_parser_is_ano
 
 @pytest.mark.vllm
 def test_the_real_parser_of_another_version_is_refused_in_vllm_mode() -> None:
-    with pytest.raises(ParserUnavailable, match=r"the installed vLLM is 0\.33\.0, but serve\.vllm_version is 0\.25\.1"):
+    with pytest.raises(ParserUnavailable,
+                       match=r"the installed vLLM is 0\.33\.0, but the engine's dialect is vLLM 0\.25\.1"):
         get_judge("vllm", "0.25.1")

@@ -15,10 +15,20 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _fixtures import REPO, config_file, default_data, install_shims, read_shim_log, write_drafter, write_target
+from _fixtures import (
+    REPO,
+    config_file,
+    default_data,
+    install_shims,
+    read_shim_log,
+    write_drafter,
+    write_fake_sysfs,
+    write_target,
+)
 
 from sparkserve.config import Config, load_config
 from sparkserve.plan.build import build_plan
+from sparkserve.plan.launcher import render_launcher
 from sparkserve.plan.validate import validate
 from sparkserve.plan.vllm_args import ArgvVerdict, OptionList, RealParser, check_argvs
 
@@ -164,30 +174,53 @@ def test_committed_option_list_equals_what_the_installed_vllm_dumps(tmp_path: Pa
     assert "321 actions, 433 option strings" in p.stderr
 
 
-def test_the_launchers_recorded_docker_argvs_carry_parser_approved_vllm_argvs(vllm_parser: RealParser,
-                                                                              tmp_path: Path) -> None:
-    """Run the committed launcher with fake ssh/docker and parse what it would have run inside each container."""
+def _launcher_runs(script: Path, tmp_path: Path, mode: dict[str, str]) -> list[list[str]]:
+    """Run a launcher with fake ssh/docker (and a fake /sys holding both nodes' fabric addresses): the
+    `vllm serve` argv each container would have run."""
     drafter = write_drafter(tmp_path / "drafter dir")
     install_shims(tmp_path / "bin")
     log = tmp_path / "shim.log"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPARKSERVE_", "GRAPHS", "EAGER"))}
     env.update(PATH=f"{tmp_path / 'bin'}:{env['PATH']}", SHIM_LOG=str(log), DRAFTER_HOST_PATH=str(drafter))
-    script = tmp_path / "launch.sh"
-    text = (REPO / "launch_dflash2_tp2.sh").read_text()
-    # the committed file creates its cache dirs under /var/cache; point them at tmp for this run
-    script.write_text(text.replace("/var/cache/sparkserve", str(tmp_path / "cache")))
+    log.unlink(missing_ok=True)
+    p = subprocess.run(["bash", str(script)], capture_output=True, text=True, env={**env, **mode}, timeout=60)
+    assert p.returncode == 0, p.stderr
+    runs = [e["argv"] for e in read_shim_log(log) if e["prog"] == "docker" and e["argv"][:1] == ["run"]]
+    assert len(runs) == 2
+    serves = []
+    for argv in runs:
+        i = argv.index("--entrypoint")
+        serves.append([argv[i + 1], *argv[i + 3:]])
+        assert ("--enforce-eager" in serves[-1]) == bool(mode)
+    return serves
+
+
+def _runnable(text: str, tmp_path: Path, name: str) -> Path:
+    """The launcher with its cache dirs and sysfs under tmp_path (the defaults name /home/ubuntu and /sys)."""
+    sysfs = write_fake_sysfs(tmp_path / "sys")
+    script = tmp_path / name
+    script.write_text(text.replace("/home/ubuntu/.cache/sparkserve", str(tmp_path / "cache"))
+                      .replace('"sysfs":"/sys"', f'"sysfs":"{sysfs}"'))
+    return script
+
+
+def test_the_launchers_recorded_docker_argvs_carry_parser_approved_vllm_argvs(vllm_parser: RealParser,
+                                                                              tmp_path: Path) -> None:
+    """Run launchers with fake ssh/docker and parse what they would have run inside each container: the
+    committed one (the default image: the card's fork dialect) with the fork's option list, one rendered for
+    a vLLM 0.33.0 image with vLLM 0.33.0's own parser."""
+    committed = _runnable((REPO / "launch_dflash2_tp2.sh").read_text(), tmp_path, "committed.sh")
+    fork = OptionList.load(version="0.1.dev20051+g487ecf187")
+    cfg = load_config(config_file(tmp_path / "c.yaml", {"serve": {"vllm_version": "0.33.0"}}))
+    upstream = _runnable(render_launcher(cfg), tmp_path, "upstream.sh")
     for mode in ({}, {"EAGER": "1"}):
-        log.unlink(missing_ok=True)
-        p = subprocess.run(["bash", str(script)], capture_output=True, text=True, env={**env, **mode}, timeout=60)
-        assert p.returncode == 0, p.stderr
-        runs = [e["argv"] for e in read_shim_log(log) if e["prog"] == "docker" and e["argv"][:1] == ["run"]]
-        assert len(runs) == 2
-        for argv in runs:
-            i = argv.index("--entrypoint")
-            serve = [argv[i + 1], *argv[i + 3:]]
+        for serve in _launcher_runs(committed, tmp_path, mode):
+            assert fork.check(serve).ok, (serve, fork.check(serve).error)
+            assert serve[serve.index("--kv-cache-memory") + 1] == "8053063680"
+        for serve in _launcher_runs(upstream, tmp_path, mode):
             v = vllm_parser.check(serve)
             assert v.ok, (serve, v.error)
-            assert ("--enforce-eager" in serve) == bool(mode)
+            assert serve[serve.index("--kv-cache-memory-bytes") + 1] == "8053063680"
 
 
 def test_validate_names_a_misspelt_extra_arg_with_the_real_parser(vllm_parser: RealParser, tmp_path: Path) -> None:
