@@ -28,6 +28,7 @@ Acceptance comes from ``/metrics`` deltas either way; the figures and guards com
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Coroutine
 from dataclasses import dataclass
@@ -40,7 +41,7 @@ import httpx
 from sparkserve import journal
 from sparkserve.config import Config, resolve_api_key
 from sparkserve.errors import BadInput, RemoteFailure
-from sparkserve.measure.chat_template import ChatTemplate, TemplateError
+from sparkserve.measure.chat_template import ChatTemplate, TemplateError, load_chat_template
 from sparkserve.measure.client import CHAT_PATH, request_body, stream_request
 from sparkserve.measure.completions import CARD_DEADLINE_S, COMPLETIONS_PATH, card_body, complete_request
 from sparkserve.measure.httpstream import StreamConnection
@@ -58,6 +59,7 @@ from sparkserve.measure.records import (
 )
 from sparkserve.measure.scrape import check_model, scrape
 from sparkserve.measure.summary import summarize
+from sparkserve.models.hf_cache import DEFAULT_HUB, parse_repo_id, resolve_local
 from sparkserve.plan.build import build_plan
 
 
@@ -289,11 +291,6 @@ def target_template(cfg: Config, path: Path | None) -> ChatTemplate:
     """The chat template the card protocol renders with: ``path`` (``--chat-template``: a tokenizer directory,
     its tokenizer_config.json or a .jinja file), else the target's own (``model.target``, when this machine
     has it: a directory, or a Hugging Face repo id in this machine's cache). BadInput saying which to give."""
-    import os
-
-    from sparkserve.measure.chat_template import load_chat_template
-    from sparkserve.models.hf_cache import DEFAULT_HUB, parse_repo_id, resolve_local
-
     if path is not None:
         return load_chat_template(path)
     target = str(cfg.model.target)

@@ -317,3 +317,39 @@ def test_cli_bench_card_json_and_journal_say_which_protocol_ran(emulator: StartE
     assert bad.returncode == 2 and bad.stderr.startswith("error: --chat-template:")
     size = sparkserve("bench", "--cell", "smoke", "--size", "8x2", "--url", emu.url, env=env)
     assert size.returncode == 2 and size.stderr.startswith("error: --size:")
+
+
+# -- which template: --chat-template, else model.target (a directory, or a repo id in this machine's cache) ----
+
+
+def _cfg(target: str) -> Any:
+    from sparkserve.config import load_config
+
+    cfg = load_config(Path(__file__).resolve().parents[2] / "sparkserve" / "data" / "default.yaml")
+    return cfg.model_copy(update={"model": cfg.model.model_copy(update={"target": Path(target)})})
+
+
+def test_the_template_comes_from_the_option_else_the_local_target(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                                   ) -> None:
+    from sparkserve.measure.run import target_template
+
+    tok = _tok_dir(tmp_path, QWEN_TINY)
+    assert target_template(_cfg("/nowhere/target"), tok).source == str(tok / "tokenizer_config.json")
+    assert target_template(_cfg(str(tok)), None).render_user("q").endswith("<think>\n")
+    with pytest.raises(BadInput) as e:
+        target_template(_cfg("/nowhere/target"), None)
+    assert e.value.where == "--chat-template" and "not on this machine" in e.value.what
+    # a Hugging Face repo id, resolved in this machine's hub cache ($HF_HUB_CACHE)
+    hub = tmp_path / "hub"
+    sha = "a" * 40
+    snap = hub / "models--org--tiny" / "snapshots" / sha
+    snap.mkdir(parents=True)
+    (hub / "models--org--tiny" / "refs").mkdir()
+    (hub / "models--org--tiny" / "refs" / "main").write_text(sha)
+    (snap / "config.json").write_text("{}")
+    (snap / "chat_template.jinja").write_text("HF:{{ messages[0].content }}")
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    assert target_template(_cfg("org/tiny"), None).render_user("x") == "HF:x"
+    with pytest.raises(BadInput) as e:
+        target_template(_cfg("org/absent"), None)
+    assert e.value.where == "--chat-template" and "hf download org/absent" in e.value.what
