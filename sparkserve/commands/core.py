@@ -119,7 +119,7 @@ def validate(
         raise typer.Exit(2)
     _print_findings(report)
     d, t = report.drafter, report.target
-    lines = ["config ok (fingerprint " + cfg.fingerprint()[:16] + ")"]
+    lines = ["config ok (config " + cfg.fingerprint()[:16] + ")"]
     if d:
         agree = "config.json, mask_embedding.pt" if d.mask.mask_token_id is not None else "config.json"
         if cfg.gates.mask_token_id is not None:
@@ -249,7 +249,7 @@ def plan(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     if as_json:
         emit_json({"fingerprint": p.fingerprint, "executor": p.executor, "steps": steps, "plan": p.public()})
         return
-    console.print(f"sparkserve plan (config fingerprint {p.fingerprint[:16]}; nothing is run)", markup=False,
+    console.print(f"sparkserve plan (config {p.fingerprint[:16]}; nothing is run)", markup=False,
                   highlight=False, soft_wrap=True)
     for i, s in enumerate(steps, 1):
         console.print(f"{i:2d}. {s['step']:<9} {s['detail']}", markup=False, highlight=False, soft_wrap=True)

@@ -143,7 +143,7 @@ def gates_cmd(
     config: ConfigOpt = None,
     json_out: JsonOpt = False,
     bank: Annotated[
-        bool, typer.Option("--bank", help="record the observed pool for this config fingerprint")
+        bool, typer.Option("--bank", help="record the observed pool for this deployment (config, image, drafter)")
     ] = False,
     from_log: Annotated[
         list[str] | None,

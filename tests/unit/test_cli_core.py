@@ -93,7 +93,7 @@ def test_plan_lists_the_steps_in_order(tmp_path: Path) -> None:
     assert [s.get("node") for s in data["steps"] if s["step"] in ("start", "serve")] == \
         ["spark-a", "spark-b", "spark-a"]
     human = cli("plan", env=clean_env(tmp_path)).stdout
-    assert human.splitlines()[0].startswith("sparkserve plan (config fingerprint ")
+    assert human.splitlines()[0].startswith("sparkserve plan (config ")
     assert " 5. start     vllm serve --headless in sparkserve-r1-spark-b on spark-b.lan" in human
 
 

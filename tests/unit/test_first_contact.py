@@ -187,3 +187,26 @@ def test_doctor_knows_its_own_deployment_from_the_journal(tmp_path: Path, monkey
     assert own_deployment(cfg, "c" * 64) is True, "a swapped drafter is still this config's stack"
     assert own_deployment(cfg, "b" * 64) is False
     assert own_deployment(cfg, "f" * 64) is False and own_deployment(cfg, "") is False
+
+
+def test_the_copy_bars_go_and_leave_one_line_per_node_and_the_boot_view_ends_when_up_speaks() -> None:
+    import io
+    from types import SimpleNamespace
+
+    from rich.console import Console
+
+    from sparkserve.commands.progress import Progress
+    from sparkserve.deploy.watchdog import Phase
+
+    buf = io.StringIO()
+    con = Console(file=buf, force_terminal=True, width=100, color_system=None)
+    with Progress(console=con) as p:
+        for done in (0, 50, 100):
+            p.copy("node-a", done, 100)
+            p.copy("node-b", done, 100)
+        tail = buf.getvalue()
+        assert "node-a: drafter 100 B of 100 B (100%)" in tail and "node-b: drafter 100 B of 100 B (100%)" in tail
+        p.boot([SimpleNamespace(node="node-a", rank=0, phase=Phase.LOAD, available=None, last_line="")], 1.0)
+        assert p._boot_live is not None
+        p.say("the head answers at http://x after 1.0s; the gates decide whether it serves")
+        assert p._boot_live is None, "the boot table must stop (and stay printed) before the gates speak"
