@@ -311,3 +311,26 @@ def test_doctor_compares_the_nodes_fabrics(tmp_path: Path, monkeypatch: pytest.M
     assert parity.status == "warn" and parity.node == "all"
     assert parity.detail.startswith("HCA set differs between nodes: "
                                     "spark-a rocep1s0f1,roceP2p1s0f1, spark-b rocep1s0f1")
+
+
+def test_a_gid_nccl_would_pick_over_the_hcas_own_entry_is_a_warning() -> None:
+    """An address of another netdev (a VLAN on the twin) inside the range, before the twin's own entry: NCCL's walk
+    takes it; doctor says so."""
+    from sparkserve.plan.fabric import Hca, NetDev, SysfsFacts
+
+    def v4(ip: str) -> str:
+        a, b, c, d = (int(x) for x in ip.split("."))
+        return f"0000:0000:0000:0000:0000:ffff:{a:02x}{b:02x}:{c:02x}{d:02x}"
+
+    main = Port(1, "ACTIVE", "LinkUp", "Ethernet", (Gid(3, v4("192.168.200.1"), "RoCE v2", "enp1s0f1np1"),))
+    twin = Port(1, "ACTIVE", "LinkUp", "Ethernet", (Gid(3, v4("192.168.201.7"), "RoCE v2", "enP2p1s0f1np1.10"),
+                                                    Gid(5, v4("192.168.201.1"), "RoCE v2", "enP2p1s0f1np1")))
+    facts = SysfsFacts(
+        {n: NetDev(n, "up", 9000, True) for n in ("enp1s0f1np1", "enP2p1s0f1np1", "enP2p1s0f1np1.10")},
+        {"rocep1s0f1": Hca("rocep1s0f1", ("enp1s0f1np1",), {1: main}),
+         "roceP2p1s0f1": Hca("roceP2p1s0f1", ("enP2p1s0f1np1",), {1: twin})})
+    f = resolve(facts, FabricConfig(), "192.168.200.1")
+    assert f.hcas == ("rocep1s0f1", "roceP2p1s0f1") and f.hca_ips["roceP2p1s0f1"] == "192.168.201.1"
+    assert f.hca_gids == {"rocep1s0f1": 3, "roceP2p1s0f1": 3}
+    [w] = f.warnings
+    assert w.startswith("NCCL will pick GID 3 on roceP2p1s0f1, not its 192.168.201.1 entry 5") and "fix:" in w
