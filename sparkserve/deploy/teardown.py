@@ -10,6 +10,7 @@ callers pass in come from that label) are ever stopped or removed.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 import tempfile
 import time
@@ -60,17 +61,44 @@ def save_logs(nodes: dict[str, Node], containers: dict[str, list[str]], tag: str
     never raises."""
     if not any(containers.values()):
         return None
+    texts: dict[str, str] = {}
+    for name, ids in containers.items():
+        for cid in ids:
+            with contextlib.suppress(Exception):
+                texts[f"{name}-{cid[:12]}.log"] = "\n".join(engine_for(nodes[name], cfg).logs(cid)) + "\n"
     try:
         d = _new_logs_folder(tag)
     except OSError as e:  # not even a temp dir: the cleanup still runs
         print(f"warning: logs: cannot save the containers' logs anywhere ({e.strerror or e})", file=sys.stderr)
         return None
-    for name, ids in containers.items():
-        for cid in ids:
-            with contextlib.suppress(Exception):
-                text = "\n".join(engine_for(nodes[name], cfg).logs(cid)) + "\n"
-                (d / f"{name}-{cid[:12]}.log").write_text(text)
+    try:
+        _write_all(d, texts)
+    except OSError as e:  # a full state dir takes the file names but not their bytes: never point at empty files
+        for f in texts:
+            with contextlib.suppress(OSError):
+                (d / f).unlink()
+        with contextlib.suppress(OSError):
+            d.rmdir()
+        try:
+            tmp = Path(tempfile.mkdtemp(prefix=f"sparkserve-logs-{d.name}-"))
+            _write_all(tmp, texts)
+        except OSError as e2:
+            print(f"warning: logs: cannot save the containers' logs in {d} ({e.strerror or e}) nor in a temp dir "
+                  f"({e2.strerror or e2})", file=sys.stderr)
+            return None
+        print(f"warning: state dir: cannot save logs under {d} ({e.strerror or e}); saving them to {tmp} instead",
+              file=sys.stderr)
+        return tmp
     return d
+
+
+def _write_all(d: Path, texts: dict[str, str]) -> None:
+    """Every log file in full (flushed to the file system: a full disk fails here, not silently later)."""
+    for f, text in texts.items():
+        with open(d / f, "w") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
 
 
 def teardown(cfg: Config, nodes: dict[str, Node], containers: dict[str, list[str]], *, tag: str,
@@ -87,7 +115,12 @@ def teardown(cfg: Config, nodes: dict[str, Node], containers: dict[str, list[str
         def stop(name: str) -> None:
             eng = engine_for(nodes[name], cfg)
             for cid in containers[name]:
-                eng.stop_and_remove(cid, timeout=cfg.container.stop_timeout_s)
+                try:
+                    eng.stop_and_remove(cid, timeout=cfg.container.stop_timeout_s)
+                except SparkserveError:
+                    if not _daemon_back(eng, name, say):
+                        raise
+                    eng.stop_and_remove(cid, timeout=cfg.container.stop_timeout_s)
 
         if order:
             with contextlib.suppress(SparkserveError):
@@ -97,6 +130,29 @@ def teardown(cfg: Config, nodes: dict[str, Node], containers: dict[str, list[str
         if saved:
             say(f"logs saved to {saved}")
         return saved
+
+
+#: How long a teardown waits for a node's docker daemon that stopped answering (systemd restarts a killed dockerd
+#: within seconds; with live-restore off the restarted daemon finds our container exited, and it must go too).
+DAEMON_BACK_S = 30.0
+
+
+def _daemon_back(eng: object, node: str, say: Reporter) -> bool:
+    """Whether the node's docker daemon answers (again) within :data:`DAEMON_BACK_S`; False at once for a runtime
+    with no daemon (runtime process)."""
+    answers = getattr(eng, "daemon_answers", None)
+    if answers is None:
+        return False
+    if answers():
+        return True
+    say(f"{node}: its docker daemon does not answer; waiting up to {DAEMON_BACK_S:.0f}s for it to come back, to "
+        "remove this run's container there")
+    deadline = time.monotonic() + DAEMON_BACK_S
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        if answers():
+            return True
+    return False
 
 
 def interrupted(e: BaseException) -> bool:
