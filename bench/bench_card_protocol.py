@@ -23,7 +23,10 @@ Goal: acceptance ratios 1.00 within the draws' noise, tok/s within 3 %, every re
 Emulator mode (no ``--url``): the tiny target (tests/helpers/tiny_models.py) with the tiny Qwen3 chat
 template of tests/real/gen_models.py, DFlash K=7, the default acceptance profile, requests that end at
 EOS after a per-request length (``SSEMU_EOS_AFTER`` 40-200, so some reach max_tokens), streams paced at
-``SSEMU_TOKEN_RATE`` tokens/s each.
+``SSEMU_TOKEN_RATE`` tokens/s each. The emulator draws request n's acceptance and length from its seed and
+n (the request's number since boot), so a fresh emulator per run (the default here) serves both clients
+the very same draws: their token counts and acceptance figures must then agree exactly, and any
+difference is the client's. ``--one-server`` keeps one emulator for every run (fresh draws each run).
 """
 
 from __future__ import annotations
@@ -75,12 +78,16 @@ def holdout_like(path: Path, n: int) -> None:
                                 .format(n=i + 2)}) + "\n")
 
 
-def start_emulator(work: Path, token_rate: float, eos: str) -> tuple[str, subprocess.Popen[bytes]]:
+def make_models(work: Path) -> None:
     target, drafter = work / "target", work / "drafter"
     for kind, d in (("target", target), ("drafter", drafter)):
         subprocess.run([sys.executable, str(TINY_MODELS), kind, str(d)], check=True, capture_output=True)
     (target / "tokenizer_config.json").write_text(json.dumps({"eos_token": "<|endoftext|>",
                                                               "chat_template": TINY_TEMPLATE}))
+
+
+def start_emulator(work: Path, token_rate: float, eos: str) -> tuple[str, subprocess.Popen[bytes]]:
+    target, drafter = work / "target", work / "drafter"
     port = free_port()
     spec = json.dumps({"method": "dflash", "model": str(drafter), "num_speculative_tokens": 7})
     env = {**os.environ, "SSEMU_BOOT_SECONDS": "0.3", "SSEMU_TOKEN_RATE": str(token_rate), "SSEMU_EOS_AFTER": eos}
@@ -145,11 +152,14 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--token-rate", type=float, default=400.0, help="emulator: tokens/s per stream")
     ap.add_argument("--eos", default="40-200", help="emulator: SSEMU_EOS_AFTER")
+    ap.add_argument("--one-server", action="store_true", help="emulator: one server for every run")
     ap.add_argument("--json-out", help="write both clients' runs and the ratios here")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="bench-card-"))
     proc = None
+    fresh = a.url is None and not a.one_server
     if a.url is None:
+        make_models(work)
         a.url, proc = start_emulator(work, a.token_rate, a.eos)
         a.tokenizer = str(work / "target")
     elif not a.tokenizer:
@@ -165,12 +175,18 @@ def main() -> int:
         ours = load_chat_template(Path(a.tokenizer))
         same = sum(ours.render_user(r["prompt"]) == x for r, x in zip(rows, rendered, strict=True))
         print(f"server {a.url} · model {a.model} · {len(rows)} prompts × c{a.c} × {a.max_tokens} tokens · "
-              f"{a.rounds} rounds · reference renders with {how}")
+              f"{a.rounds} rounds · reference renders with {how}"
+              + (" · a fresh emulator per run (the same draws for every run)" if fresh else ""))
         print(f"rendered prompts identical (sparkserve jinja2 vs reference {how}): {same}/{len(rows)}")
         runs: dict[str, list[dict[str, Any]]] = {"sparkserve": [], "reference": []}
         for rnd in range(a.rounds):
             order = ["sparkserve", "reference"] if rnd % 2 == 0 else ["reference", "sparkserve"]
             for who in order:
+                if fresh and runs["sparkserve"] + runs["reference"]:
+                    assert proc is not None
+                    proc.terminate()
+                    proc.wait(timeout=15)
+                    a.url, proc = start_emulator(work, a.token_rate, a.eos)
                 r = sparkserve_run(a, work / "journal.sqlite") if who == "sparkserve" else reference_run(a, rendered)
                 runs[who].append(r)
                 print(f"  round {rnd + 1} {who:10s} AL {r['acceptance_length']:.4f}  rate {r['acceptance_rate']:.4f}"
