@@ -128,12 +128,14 @@ def _print_result(r: BenchResult, bench_id: int | None) -> None:
         f", prompts rendered with {r.chat_template}" if r.chat_template else ""))
     t.add_row("requests ok", f"{r.requests_ok} / {r.prompts}")
     t.add_row("stream errors", f"{r.stream_errors}" + (f"  {r.error_kinds}" if r.error_kinds else ""))
-    t.add_row("incomplete", str(r.incomplete))
+    if r.protocol != "card":  # the card protocol forces no length: EOS ends a request
+        t.add_row("incomplete", str(r.incomplete))
     t.add_row("output", f"{r.output_tokens:,} tokens in {r.duration_s:.2f} s = {r.output_tok_s:,.1f} tok/s")
     t.add_row("acceptance length", _fmt(r.acceptance_length))
     t.add_row("acceptance rate", _fmt(r.acceptance_rate))
     t.add_row("per position", "  ".join(f"{x:.3f}" for x in r.per_position_acceptance) or "n/a")
-    t.add_row("drafts / draft tok / accepted", f"{r.drafts} / {r.draft_tokens} / {r.accepted_tokens}")
+    t.add_row("drafts / draft tok / accepted", f"{r.drafts} / {r.draft_tokens} / {r.accepted_tokens}"
+              + (f"  (K={r.k})" if r.k is not None else ""))
     t.add_row("journal", f"bench #{bench_id}" if bench_id is not None else "not recorded (see the warning above)")
     console.print(t)
     for e in r.errors[:5]:
