@@ -19,7 +19,7 @@ from sparkserve.deploy.hostfacts import kernel_faults
 from sparkserve.deploy.stack import boot_id, managed_on_all  # noqa: F401 - boot_id: gates_live.boot_id
 from sparkserve.deploy.sync import remote_manifest
 from sparkserve.deploy.wait import _stamp
-from sparkserve.errors import RemoteFailure
+from sparkserve.errors import RemoteFailure, SparkserveError
 from sparkserve.journal import lookup, record
 from sparkserve.journal.history import GATES_SMOKE_CELL
 from sparkserve.measure.prompts import builtin_prompts
@@ -140,7 +140,8 @@ def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, container
     identity = {name: NodeIdentity(image_id=f[2], drafter_digest=f[3]) for name, f in facts.items()}
     mask_file = _drafter_has_mask(nodes[cfg.head.name], str(cfg.drafter.path))
     banked = lookup(lambda j: j.get_banked_pool(plan.fingerprint), None)
-    expect = Expectations.from_config(cfg, banked_pool=banked, mask_file=mask_file)
+    expect = Expectations.from_config(cfg, banked_pool=banked, mask_file=mask_file,
+                                      drafter_layers=drafter_layers(nodes[cfg.head.name], str(cfg.drafter.path)))
     kernel = {name: f[4] for name, f in facts.items()}
     report = judge(logs, expect, smoke=smoke_result, liveness=liveness, identity=identity, skip=skip, kernel=kernel)
     observed = _observed_pool(report) if bank else None
@@ -167,6 +168,16 @@ def _observed_pool(report: GateReport) -> int | None:
     if isinstance(observed, list):
         observed = observed[0] if len(set(observed)) == 1 else None
     return observed if isinstance(observed, int) else None
+
+
+def drafter_layers(node: Node, path: str) -> int | None:
+    """The drafter's layer count on ``node`` (config.json ``num_hidden_layers``: the signature gate's
+    ``drafter_layers``); None when it cannot be read."""
+    try:
+        n = json.loads(node.read_text(f"{path.rstrip('/')}/config.json")).get("num_hidden_layers")
+    except (OSError, ValueError, AttributeError, SparkserveError):
+        return None
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 
 def _drafter_has_mask(node: Node, path: str) -> bool:

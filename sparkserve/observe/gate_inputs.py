@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from sparkserve.plan.dialects import Dialect, SignatureLine, dialect_for
+
 if TYPE_CHECKING:
     from sparkserve.config import Config
 
@@ -29,6 +31,11 @@ class Expectations:
     runner: str = "v2"
     nodes: tuple[str, ...] | None = None  # every node must have a log (None: not checked)
     node_ranks: Mapping[str, tuple[str, ...]] | None = None  # mp: node → ranks it hosts (by node rank × GPUs)
+    # the lines every rank must print to prove the profile's path: the image's engine dialect's (none: nothing
+    # required), ``{drafter_layers}`` filled with the drafter's layer count (None: not read, not compared)
+    signature: tuple[SignatureLine, ...] = ()
+    signature_source: str = ""
+    drafter_layers: int | None = None
 
     @classmethod
     def from_config(
@@ -38,8 +45,11 @@ class Expectations:
         banked_pool: int | None = None,
         mask_file: bool | None = None,
         check_nodes: bool = True,
+        drafter_layers: int | None = None,
+        dialect: Dialect | None = None,
     ) -> Expectations:
         world = cfg.serve.tensor_parallel_size
+        d = dialect or dialect_for(cfg)
         return cls(
             ranks=tuple(str(r) for r in range(world)),
             cudagraph_mode=cfg.serve.compilation.cudagraph_mode.value,
@@ -51,6 +61,9 @@ class Expectations:
             smoke_prompts=cfg.gates.smoke.prompts,
             nodes=tuple(n.name for n in cfg.nodes) if check_nodes else None,
             node_ranks=_node_ranks(cfg),
+            signature=d.signature,
+            signature_source=f"vLLM {d.vllm_version} ({d.source})",
+            drafter_layers=drafter_layers,
         )
 
 

@@ -10,7 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-GATE_NAMES: tuple[str, ...] = ("pool", "graphs", "mask", "smoke", "faults", "runner", "identity")
+GATE_NAMES: tuple[str, ...] = ("pool", "graphs", "mask", "smoke", "faults", "runner", "signature", "identity")
 
 
 @dataclass(frozen=True)

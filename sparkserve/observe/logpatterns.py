@@ -44,6 +44,7 @@ class Kind(StrEnum):
     MASK_LOADED = "mask_loaded"
     RUNNER_V2 = "runner_v2"
     RUNNER_V1 = "runner_v1"
+    SIGNATURE = "signature"
     RUNNER_V1_FALLBACK = "runner_v1_fallback"
     READY = "ready"
     SPEC_METRICS = "spec_metrics"
@@ -218,6 +219,13 @@ PATTERNS: tuple[LogPattern, ...] = (
        r"Profiling CUDA graph memory: (?P<modes>.*)",
        "V1 runner only: `Profiling CUDA graph memory: PIECEWISE=51 (largest=512), FULL=49 (largest=512)`"),
     # --- speculative decoding -----------------------------------------------------------------------
+    _p(Kind.SIGNATURE, ("KV cache layout for", "DFLASH2-DRAFTER-GROUP"),
+       r"(?P<line>Using \S+ KV cache layout for \S+ backend|DFLASH2-DRAFTER-GROUP: .*?)\.?$",
+       "the lines that prove a profile's path (the `signature` gate): vLLM's `Using %s KV cache layout for %s "
+       "backend.` (the card: `Using HND KV cache layout for FLASHINFER_MLA_SPARSE_SM90 backend`) and the card fork's "
+       "`DFLASH2-DRAFTER-GROUP: GLM-5-Next fast path engaged with a spec-decode drafter group (drafter_layers=N, "
+       "mamba_groups=M, tail_group=B)` (its sha-gated kv_cache_utils.py); canada-quant/vllm-glm53-flash-sm121 "
+       "README@00d42fa, 'Expected boot gates' 1 and 2, on every rank's log"),
     _p(Kind.MASK_LOADED, ("Loaded DFlash mask embedding",),
        r"Loaded DFlash mask embedding for (?:mask_token_id|token) (?P<id>\d+) from (?P<src>.+?)\.?$",
        "plain `info`, every worker: `Loaded DFlash mask embedding for mask_token_id %s from %s` (upstream); a "
@@ -381,7 +389,7 @@ ANCHORS: tuple[str, ...] = (
     "ngine core", "EngineCore ", "EngineDead", "NCCL", "ibv_", "graph addresses", "stored in KV", "marked dead",
     "throughput:",
     "RPC call", "orker", "TCPStore", "c10d", "Xid", "Traceback", "ERR", "CRITICAL", "rror: ", "xception: ",
-    "NET/", "network ", "nccl", "event", "GID table",
+    "NET/", "network ", "nccl", "event", "GID table", "cache layout for", "DFLASH2-",
 )
 #: anchor → ((needle, index into PATTERNS), …) for the needles holding that anchor.
 NEEDLE_INDEX: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = tuple(

@@ -55,6 +55,7 @@ RANKED_KINDS = frozenset(
         Kind.CUDAGRAPH_DOWNGRADE,
         Kind.SPECULATOR_CAPTURE,
         Kind.DRAFT_EAGER,
+        Kind.SIGNATURE,
     }
 )
 _NOT_WORKERS = (*API_NAMES, "EngineCore")

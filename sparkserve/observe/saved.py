@@ -20,6 +20,7 @@ from typing import BinaryIO
 from sparkserve.config import Config
 from sparkserve.errors import BadInput
 from sparkserve.models.drafter import MASK_FILE
+from sparkserve.models.files import read_config
 from sparkserve.observe.analyze import Analysis, analyze
 from sparkserve.observe.gate_inputs import Expectations
 from sparkserve.observe.gate_report import GateReport
@@ -170,8 +171,19 @@ def judge_files(cfg: Config, files: Sequence[LogFile], *, skip: Iterable[str] = 
     """The gates on saved logs, one per node (``LogFile.node``, else the file's name)."""
     with collector_paused():  # over the judging too: it walks every event
         logs = {f.node or f.path.name: log for f, log in zip(files, parse_files(files), strict=True)}
-        expect = Expectations.from_config(cfg, mask_file=drafter_has_mask(cfg.drafter.path), check_nodes=False)
+        expect = Expectations.from_config(cfg, mask_file=drafter_has_mask(cfg.drafter.path), check_nodes=False,
+                                          drafter_layers=drafter_layers(cfg.drafter.path))
         return judge(logs, expect, skip=skip)
+
+
+def drafter_layers(path: Path | str) -> int | None:
+    """The drafter's ``num_hidden_layers`` (the signature gate's drafter_layers) when its config.json is on
+    this machine, else None."""
+    try:
+        n = read_config(Path(path).expanduser()).get("num_hidden_layers")
+    except BadInput:
+        return None
+    return n if isinstance(n, int) and not isinstance(n, bool) else None
 
 
 def drafter_has_mask(path: Path | str) -> bool | None:

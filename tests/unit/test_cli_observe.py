@@ -87,8 +87,12 @@ def from_log(head: str, follower: str) -> list[str]:
     return ["--from-log", f"spark-a={LOGS / head}", "--from-log", f"spark-b={LOGS / follower}"]
 
 
+# the fixture logs are vLLM 0.33.0's: judged as the config's image says, here an image of that dialect
+V033 = {"SPARKSERVE_SERVE__VLLM_VERSION": "0.33.0"}
+
+
 def test_gates_from_log_healthy_but_smoke_and_identity_not_run(env: dict[str, str]) -> None:
-    p = sparkserve("gates", "--json", *from_log("v0.33-head.log", "v0.33-follower.log"), env=env)
+    p = sparkserve("gates", "--json", *from_log("v0.33-head.log", "v0.33-follower.log"), env={**env, **V033})
     assert p.returncode == 1, p.stderr
     j = json.loads(p.stdout)
     assert {g["name"]: g["ok"] for g in j["gates"]} == {
@@ -98,6 +102,7 @@ def test_gates_from_log_healthy_but_smoke_and_identity_not_run(env: dict[str, st
         "smoke": False,
         "faults": True,
         "runner": True,
+        "signature": True,
         "identity": False,
     }
     assert "not checked (offline)" in next(g for g in j["gates"] if g["name"] == "faults")["reason"]
@@ -112,7 +117,7 @@ def test_gates_from_log_with_skips_passes(env: dict[str, str]) -> None:
         "smoke",
         "--skip",
         "identity",
-        env=env,
+        env={**env, **V033},
     )
     assert p.returncode == 0, p.stdout + p.stderr
     j = json.loads(p.stdout)
@@ -304,3 +309,13 @@ def test_gates_from_log_never_loads_the_node_stack() -> None:
             "print('LOADED', sorted(m for m in ('docker', 'paramiko') if m in sys.modules))\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert "LOADED []" in p.stdout, (p.stdout[-2000:], p.stderr[-2000:])
+
+
+def test_gates_from_log_of_the_default_fork_image_require_its_signature(env: dict[str, str]) -> None:
+    """The default image is the card's fork: vLLM 0.33.0 logs lack its signature lines, and the gate says so."""
+    p = sparkserve("gates", "--json", *from_log("v0.33-head.log", "v0.33-follower.log"), "--skip", "smoke",
+                   "--skip", "identity", env=env)
+    assert p.returncode == 1, p.stderr
+    sig = next(g for g in json.loads(p.stdout)["gates"] if g["name"] == "signature")
+    assert sig["ok"] is False and "FLASHINFER_MLA_SPARSE_SM90" in sig["reason"]
+    assert sig["expected"]["from"].startswith("vLLM 0.1.dev20051+g487ecf187")

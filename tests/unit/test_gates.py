@@ -12,6 +12,7 @@ from sparkserve.observe.gate_inputs import Expectations, NodeIdentity, SmokeErro
 from sparkserve.observe.gate_report import GATE_NAMES, GateReport
 from sparkserve.observe.gates import judge
 from sparkserve.observe.logs import ParsedLog, parse_log
+from sparkserve.plan.dialects import shipped
 
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 REAL = LOGS / "real-0.25.1"
@@ -30,8 +31,10 @@ def logs(head: str = "v0.33-head.log", follower: str | None = "v0.33-follower.lo
 
 @pytest.fixture(scope="module")
 def expect() -> Expectations:
-    # the embedded production default: TP=2, FULL_AND_PIECEWISE, pool 366,749, mask 154856, smoke 20 prompts
-    return Expectations.from_config(load_config(None), mask_file=True)
+    # the embedded production default: TP=2, FULL_AND_PIECEWISE, pool 366,749, mask 154856, smoke 20 prompts,
+    # judged as for a vLLM 0.33.0 image: the fixture logs are vLLM 0.33.0's, whose dialect names no signature
+    # lines (the card fork's signature: tests/unit/test_gate_signature.py)
+    return Expectations.from_config(load_config(None), mask_file=True, dialect=shipped("0.33.0"))
 
 
 def run(expect: Expectations, lg: dict[str, ParsedLog] | None = None, **kw) -> GateReport:
@@ -313,7 +316,8 @@ def test_unknown_gate_to_skip_is_an_error(expect: Expectations) -> None:
 def test_gates_json_contract(expect: Expectations) -> None:
     j = run(expect, logs(follower="v0.33-follower-rank1-nographs.log")).to_json()
     assert list(j) == ["ok", "gates"] and j["ok"] is False
-    assert [g["name"] for g in j["gates"]] == ["pool", "graphs", "mask", "smoke", "faults", "runner", "identity"]
+    assert [g["name"] for g in j["gates"]] == ["pool", "graphs", "mask", "smoke", "faults", "runner", "signature",
+                                               "identity"]
     for g in j["gates"]:
         assert list(g) == ["name", "ok", "expected", "observed", "reason", "evidence"]
         for e in g["evidence"]:

@@ -65,6 +65,9 @@ def stack(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     digest = SimpleNamespace(manifest=SimpleNamespace(digest="d"))
     monkeypatch.setattr(gates_live, "remote_manifest", lambda node, path: digest)
     monkeypatch.setattr(gates_live, "_drafter_has_mask", lambda node, path: True)
+    monkeypatch.setattr(gates_live, "drafter_layers", lambda node, path: 8)
+    # no kernel log on a fake node (the NVRM/Xid lines of the faults gate: tests/unit/test_hostfacts*)
+    monkeypatch.setattr(gates_live, "kernel_faults", lambda node, cfg, since: SimpleNamespace(error=None, lines=[]))
     monkeypatch.setattr(gates_live, "lookup", lambda read, default: default)
     monkeypatch.setattr(gates_live, "record", lambda kind, **fields: None)
     fp = "f" * 64
