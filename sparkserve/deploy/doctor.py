@@ -50,13 +50,14 @@ def head_ports(cfg: Config) -> list[tuple[str, int]]:
 def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: Plan | None,
                *, check_ports: bool = True, drafter_bytes: int = 0, mkdirs: list[str] | None = None,
                fabric_out: dict[str, FabricFacts] | None = None,
-               manifest_out: dict[str, RemoteState | None] | None = None, drop: bool = False,
+               manifest_out: dict[str, RemoteState | None] | None = None, lean: bool = False,
                host_out: dict[str, HostFacts] | None = None,
                target_out: dict[str, TargetManifest] | None = None,
                storage_out: dict[str, str] | None = None) -> list[Check]:
     """Every check for one node (one remote round trip). Raises only when the node cannot be reached at all.
 
-    ``drop``: sync, drop the page cache and compact before memory is read (`up`, just before its ranks start);
+    ``lean``: `up`'s pre-flight — free memory is judged just before the ranks start, after the page-cache drop
+    (:func:`sparkserve.deploy.up.memory_before_start`), so neither the GPU nor sudo is asked here;
     ``host_out``/``target_out`` receive the node's host facts and target manifest (compared across nodes by
     :func:`check_all`); ``storage_out`` the docker storage driver (`doctor`: one more docker question).
 
@@ -88,7 +89,7 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
     facts = probe_node(node, paths=[target, drafter], disk=[drafter, str(cfg.container.cache_root)],
                        ports=ports, sysfs=sysfs, mkdirs=mkdirs or [],
                        manifest=None if manifest_out is None else manifest_args(drafter, cached_only=True),
-                       host=host_question(cfg, drop=drop, sudo_check=not drop),
+                       host=host_question(cfg, drop=False, sudo_check=not lean, gpu=not lean),
                        target=target if target_out is not None and target.startswith("/") else None)
     host = HostFacts.from_answer(facts.host or {})
     if host_out is not None:
@@ -123,7 +124,7 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
         add("dirs", "fail" if bad_dirs else "ok",
             "; ".join(f"cannot create {d}: {why}" for d, why in bad_dirs.items()) if bad_dirs
             else f"{len(mkdirs)} writable mount dir(s) ready")
-    for check, status, detail in memory_verdict(cfg, node_cfg, host, dropped=drop):
+    for check, status, detail in [] if lean else memory_verdict(cfg, node_cfg, host, dropped=False):
         add(check, status, detail)
     if isinstance(managed, SparkserveError):
         add("containers", "fail", managed.what)
@@ -181,13 +182,13 @@ def check_all(cfg: Config, nodes: dict[str, Node], plan: Plan | None = None, *,
               check_ports: bool = True, drafter_bytes: int = 0, mkdirs: dict[str, list[str]] | None = None,
               fabric_out: dict[str, FabricFacts] | None = None,
               manifest_out: dict[str, RemoteState | None] | None = None,
-              unreachable: Mapping[str, SparkserveError] | None = None, drop: bool = False,
+              unreachable: Mapping[str, SparkserveError] | None = None, lean: bool = False,
               host_out: dict[str, HostFacts] | None = None, storage: bool = False) -> list[Check]:
     """Every node's checks, in config order. A node in ``unreachable`` (it did not connect), or one whose
     checks could not run (its link dropped), gets one failed check naming the step that failed; every
     other node is still checked in full. Then the nodes side by side: host settings and versions, the
     target checkpoint's manifest (the head's copy is the reference), and with ``storage`` docker's storage
-    driver. ``drop``: see :func:`check_node`."""
+    driver. ``lean``: see :func:`check_node`."""
     host_out = {} if host_out is None else host_out
     targets: dict[str, TargetManifest] = {}
     drivers: dict[str, str] | None = {} if storage and cfg.runtime == "docker" else None
@@ -198,7 +199,7 @@ def check_all(cfg: Config, nodes: dict[str, Node], plan: Plan | None = None, *,
         try:
             return check_node(cfg, by_name[node.name], node, ranks[node.name], plan, check_ports=check_ports,
                               drafter_bytes=drafter_bytes, mkdirs=(mkdirs or {}).get(node.name),
-                              fabric_out=fabric_out, manifest_out=manifest_out, drop=drop, host_out=host_out,
+                              fabric_out=fabric_out, manifest_out=manifest_out, lean=lean, host_out=host_out,
                               target_out=targets, storage_out=drivers)
         except SparkserveError as e:
             return [_cut_off(node.name, e)]

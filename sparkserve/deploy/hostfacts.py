@@ -247,14 +247,16 @@ def sudoers_fix(user: str, proc_root: str = "/proc") -> str:
     return (f"add `{sudoers_line(user, proc_root)}` with `sudo visudo -f /etc/sudoers.d/sparkserve` on the node")
 
 
-def host_question(cfg: Config, *, drop: bool, sudo_check: bool = False) -> dict[str, Any]:
-    """What the probe asks every node about its host (``drop``: drop the page cache and compact first)."""
+def host_question(cfg: Config, *, drop: bool, sudo_check: bool = False, gpu: bool = True) -> dict[str, Any]:
+    """What the probe asks every node about its host (``drop``: drop the page cache and compact first; ``gpu``:
+    ask nvidia-smi for the GPU's memory — a tenth of a second or more, so `up`'s pre-flight leaves it to the
+    look just before the ranks start)."""
     venvs = []
     if cfg.runtime == "process" and "/" in cfg.serve.vllm:  # serve.vllm: a venv dir, or <venv>/bin/vllm
         v = cfg.serve.vllm.rstrip("/")
         venvs.append(v.rsplit("/bin/", 1)[0] if "/bin/" in v else v)
     return {"proc_root": str(cfg.host.proc_root), "sysfs_root": str(cfg.fabric.sysfs_root), "drop": drop,
-            "nvidia_smi": cfg.host.nvidia_smi, "sudo_check": sudo_check, "venvs": venvs}
+            "nvidia_smi": cfg.host.nvidia_smi if gpu else None, "sudo_check": sudo_check, "venvs": venvs}
 
 
 def meminfo_bytes(meminfo: str, key: str) -> int | None:

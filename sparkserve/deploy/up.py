@@ -84,11 +84,15 @@ def planned_steps(cfg: Config, plan: Plan) -> list[dict[str, Any]]:
     steps: list[dict[str, Any]] = [
         {"step": "validate", "detail": f"config, drafter {cfg.drafter.path}, target {cfg.model.target}, "
                                         "every argv through vLLM 0.33's parser"},
-        {"step": "preflight", "detail": f"on every node in parallel: ssh, {tool}, disk, memory headroom, ports "
-                                         f"{cfg.serve.port}/{cfg.fabric.master_port}, stale {kept}, paths, fabric"},
+        {"step": "preflight", "detail": f"on every node in parallel: ssh, {tool}, disk, ports "
+                                         f"{cfg.serve.port}/{cfg.fabric.master_port}, stale {kept}, paths, fabric, "
+                                         "host (kernel, iommu, swappiness, earlyoom, /dev/shm), the target's manifest"},
         {"step": "image", "detail": f"{cfg.image.ref}: the same image ID on every node" if cfg.runtime == "docker"
          else f"serve.vllm {cfg.serve.vllm}: the same executable and --version on every node"},
         {"step": "drafter", "detail": f"sync {cfg.drafter.path} to every node (sha256 manifest, only differing files)"},
+        {"step": "memory", "detail": "on every node: sync, drop the page cache and compact" + (
+            "" if cfg.watchdog.drop_caches else " (off: watchdog.drop_caches)") + f"; free accelerator memory (MemFree "
+            f"on unified memory) at least gpu_memory_utilization {cfg.serve.gpu_memory_utilization} x total"},
     ]
     for s in plan.start_order():
         if plan.executor == "ray":
@@ -226,7 +230,7 @@ def _preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_draf
     with ThreadPoolExecutor(max_workers=6) as pool:
         f_valid = pool.submit(validate_inputs, cfg, nodes) if validate else None
         f_checks = pool.submit(check_all, cfg, nodes, None, check_ports=True, mkdirs=rw, fabric_out=fabric,
-                               manifest_out=cached)
+                               manifest_out=cached, lean=True)
         f_image = pool.submit(ensure_same_engine, cfg, [nodes[n.name] for n in cfg.nodes])
         # docker: after the image question, so each node's questions share one connection (each more
         # connection starts another `docker system dial-stdio` on the node)
@@ -239,8 +243,6 @@ def _preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_draf
         say(f"image: {cfg.image.ref} is {image_id[:19]} on every node" if cfg.runtime == "docker" else
             f"engine: serve.vllm {cfg.serve.vllm} is {image_id[:19]} on every node")
         existing = f_existing.result()
-        if not any(existing.values()):  # else the stack being replaced may hold the memory: judged after it went
-            _raise_refusals(checks, ("memory",))
     # Hashing the drafter on a node whose cache missed comes after validation: a wrong drafter must not cost
     # a full read of its weights before its exit 2.
     drafter = sync_drafter(cfg, nodes, say, None if cached is None else all_cached(cfg, cached))
@@ -253,11 +255,8 @@ REFUSING = ("kernel", "target manifest", "memory")
 
 def _raise_failed_checks(checks: list[Check]) -> None:
     """The first failed node check as the error, the others as its details. Busy ports are judged later:
-    the stack being replaced may be what holds them; so is free memory (:func:`memory_before_start` asks again
-    just before the ranks start). An absurd serve.kv_cache_memory_bytes is bad input (exit 2)."""
-    kv = next((c for c in checks if c.name == "kv_cache" and c.status == "fail"), None)
-    if kv is not None:
-        raise BadInput("serve.kv_cache_memory_bytes", kv.detail.removeprefix("serve.kv_cache_memory_bytes "))
+    the stack being replaced may be what holds them. Free memory is judged by :func:`memory_before_start`, just
+    before the ranks start."""
     bad = [c for c in checks if c.status == "fail" and not c.name.startswith("port ")
            and c.name not in REFUSING]
     if bad:
@@ -289,6 +288,9 @@ def memory_before_start(cfg: Config, nodes: dict[str, Node], say: Reporter) -> d
                    name=lambda node: node.name)
     checks = [Check(name, check, status, detail) for name, f in facts.items()
               for check, status, detail in memory_verdict(cfg, by_name[name], f, dropped=drop)]
+    kv = next((c for c in checks if c.name == "kv_cache" and c.status == "fail"), None)
+    if kv is not None:  # an absurd serve.kv_cache_memory_bytes is bad input (exit 2), found before any rank starts
+        raise BadInput("serve.kv_cache_memory_bytes", kv.detail.removeprefix("serve.kv_cache_memory_bytes "))
     _raise_refusals(checks, ("memory",))
     for name, f in facts.items():
         mem = f.memory([])

@@ -85,7 +85,7 @@ def test_plan_lists_the_steps_in_order(tmp_path: Path) -> None:
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)
     assert [s["step"] for s in data["steps"]] == [
-        "validate", "preflight", "image", "drafter", "start", "start", "wait", "gates"]
+        "validate", "preflight", "image", "drafter", "memory", "start", "start", "wait", "gates"]
     assert [s.get("node") for s in data["steps"] if s["step"] == "start"] == ["spark-b", "spark-a"]
     assert data["plan"]["start_order"] == ["spark-b", "spark-a"]
     ray = config_file(tmp_path / "r.yaml", {"serve": {"executor": "ray"}})
@@ -94,7 +94,7 @@ def test_plan_lists_the_steps_in_order(tmp_path: Path) -> None:
         ["spark-a", "spark-b", "spark-a"]
     human = cli("plan", env=clean_env(tmp_path)).stdout
     assert human.splitlines()[0].startswith("sparkserve plan (config ")
-    assert " 5. start     vllm serve --headless in sparkserve-r1-spark-b on spark-b.lan" in human
+    assert " 6. start     vllm serve --headless in sparkserve-r1-spark-b on spark-b.lan" in human
 
 
 def test_drafter_inspect_json_for_the_fixture(tmp_path: Path, dirs: tuple[Path, Path]) -> None:
