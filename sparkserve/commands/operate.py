@@ -53,7 +53,9 @@ def supervise_cmd(
 
             r = up(run_cfg, nodes, run_gates=True, say=_say)
             _say(f"supervise: {r.status}: {r.served_name} at {r.api_url}")
-        sup = Supervisor(run_cfg, nodes, say=_say)
+        path = find_config_path(config)
+        assert path is not None  # config_from refused a run without a config file
+        sup = Supervisor(run_cfg, nodes, config_path=path.resolve(), say=_say)
         if once:
             verdicts = sup.round()
             bad = [v for v in verdicts if v.ok is False]

@@ -63,10 +63,17 @@ class CanaryResult:
     error: str | None = None
 
 
-def judge_progress(c: CanaryResult, deadline_s: float) -> Verdict:
+def judge_progress(c: CanaryResult, deadline_s: float, *, tokens_meanwhile: float | None = None) -> Verdict:
+    """The canary's verdict. ``tokens_meanwhile``: what ``vllm:generation_tokens_total`` gained over the round —
+    a canary that waited past its deadline in a full batch while tokens flowed is a busy engine, not a wedged one
+    (with max_num_seqs 4 and four long requests running, a canary queues)."""
     if c.ok and c.tokens > 0:
         return Verdict("progress", True, f"canary: {c.tokens} token(s) in {c.seconds:.2f}s")
     why = c.error or ("no tokens" if c.ok else "failed")
+    if tokens_meanwhile and tokens_meanwhile > 0 and (why == "no answer before the deadline" or
+                                                      why.startswith("took ")):
+        return Verdict("progress", True, f"busy: the canary waited past its {deadline_s:g}s deadline while "
+                       f"{tokens_meanwhile:g} tokens were generated", [why])
     return Verdict("progress", False, f"canary generation failed: {why} after {c.seconds:.1f}s "
                    f"(deadline {deadline_s:g}s)", [why])
 

@@ -20,16 +20,17 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import httpx
 
 from sparkserve.config import Config, resolve_api_key
 from sparkserve.deploy.stack import managed_where_reachable
-from sparkserve.errors import SparkserveError
+from sparkserve.errors import GateFailed, SparkserveError
 from sparkserve.journal import lookup, record
 from sparkserve.nodes.base import Node
-from sparkserve.nodes.engine import ManagedContainer
+from sparkserve.nodes.engine import ManagedContainer, NoSuchContainer
 from sparkserve.nodes.parallel import on_all
 from sparkserve.nodes.runtime import Runtime, engine_for
 from sparkserve.operate import alerts, sdnotify
@@ -54,6 +55,8 @@ from sparkserve.operate.state import SuperviseState
 from sparkserve.plan.build import build_plan
 
 GAVE_UP_EXIT = 1
+FACTS_EVERY = 3  # rounds between two looks at each node's memory and kernel log
+RELIST_ROUNDS = 12  # list every node's ranks again this often (a rank started by hand, a node back)
 #: The gates' own smoke run, journalled as a bench cell: a few short requests, too few drafts to bank a band.
 SMOKE_CELLS = ("smoke@gates",)
 
@@ -82,15 +85,18 @@ class Heartbeat:
 
 
 class Supervisor:
-    def __init__(self, cfg: Config, nodes: dict[str, Node], *, state: SuperviseState | None = None,
-                 say: Callable[[str], None] = print) -> None:
+    def __init__(self, cfg: Config, nodes: dict[str, Node], *, config_path: Path,
+                 state: SuperviseState | None = None, say: Callable[[str], None] = print) -> None:
         self.cfg = cfg
+        self.config_path = config_path
         self.nodes = nodes
         self.s = cfg.supervise
         self.say = say
         plan = build_plan(cfg)
         self.api_url, self.model = plan.api_url, plan.served_name
         self.api_key = resolve_api_key(cfg)
+        # one client for the whole run (thread-safe; a new one per round costs an SSL context each time)
+        self.http = httpx.Client(trust_env=False, limits=httpx.Limits(max_keepalive_connections=0))
         self.state = state or SuperviseState()
         self.state.stack = {"served_name": self.model, "api_url": self.api_url, "runtime": cfg.runtime,
                             "nodes": [n.name for n in cfg.nodes], "fingerprint": None}
@@ -104,6 +110,8 @@ class Supervisor:
         self.band: Band | None = None
         self.band_for: str | None = None
         self.ranks: dict[str, list[ManagedContainer]] = {}
+        self.unreachable: dict[str, str] = {}
+        self.rounds_since_list = 0
         self.last_scrape: Scrape | None = None
         self.cursors: dict[str, int | None] = {}
         self.open_failure: frozenset[str] | None = None  # checks of the incident already opened (no restart)
@@ -116,50 +124,84 @@ class Supervisor:
         self.log_marks: dict[str, float] = {}
         self.faults_seen: dict[str, list[str]] = {}
         self.kernel_seen = {}  # kernel lines judged: those since this (re)start (the cursors stay)
+        self.last_facts: dict[str, HostFacts] = {}  # memory is read afresh after a (re)start
+        self.rounds_since_facts = 0
         self.watch_from = time.time()
 
     # -- one round ------------------------------------------------------------------------------------
 
     def _canary(self) -> Any:
-        with httpx.Client(trust_env=False) as c:
-            return canary(c, self.api_url, self.model, max_tokens=self.s.canary_max_tokens,
-                          deadline_s=self.s.canary_deadline_s, api_key=self.api_key)
+        return canary(self.http, self.api_url, self.model, max_tokens=self.s.canary_max_tokens,
+                      deadline_s=self.s.canary_deadline_s, api_key=self.api_key)
 
     def _scrape(self) -> Scrape | None:
-        with httpx.Client(trust_env=False) as c:
-            return scrape_metrics(c, self.api_url, self.model, timeout=min(10.0, self.s.canary_deadline_s))
+        return scrape_metrics(self.http, self.api_url, self.model, timeout=min(10.0, self.s.canary_deadline_s))
 
     def _ranks_and_logs(self) -> tuple[list[RankFact], dict[str, str], dict[str, list[str]]]:
-        found, silent = managed_where_reachable(self.nodes, self.cfg)
-        self.ranks = found
+        """Each rank's liveness and the log lines it gained, one look per rank (the runtime answers both at
+        once: a process rank's look carries its new log bytes). The ranks are listed again every
+        ``RELIST_ROUNDS`` rounds, after a restart, and when a known rank is gone."""
+        if not self.ranks or self.rounds_since_list >= RELIST_ROUNDS:
+            found, silent = managed_where_reachable(self.nodes, self.cfg)
+            # nodes that share one run dir (several ``local: true`` nodes) each list every rank: keep a node's own
+            self.ranks = {node: [c for c in cs if c.node in ("", node)] for node, cs in found.items()}
+            self.unreachable = {k: e.what for k, e in silent.items()}
+            self.rounds_since_list = 0
+        self.rounds_since_list += 1
         facts: list[RankFact] = []
         new_lines: dict[str, list[str]] = {}
-        # nodes that share one run dir (several ``local: true`` nodes) each list every rank: keep a node's own
-        found = {node: [c for c in cs if c.node in ("", node)] for node, cs in found.items()}
-        self.ranks = found
-        for node, cs in found.items():
+        unreachable = dict(self.unreachable)
+
+        def look(node: str) -> list[tuple[ManagedContainer, bool, int | None, list[str]]]:
             eng = self.engines[node]
-            for c in cs:
-                facts.append(RankFact(node, c.name, c.running))
+            out = []
+            for c in self.ranks.get(node, []):
+                try:
+                    st = eng.state(c.id)
+                except NoSuchContainer:
+                    self.rounds_since_list = RELIST_ROUNDS  # gone: list again next round
+                    out.append((c, False, None, []))
+                    continue
+                lines: list[str] = []
                 if self.s.log_follow:
                     since = self.log_marks.get(c.id, self.watch_from)
-                    now = time.time()
-                    try:
-                        lines = list(eng.logs(c.id, since=since))
-                    except SparkserveError:
-                        lines = []
-                    self.log_marks[c.id] = now
-                    seen = self.faults_seen.setdefault(c.id, [])
-                    seen += lines
-                    del seen[:-2000]
-                    new_lines.setdefault(node, []).extend(lines)
-        fps = {c.fingerprint for cs in found.values() for c in cs if c.fingerprint}
+                    self.log_marks[c.id] = time.time()
+                    lines = list(eng.logs(c.id, since=since))
+                out.append((c, st.running, st.exit_code, lines))
+            return out
+
+        def safe(node: str) -> list[tuple[ManagedContainer, bool, int | None, list[str]]] | SparkserveError:
+            try:
+                return look(node)
+            except SparkserveError as e:
+                return e
+
+        got = on_all(list(self.ranks), safe)
+        for node, res in got.items():
+            if isinstance(res, SparkserveError):
+                unreachable[node] = res.what
+                self.rounds_since_list = RELIST_ROUNDS
+                continue
+            for c, running, code, lines in res:
+                facts.append(RankFact(node, c.name, running, code))
+                seen = self.faults_seen.setdefault(c.id, [])
+                seen += lines
+                del seen[:-2000]
+                new_lines.setdefault(node, []).extend(lines)
+        fps = {c.fingerprint for cs in self.ranks.values() for c in cs if c.fingerprint}
         if fps:
             self.fingerprint = sorted(fps)[0]
             self.state.stack["fingerprint"] = self.fingerprint
-        return facts, {k: e.what for k, e in silent.items()}, new_lines
+        return facts, unreachable, new_lines
 
     def _hosts(self) -> dict[str, HostFacts]:
+        """Every node's memory and new kernel lines — every ``FACTS_EVERY`` rounds (a node program start each
+        time; unified memory does not run dry between two of them), the last answer in between."""
+        self.rounds_since_facts += 1
+        if self.last_facts and self.rounds_since_facts < FACTS_EVERY:
+            return self.last_facts
+        self.rounds_since_facts = 0
+
         def ask(node: Node) -> HostFacts:
             f = host_facts(node, meminfo=self.s.meminfo_path, kmsg=self.s.kmsg_path or None,
                            cursor=self.cursors.get(node.name), timeout=max(10.0, self.s.interval_s * 2))
@@ -171,6 +213,7 @@ class Supervisor:
                 if f.kernel_lines:
                     self.kernel_seen.setdefault(name, []).extend(f.kernel_lines)
                     del self.kernel_seen[name][:-500]
+        self.last_facts = got
         return got
 
     def _band(self) -> Band | None:
@@ -211,6 +254,13 @@ class Supervisor:
             ranks, unreachable, _ = f_ranks.result()
             hosts = f_hosts.result()
             c = f_canary.result()
+        meanwhile = None
+        if not c.ok and scrape is not None:  # busy or wedged? what the engine generated while the canary waited
+            after = self._scrape()
+            if after is not None and after.snapshot.boot_id == scrape.snapshot.boot_id and \
+                    after.snapshot.generation_tokens is not None and scrape.snapshot.generation_tokens is not None:
+                meanwhile = after.snapshot.generation_tokens - scrape.snapshot.generation_tokens
+            scrape = after
         if scrape is not None:
             self.last_scrape = scrape
         window = self.windows.add(scrape)
@@ -222,7 +272,7 @@ class Supervisor:
             self.band = band
             self.band_for = self.fingerprint
         verdicts = [
-            judge_progress(c, self.s.canary_deadline_s),
+            judge_progress(c, self.s.canary_deadline_s, tokens_meanwhile=meanwhile),
             self.stall.add(scrape.point() if scrape else None),
             judge_ranks(ranks, [n.name for n in self.cfg.nodes], unreachable),
             judge_faults(self._fault_lines()),
@@ -284,6 +334,10 @@ class Supervisor:
                 self.heartbeat.expect(self.s.interval_s + self.s.canary_deadline_s + 60.0)
                 verdicts = self.round()
                 if first:
+                    if not any(self.ranks.values()):
+                        self._set_phase("stopped", "nothing to supervise: no sparkserve rank runs on any node")
+                        raise GateFailed("supervise", "no sparkserve rank runs on any node: `sparkserve up` first, "
+                                         "or `sparkserve supervise --up`")
                     sdnotify.notify("READY=1")
                     first = False
                 bad = failing(verdicts)
@@ -349,7 +403,8 @@ class Supervisor:
             self.state.restarts += 1
         self.heartbeat.expect(self.cfg.serve.ready_timeout_s + 600.0)
         try:
-            stop_s, up_s = restart(self.cfg, self.nodes, say=lambda m: self.say(f"  {m}"))
+            stop_s, up_s = restart(self.cfg, self.nodes, say=lambda m: self.say(f"  {m}"),
+                                   config_path=self.config_path)
         except SparkserveError as e:
             self._set_phase("incident", f"restart failed: {e.line()}")
             record("supervise_event", fingerprint=self.fingerprint, event="restart_failed",

@@ -190,7 +190,8 @@ def host_facts(node: Node, *, meminfo: str, kmsg: str | None, cursor: int | None
     q = {"meminfo": source_path(meminfo, node.name), "kmsg": source_path(kmsg, node.name) if kmsg else None,
          "cursor": cursor, "ranks": ranks or {}, "dump": dump, "pyspy": pyspy or []}
     try:
-        res = node.run(["python3", "-c", PROGRAM], stdin=json.dumps(q).encode(), step="supervise facts",
+        # -I -S: no site, no user paths — the program is stdlib only, and a start without site is ~40 % cheaper
+        res = node.run(["python3", "-I", "-S", "-c", PROGRAM], stdin=json.dumps(q).encode(), step="supervise facts",
                        timeout=timeout, check=False)
         if not res.ok:
             why = (res.stderr.strip().splitlines() or [f"exit {res.exit_code}"])[-1]

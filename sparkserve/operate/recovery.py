@@ -11,16 +11,22 @@ window; past the budget the supervisor stops everything cleanly and alerts. The 
 
 The actions (:func:`restart`, :func:`stop_everything`) go through deploy/'s own paths: `down` stops each
 rank gracefully (SIGINT/SIGTERM, docker stop with its timeout — never ``rm -f`` of a running container)
-and saves its log; `up` boots the same plan and runs the gates again.
+and saves its log; `sparkserve up` (a child process) boots the same plan and runs the gates again.
 """
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
 from sparkserve.config import Config
+from sparkserve.errors import RemoteFailure
 from sparkserve.nodes.base import Node
 
 
@@ -71,15 +77,34 @@ def stop_everything(cfg: Config, nodes: dict[str, Node], say: Say) -> dict[str, 
     return result.removed
 
 
-def restart(cfg: Config, nodes: dict[str, Node], say: Say) -> tuple[float, float]:
-    """Graceful `down`, then the normal `up` path with gates. Returns the seconds of each part (stop, up);
-    raises what `up` raises when the stack does not come back (gate or boot failure: `up` tore it down)."""
-    import time
+def restart(cfg: Config, nodes: dict[str, Node], say: Say, *, config_path: Path) -> tuple[float, float]:
+    """Graceful `down`, then the normal `sparkserve up -c CONFIG` (gates included) as a child process. Returns
+    the seconds of each part (stop, up); RemoteFailure with `up`'s own error line when it does not come back
+    (a failed `up` tears down what it started itself).
 
-    from sparkserve.deploy.up import up
-
+    A child, not a call: the supervisor never holds the whole boot stack in memory (its RSS stays that of a
+    watcher), and a boot that crashes cannot take the watcher with it. A signal to the supervisor while the
+    child runs is passed on to it (it cleans up as `up` does on Ctrl-C)."""
     t0 = time.monotonic()
     stop_everything(cfg, nodes, say)
     t1 = time.monotonic()
-    up(cfg, nodes, run_gates=True, say=say)
+    argv = [sys.executable, "-m", "sparkserve", "up", "-c", str(config_path)]
+    if cfg.ssh.accept_new_host_keys:
+        argv.append("--accept-new-host-keys")
+    child = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    lines: list[str] = []
+    try:
+        assert child.stdout is not None
+        for line in child.stdout:
+            line = line.rstrip("\n")
+            lines.append(line)
+            say(line)
+        code = child.wait()
+    except KeyboardInterrupt:
+        child.send_signal(signal.SIGTERM)
+        child.wait()
+        raise
+    if code != 0:
+        err = next((ln for ln in lines if ln.startswith("error: ")), f"exit {code}")
+        raise RemoteFailure("up", f"the restart's `up` failed ({err.removeprefix('error: ')})", details=lines[-5:])
     return t1 - t0, time.monotonic() - t1

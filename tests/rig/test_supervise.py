@@ -245,6 +245,8 @@ def test_give_up_after_the_budget_stops_everything_and_alerts_loudly(tmp_path: P
         assert st.rank_pids() == []  # nothing left running
         p = st.cli("status", check=False)
         assert p.returncode != 0
+        p = st.cli("supervise", check=False)  # a stack that is down is not silently brought back
+        assert p.returncode == 1 and "error: supervise: no sparkserve rank runs on any node" in p.stderr, p.stderr
         kinds = [k for k, _ in journal_events(st)]
         assert kinds.count("incident") == 2 and kinds[-1] == "gave_up"
         assert any("GAVE UP" in t for t in hook.titles())

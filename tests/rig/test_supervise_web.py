@@ -2,8 +2,8 @@
 failing gate in red within one round of a fault; Debian's ``prometheus`` server scrapes the exporter.
 
 One stack (one ``local: true`` node, ``runtime: process``) with ``supervise.recover: false``: a fault stays
-on the page, nothing restarts. The fault is real input: the node's meminfo source (``supervise.meminfo_path``)
-drops below the MemFree floor. Both programs are installed by scripts/setup; a missing one fails the test.
+on the page, nothing restarts. The fault: the engine wedges (the emulator's ``wedge`` through its control file),
+so the next round's canary fails. Both programs are installed by scripts/setup; a missing one fails the test.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from supervise_stack import LocalStack, Supervisor, free_port, healthy_meminfo
+from supervise_stack import LocalStack, Supervisor, free_port
 
 RED = "rgb(220, 40, 40)"
 GREEN = "rgb(214, 245, 214)"
@@ -27,7 +27,9 @@ GREEN = "rgb(214, 245, 214)"
 
 @pytest.fixture(scope="module")
 def watched(tmp_path_factory) -> Iterator[tuple[LocalStack, Supervisor]]:
-    st = LocalStack.make(tmp_path_factory.mktemp("web"), nodes=1, supervise={"recover": False, "interval_s": 1})
+    work = tmp_path_factory.mktemp("web")
+    st = LocalStack.make(work, nodes=1, env={"SSEMU_CONTROL": str(work / "control")},
+                         supervise={"recover": False, "interval_s": 1, "canary_deadline_s": 2})
     try:
         st.cli("up")
         sup = st.supervise()
@@ -61,24 +63,24 @@ def gate_row(dom: str, gate: str) -> str:
 
 def test_chromium_renders_the_status_page_and_shows_a_failing_gate_red_within_one_round(watched, tmp_path) -> None:
     st, sup = watched
-    sup.wait_status(lambda s: s["gates"]["memory"]["ok"] is True, 15, "memory passing")
+    sup.wait_status(lambda s: s["gates"]["progress"]["ok"] is True, 15, "progress passing")
     dom = render(sup.url + "/", tmp_path)
     assert 'data-rendered="1"' in dom  # the page's script ran in the browser
-    row = gate_row(dom, "memory")
+    row = gate_row(dom, "progress")
     assert "gate ok" in row and f'data-shown-color="{GREEN}"' in row, row
     assert 'id="acceptance-chart"' in dom or "no acceptance figures yet" in dom
     assert "tiny" in dom and "Incidents" in dom and 'id="history"' in dom
 
     rounds = sup.status()["rounds"]
-    (st.work / "n0.meminfo").write_text(healthy_meminfo(free_gib=1.5))  # below the 4 GiB floor
-    s = sup.wait_status(lambda s: s["rounds"] >= rounds + 2, 15, "the next full round")
-    assert s["gates"]["memory"]["ok"] is False
+    (st.work / "control").write_text("wedge@after=0\n")  # the engine wedges: /health 200, no token comes back
+    s = sup.wait_status(lambda s: s["rounds"] >= rounds + 2, 15, "the round in flight and one full round")
+    assert s["gates"]["progress"]["ok"] is False
     dom = render(sup.url + "/", tmp_path)
-    row = gate_row(dom, "memory")
+    row = gate_row(dom, "progress")
     assert "gate fail" in row and f'data-shown-color="{RED}"' in row, row
-    assert "MemFree 1.50 GiB is below the floor" in dom
-    (st.work / "n0.meminfo").write_text(healthy_meminfo())
-    sup.wait_status(lambda s: s["gates"]["memory"]["ok"] is True, 15, "memory passing again")
+    assert "canary generation failed" in dom and f'data-shown-color="{GREEN}"' in gate_row(dom, "ranks")
+    (st.work / "control").unlink()
+    sup.wait_status(lambda s: s["gates"]["progress"]["ok"] is True, 15, "progress passing again")
 
 
 def test_a_real_prometheus_scrapes_the_exporter(watched, tmp_path) -> None:

@@ -100,3 +100,11 @@ def test_acceptance_collapse_against_the_band_is_an_alarm() -> None:
     assert judge_acceptance(Window(400, 3.3, (0.7, 0.5, 0.4)), band, drop=0.5, min_drafts=50).ok is True
     assert judge_acceptance(Window(10, 1.0, (0.0,)), band, drop=0.5, min_drafts=50).ok is None  # too few drafts
     assert judge_acceptance(collapsed, None, drop=0.5, min_drafts=50).ok is True  # no band: nothing to fall from
+
+
+def test_a_canary_queued_past_its_deadline_while_tokens_flow_is_busy_not_wedged() -> None:
+    late = CanaryResult(False, 10.0, 0, "no answer before the deadline")
+    assert judge_progress(late, 10, tokens_meanwhile=2048).ok is True
+    assert judge_progress(late, 10, tokens_meanwhile=0).ok is False  # frozen counters: wedged
+    refused = CanaryResult(False, 0.0, 0, "ConnectError: [Errno 111] Connection refused")
+    assert judge_progress(refused, 10, tokens_meanwhile=2048).ok is False  # no API is no API
