@@ -89,7 +89,7 @@ def bench(
     the_cell = _sized(cell.value, size)
     if protocol is ProtocolName.forced and chat_template is not None:
         raise BadInput("--chat-template", "only the card protocol renders prompts client-side")
-    cfg = config_from(config, nodes=url is None)
+    cfg = config_from(config, nodes=False)  # HTTP to the API only: no SSH, so no placeholder check
     if url is None:  # the config's own stack: every rank alive first, or the dead one named at once
         from sparkserve.deploy.stack import ranks_alive
         from sparkserve.nodes.factory import open_reachable

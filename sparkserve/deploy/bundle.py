@@ -33,7 +33,8 @@ from sparkserve.nodes.base import Node
 
 REDACTED = "<redacted>"
 #: A key whose value is a secret, wherever it is in the config (or serve.env).
-SECRET_KEY = re.compile(r"(api[_-]?key|token|passw(or)?d|secret|credential|private[_-]?key|auth)", re.IGNORECASE)
+SECRET_KEY = re.compile(r"api[_-]?key|(?:^|[_.-])(?:token|auth)(?:$|[_.-])|^token|passw(?:or)?d|secret|credential"
+                        r"|private[_-]?key", re.IGNORECASE)  # HF_TOKEN, auth_token; never pool_tokens, max_tokens
 _IPV4 = re.compile(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?![\d.])")
 JOURNAL_TAIL = 50
 
@@ -76,7 +77,7 @@ def secret_values(data: Any, cfg: Config | None) -> set[str]:
         elif isinstance(x, list):
             for v in x:
                 walk(v, key)
-        elif x is not None and SECRET_KEY.search(key) and str(x).strip():
+        elif x is not None and not isinstance(x, bool) and SECRET_KEY.search(key) and str(x).strip():
             found.add(str(x))
 
     walk(data)

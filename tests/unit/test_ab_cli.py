@@ -32,6 +32,12 @@ def env(tmp_path: Path) -> dict[str, str]:
     home.mkdir()
     e = {k: v for k, v in os.environ.items() if not k.startswith("SPARKSERVE_")}
     e.update(HOME=str(home), SSJOURNAL_PATH=str(tmp_path / "journal.sqlite"), COLUMNS="200", PYTHONPATH=str(REPO))
+    # a config file of its own (`ab run` reaches nodes: never on the embedded default's placeholder hosts)
+    from sparkserve.config import default_yaml_text
+
+    cfg = tmp_path / "sparkserve.yaml"
+    cfg.write_text(default_yaml_text().replace("spark-a.lan", "spark-a.test").replace("spark-b.lan", "spark-b.test"))
+    e["SPARKSERVE_CONFIG"] = str(cfg)
     return e
 
 
@@ -70,6 +76,7 @@ def test_ab_run_bad_input_is_bad_input_before_any_node(env, dirs, extra, where, 
 
     monkeypatch.setenv("SSJOURNAL_PATH", env["SSJOURNAL_PATH"])
     monkeypatch.setenv("HOME", env["HOME"])
+    monkeypatch.setenv("SPARKSERVE_CONFIG", env["SPARKSERVE_CONFIG"])
     monkeypatch.setattr(factory, "open_nodes", lambda *a, **k: pytest.fail("a node was opened"))
     a, b = dirs
     r = CliRunner().invoke(app, ["ab", "run", *[x.format(a=a, b=b) for x in extra]])

@@ -54,6 +54,9 @@ def test_no_planted_secret_survives_anywhere_in_the_bundle(tmp_path: Path) -> No
     raw = members[next(n for n in members if n.endswith("/config.yaml"))].decode()
     assert "HF_TOKEN: <redacted>" in raw and "REGISTRY_PASSWORD: <redacted>" in raw
     assert "served_name: glm-5.3-flash" in raw  # the rest is the user's file as it is
+    for name, data in members.items():  # scrubbing never breaks a JSON member
+        if name.endswith(".json"):
+            json.loads(data)
     errors = json.loads(members[next(n for n in members if n.endswith("/errors.json"))])
     assert "node spark-a" in errors and "node spark-b" in errors, errors  # unreachable: named, not fatal
     versions = json.loads(members[next(n for n in members if n.endswith("/versions.json"))])
@@ -74,8 +77,9 @@ def test_redact_hosts_hides_host_names_and_ips(tmp_path: Path) -> None:
 
 
 def test_the_redaction_rules_can_fail() -> None:
-    data = {"serve": {"env": {"MY_TOKEN": "abcdef", "PATH": "/usr/bin"}, "port": 8000}, "auth": {"password": "pw12"}}
-    assert secret_values(data, None) == {"abcdef", "pw12"}
+    data = {"serve": {"env": {"MY_TOKEN": "abcdef", "PATH": "/usr/bin"}, "port": 8000}, "auth": {"password": "pw12"},
+            "gates": {"pool_tokens": 366749, "smoke": {"max_tokens": 512}}, "ssh": {"accept_new_host_keys": True}}
+    assert secret_values(data, None) == {"abcdef", "pw12"}  # a token count is no token
     text = "serve:\n  env:\n    MY_TOKEN: abcdef   # keep\n    PATH: /usr/bin\n"
     assert redact_config_text(text) == "serve:\n  env:\n    MY_TOKEN: <redacted>   # keep\n    PATH: /usr/bin\n"
     assert scrub("ssh 10.1.2.3 then 127.0.0.1 and spark-a.lan:22", set(), {"spark-a.lan": "host-1"}) == \
