@@ -109,7 +109,10 @@ def test_campaign_verdicts_exclusion_interrupt_resume_and_report(e2e, stack, tmp
         "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
         "{% if add_generation_prompt %}<|im_start|>assistant\n{% if enable_thinking %}<think>\n{% endif %}"
         "{% endif %}")}))
-    args = (*ARGS, "--chat-template", str(tok))
+    prompts = tmp_path / "holdout.jsonl"  # the card's shape; the card's protocol takes the first N, never cycling
+    prompts.write_text("".join(json.dumps({"id": f"h{i}", "prompt": f"holdout question {i}"}) + "\n"
+                               for i in range(40)))
+    args = (*ARGS, "--chat-template", str(tok), "--prompts", str(prompts))
     serving = mounted(e2e)
     assert serving == {f"{E2E_DIR}/drafter"}
 
