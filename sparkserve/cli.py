@@ -70,6 +70,8 @@ class LazyGroup(TyperGroup):
         sub = typer.Typer()
         mod.register(sub)
         group = typer.main.get_group(sub)
+        for cmd in group.commands.values():
+            _unwrap_help(cmd)
         self.commands.update(group.commands)
 
     def load_all(self) -> None:
@@ -98,6 +100,17 @@ class LazyGroup(TyperGroup):
         if args and args[0] not in self.commands and not _looks_like_option(args[0]):
             self.load_all()  # a typo: suggest from every registered command, not only the table
         return super().resolve_command(ctx, args)
+
+
+def _unwrap_help(cmd: _click.Command) -> None:
+    """A docstring's paragraphs as one line each: `--help` then wraps them at the terminal's width, never at
+    the source's (which left "… (run / now …" when rich kept the docstring's own line ends)."""
+    import inspect
+
+    if cmd.help:
+        cmd.help = "\n\n".join(" ".join(par.split()) for par in inspect.cleandoc(cmd.help).split("\n\n"))
+    for sub in (getattr(cmd, "commands", None) or {}).values():
+        _unwrap_help(sub)
 
 
 def _looks_like_option(name: str) -> bool:

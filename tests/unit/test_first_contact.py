@@ -210,3 +210,11 @@ def test_the_copy_bars_go_and_leave_one_line_per_node_and_the_boot_view_ends_whe
         assert p._boot_live is not None
         p.say("the head answers at http://x after 1.0s; the gates decide whether it serves")
         assert p._boot_live is None, "the boot table must stop (and stay printed) before the gates speak"
+
+
+def test_help_text_wraps_at_the_terminal_not_at_the_docstrings_line_ends(tmp_path: Path) -> None:
+    p = cli("up", "--help", env=clean_env(tmp_path, COLUMNS="100"))
+    assert p.returncode == 0, p.stderr
+    lines = [ln.strip() for ln in p.stdout.splitlines() if ln.strip() and not ln.strip().startswith(("│", "╭", "╰"))]
+    assert not [ln for ln in lines if ln in ("(run", "rank")], lines  # the docstring's line ends left these alone
+    assert "(run now when the journal holds no verdict for it" in " ".join(lines)
