@@ -351,10 +351,10 @@ def json_schemas() -> dict[str, dict[str, Any]]:
         "status": ("`sparkserve status --json`", _status_doc),
     }
     out: dict[str, dict[str, Any]] = {
-        "config": {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "sparkserve.yaml",
-                   **Config.model_json_schema()},
-        "bench": {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": "`sparkserve bench --json`",
-                  **BenchResult.model_json_schema()},
+        "config": {**Config.model_json_schema(), "$schema": "https://json-schema.org/draft/2020-12/schema",
+                   "title": "`sparkserve.yaml`"},
+        "bench": {**BenchResult.model_json_schema(), "$schema": "https://json-schema.org/draft/2020-12/schema",
+                  "title": "`sparkserve bench --json`"},
     }
     for name, (title, make) in inferred.items():
         out[name] = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": title,
