@@ -2,10 +2,11 @@
 the exporter and status page, and the systemd service that runs it.
 
 May import: every lower stage (deploy, nodes, measure, observe, plan, models, ground). deploy/ is the boot
-and stays so: restarts go through :func:`sparkserve.deploy.up.up` and :func:`sparkserve.deploy.stack.down`.
+and stays so: restarts go through :func:`sparkserve.deploy.stack.down` and the `sparkserve up` command (a
+child process: the normal path, gates included).
 
     checks     pure: round facts → one verdict per check (progress, wedge, ranks, faults, kernel, memory,
-               acceptance)
+               acceptance); state: what the supervisor knows now (the exporter, page and --json read it)
     nodefacts  the one node-side program per round: memory, kernel lines, rank pids, py-spy dumps
     probes     the canary generation and the /metrics scrape
     incident   forensics before any action: the incident directory, journalled

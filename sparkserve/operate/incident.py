@@ -148,6 +148,10 @@ def open_incident(cfg: Config, nodes: dict[str, Node], verdicts: list[Verdict], 
             write(name, "\n".join(lines) + "\n")
             logs_index[f"{node_name}/{rank}"] = name
         for rank, pids in f.pids.items():
+            if not pids:  # a rank whose processes are all gone (a kill -9): say so where its stacks would be
+                name = f"{_safe(node_name)}.{_safe(rank)}.pyspy.txt"
+                write(name, "(no live process of this rank to dump: every one of its processes had exited)\n")
+                pyspy_index[f"{node_name}/{rank}"] = name
             for pid in pids:
                 text = f.dumps.get(str(pid))
                 if text is None:

@@ -134,8 +134,9 @@ class Supervisor:
         return canary(self.http, self.api_url, self.model, max_tokens=self.s.canary_max_tokens,
                       deadline_s=self.s.canary_deadline_s, api_key=self.api_key)
 
-    def _scrape(self) -> Scrape | None:
-        return scrape_metrics(self.http, self.api_url, self.model, timeout=min(10.0, self.s.canary_deadline_s))
+    def _scrape(self, timeout: float | None = None) -> Scrape | None:
+        t = timeout if timeout is not None else min(10.0, self.s.canary_deadline_s)
+        return scrape_metrics(self.http, self.api_url, self.model, timeout=t)
 
     def _ranks_and_logs(self) -> tuple[list[RankFact], dict[str, str], dict[str, list[str]]]:
         """Each rank's liveness and the log lines it gained, one look per rank (the runtime answers both at
@@ -256,7 +257,7 @@ class Supervisor:
             c = f_canary.result()
         meanwhile = None
         if not c.ok and scrape is not None:  # busy or wedged? what the engine generated while the canary waited
-            after = self._scrape()
+            after = self._scrape(timeout=min(3.0, self.s.canary_deadline_s / 2))  # the round is late already
             if after is not None and after.snapshot.boot_id == scrape.snapshot.boot_id and \
                     after.snapshot.generation_tokens is not None and scrape.snapshot.generation_tokens is not None:
                 meanwhile = after.snapshot.generation_tokens - scrape.snapshot.generation_tokens
@@ -379,7 +380,7 @@ class Supervisor:
     _metrics_note = ""
 
     def _metrics_now(self) -> str | None:
-        s = self._scrape()
+        s = self._scrape(timeout=5.0)
         if s is not None:
             self._metrics_note = "scraped when the incident opened"
             return s.text

@@ -181,7 +181,9 @@ class _Supervised:
         inc = Path(st["incidents"][-1]["dir"])
         stacks = [p.read_text(errors="replace") for p in inc.glob("*.pyspy.txt")]
         logs = list(inc.glob("*.log"))
-        pyspy_ok = any("Thread " in x for x in stacks)
+        # SIGSTOP: the rank's processes live, each must be dumped; kill -9: the dead EngineCore cannot be, but every
+        # rank still has its file (a dump of what lives, e.g. the API server, or "no live process")
+        pyspy_ok = any("Thread " in x for x in stacks) if sig == signal.SIGSTOP else bool(stacks)
         checks = sorted({v["check"] for v in st["incidents"][-1]["verdict"]})
         st2 = self.wait(lambda x: x["recoveries"] > n and x["gates"]["progress"]["ok"] is True, 400)
         rec = [ln for ln in self.log().splitlines() if "recovered:" in ln]
