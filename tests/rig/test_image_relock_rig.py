@@ -1,8 +1,8 @@
 """`image build` holds both lanes to their lock: a lock that disagrees with the recipe is refused (exit 2,
 before any node is touched) unless `--relock` is given, and `--relock` on the rig's head writes the lane's
 own lock — for the source lane: the CUDA images pinned (by ID: stand-ins that were never pushed), vLLM's
-commit, FlashInfer ref / arch list / pins recorded, the real format-patch digested against the vLLM 0.33.0
-tree of the stand-in base."""
+commit, torch/FlashInfer indexes / arch list / pins recorded, the real format-patch digested against the vLLM
+0.33.0 tree of the stand-in base."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def source_recipe(rig, rig_docker, tmp_path_factory) -> Path:  # type: ignore[no
     (where / "recipe.yaml").write_text(
         f"name: sparkserve-rigtest/vllm-src\nlane: source\nbase: {{image: '{STANDIN_REF}', platform: linux/amd64}}\n"
         f"vllm: {{version: 0.33.0, ref: '{COMMIT}'}}\nseries: patches/series\nupstream_checks: checks.json\n"
-        f"source: {{cuda_devel_image: '{DEVEL}', cuda_runtime_image: '{RUNTIME}', flashinfer_ref: v0.6.1}}\n")
+        f"source: {{cuda_devel_image: '{DEVEL}', cuda_runtime_image: '{RUNTIME}'}}\n")
     yield where / "recipe.yaml"
     for ref in (DEVEL, RUNTIME):
         head.images.remove(ref)
@@ -83,26 +83,28 @@ def test_source_lane_refuses_without_a_lock_and_relocks_on_the_head(rig, source_
     src = lock["source"]
     assert src["cuda_devel"] == DEVEL and src["cuda_devel_image"] == DEVEL  # never pushed: pinned by its ID
     assert src["cuda_devel_id"].startswith("sha256:") and src["cuda_runtime_id"].startswith("sha256:")
-    assert src["flashinfer_ref"] == "v0.6.1" and src["torch_cuda_arch_list"] == "12.1a"
+    assert src["flashinfer"] == "the vLLM wheel's own pin (its METADATA)"
+    assert src["torch_cuda_arch_list"] == "12.0 12.1a"
+    assert src["torch_index"] == "https://download.pytorch.org/whl/cu130"
     (patch,) = lock["patches"]
     assert patch["name"] == "0001-rig-test.patch" and list(patch["touches"]) == [REL]
     assert patch["touches"][REL]["before"] != patch["touches"][REL]["after"]
     assert require_lock(load_recipe_files(source_recipe)).lane == "source"  # the build would now go ahead
 
-    stale = source_recipe.read_text().replace("flashinfer_ref: v0.6.1", "flashinfer_ref: v0.6.2")
+    stale = source_recipe.read_text().replace(f"'{RUNTIME}'}}", f"'{RUNTIME}', torch_index: 'https://x.invalid/cu131'}}")
     source_recipe.write_text(stale)
     try:
         res = cli("image", "build", "-c", str(_unreachable(tmp_path)), "--recipe", str(source_recipe))
         assert res.returncode == 2, res.stderr
         first = res.stderr.splitlines()[0]
-        assert first.startswith("error: ") and "the lock disagrees with recipe.yaml: source flashinfer_ref is " \
-            "'v0.6.2', the lock's is 'v0.6.1'; re-lock with --relock" in first
+        assert first.startswith("error: ") and "the lock disagrees with recipe.yaml: source torch_index is " \
+            "'https://x.invalid/cu131', the lock's is 'https://download.pytorch.org/whl/cu130'; re-lock" in first
         assert "Traceback" not in res.stderr
         res = cli("image", "build", "-c", str(rig.rig_yaml), "--recipe", str(source_recipe), "--lock-only")
         assert res.returncode == 0, res.stderr[-3000:]
-        assert require_lock(load_recipe_files(source_recipe)).source["flashinfer_ref"] == "v0.6.2"
+        assert require_lock(load_recipe_files(source_recipe)).source["torch_index"] == "https://x.invalid/cu131"
     finally:
-        source_recipe.write_text(stale.replace("v0.6.2", "v0.6.1"))
+        source_recipe.write_text(stale.replace(", torch_index: 'https://x.invalid/cu131'", ""))
 
 
 def test_overlay_lane_refuses_a_changed_patch_until_relocked(rig, source_recipe: Path, tmp_path: Path) -> None:
