@@ -148,3 +148,28 @@ def test_an_image_without_vllm_reports_it_instead_of_failing(tmp_path: Path) -> 
     facts = facts_tool.facts(None)
     assert facts["vllm"]["version"] is None and facts["record"] is None
     assert facts_problems(facts, None)[0] == "no vLLM in the image (vllm/_version.py not found)"
+
+
+def test_package_versions_torch_cuda_and_the_gpu_mark_are_read_from_files(tmp_path: Path) -> None:
+    """What a lock records beside vLLM (issue 23): FlashInfer's three wheels, torch and its CUDA, Triton — from
+    dist-info METADATA and torch/version.py; the GPU smoke mark from /opt/sparkserve/gpu-smoke.json."""
+    site = tmp_path / "site"
+    for dist, name, version in (("flashinfer_python-0.7.2.post1", "flashinfer-python", "0.7.2.post1"),
+                                ("flashinfer_jit_cache-0.7.2.post1+cu130", "flashinfer-jit-cache", "0.7.2.post1+cu130"),
+                                ("torch-2.14.0+cu130", "torch", "2.14.0+cu130"), ("numpy-2.0.0", "numpy", "2.0.0")):
+        (site / f"{dist}.dist-info").mkdir(parents=True)
+        meta = f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        (site / f"{dist}.dist-info" / "METADATA").write_text(meta)
+    (site / "torch").mkdir()
+    (site / "torch" / "version.py").write_text("__version__ = '2.14.0+cu130'\ncuda: Optional[str] = '13.0'\n")
+    assert facts_tool.packages(site) == {"flashinfer-python": "0.7.2.post1", "flashinfer-cubin": None,
+                                         "flashinfer-jit-cache": "0.7.2.post1+cu130", "torch": "2.14.0+cu130",
+                                         "triton": None, "torch_cuda": "13.0"}
+    mark = tmp_path / "gpu-smoke.json"
+    mark.write_text('{"verified": false, "why": "built without running the GPU smoke stage on a GPU"}\n')
+    facts_tool.GPU_SMOKE = str(mark)
+    try:
+        assert facts_tool.facts(None)["gpu_smoke"] == {"verified": False, "why": "built without running the GPU "
+                                                       "smoke stage on a GPU"}
+    finally:
+        facts_tool.GPU_SMOKE = "/opt/sparkserve/gpu-smoke.json"
