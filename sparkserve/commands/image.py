@@ -83,7 +83,7 @@ def build_cmd(
     effective_recipe(files, lane)  # a lane the recipe cannot build is exit 2 before any node is touched
     lock = None if relock else require_lock(files, lane)  # so is a stale lock
     overlays = overlay_bytes(files)  # and an overlay whose bytes are not its sha256
-    cfg = config_from(config)
+    cfg = config_from(config, nodes=not local)  # --local: this machine, no node (no hosts needed)
     say = None if json_out else _say
     if files.recipe.experimental:
         err_console.print(f"warning: {files.path.name} is EXPERIMENTAL: {files.recipe.experimental}",
