@@ -23,6 +23,8 @@ It never imports vllm or torch, so it runs on a machine without a GPU, CUDA or n
 * ``gpu_smoke``: the GPU smoke stage's record (``/opt/sparkserve/gpu-smoke.json``): ``verified`` false until
   ``docker/tools/gpu_smoke.py`` passed on a GPU (a build without one says so), null for an image sparkserve
   did not build.
+* ``--serve-dialect`` (alone): the engine's flag dialect — the image's own ``vllm serve`` parser dumped (option
+  list + version) when vllm imports, else the version ``vllm --version`` prints (:func:`serve_dialect`).
 * ``applied``: the series manifest the applier wrote (``/opt/sparkserve/applied.json``), or null;
   ``lock``: the recipe lock the image was built from (``/opt/sparkserve/lock.json``), or null.
 """
@@ -316,12 +318,98 @@ def _sha256(path: Path) -> str | None:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+# ------------------------------------------------------------------------------------ the engine's dialect
+
+
+def _jsonable(v: object) -> object:
+    if v is None or isinstance(v, str | int | float | bool):
+        return v
+    if isinstance(v, list | tuple):
+        return [_jsonable(x) for x in v]
+    if isinstance(v, dict):
+        return {str(k): _jsonable(x) for k, x in v.items()}
+    return repr(v)
+
+
+def _type_name(t: object) -> str | None:
+    if t is None:
+        return None
+    name = getattr(t, "__name__", None)
+    if name is None and hasattr(t, "func"):  # functools.partial
+        name = getattr(t.func, "__name__", None)
+    return name or repr(t)
+
+
+def _parser_dump() -> dict[str, object]:
+    """vLLM's own `vllm serve` parser in this interpreter, dumped in the shape of sparkserve's committed option
+    lists (scripts/dump_vllm_serve_args.py). Imports vllm: its prints are sent to stderr meanwhile."""
+    import contextlib
+
+    # the parser is the same whatever the device; a node answering image facts runs no GPU container
+    os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+    os.environ.setdefault("VLLM_CONFIGURE_LOGGING", "0")
+    saved = os.dup(1)
+    os.dup2(2, 1)
+    try:
+        with contextlib.redirect_stdout(sys.stderr):
+            import vllm
+            from vllm.entrypoints.cli.serve import ServeSubcommand
+            from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+            top = FlexibleArgumentParser(description="vLLM CLI")
+            serve = ServeSubcommand().subparser_init(top.add_subparsers(required=False, dest="subparser"))
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, 1)
+        os.close(saved)
+    group_of = {id(a): g.title for g in serve._action_groups for a in g._group_actions}
+    options = [{
+        "option_strings": list(a.option_strings), "dest": a.dest, "group": group_of.get(id(a)),
+        "action": type(a).__name__, "type": _type_name(a.type), "nargs": _jsonable(a.nargs),
+        "metavar": _jsonable(a.metavar), "choices": _jsonable(list(a.choices)) if a.choices is not None else None,
+        "default": _jsonable(a.default), "required": bool(a.required), "help": None,
+    } for a in serve._actions if not isinstance(a, argparse._HelpAction)]
+    return {"generator": "the image's own `vllm serve` parser (docker/tools/image_facts.py --serve-dialect)",
+            "vllm_version": vllm.__version__, "num_actions": len(options),
+            "num_option_strings": sum(len(o["option_strings"]) for o in options), "options": options}
+
+
+def serve_dialect() -> dict[str, object]:
+    """The engine's flag dialect as the image itself states it: its own parser's option list and version when
+    vllm imports here, else the version its `vllm --version` prints (an engine that is not a Python vLLM
+    install, or one whose parser cannot be built without a GPU); ``how`` says which, ``error`` why not more."""
+    import shutil
+    import subprocess
+
+    try:
+        dump = _parser_dump()
+        return {"vllm_version": dump["vllm_version"], "options": dump, "how": "parser", "error": None}
+    except Exception as e:  # noqa: BLE001 - any failure of a foreign import is a fact to report, not a crash
+        why = f"{type(e).__name__}: {e}"
+    exe = shutil.which("vllm")
+    if exe is None:
+        return {"vllm_version": None, "options": None, "how": None, "error": why + "; no vllm on PATH"}
+    try:
+        p = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        return {"vllm_version": None, "options": None, "how": None, "error": f"{why}; vllm --version: {e}"}
+    lines = [ln.strip() for ln in p.stdout.splitlines() if ln.strip()]
+    version = lines[-1].split()[0] if p.returncode == 0 and lines else None  # "<version>[ (note)]"
+    return {"vllm_version": version, "options": None, "how": "vllm --version", "error": why}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--site", help="site-packages directory holding vllm/ (default: found on sys.path)")
     ap.add_argument("--no-archs", action="store_true", help="skip the .nv_fatbin census")
     ap.add_argument("--applied", default=APPLIED_MANIFEST, help="the applier's manifest")
+    ap.add_argument("--serve-dialect", action="store_true", help="print only the engine's flag dialect: its own "
+                    "`vllm serve` option list and version (sparkserve's image verify keeps them)")
     args = ap.parse_args(argv)
+    if args.serve_dialect:
+        json.dump(serve_dialect(), sys.stdout)
+        sys.stdout.write("\n")
+        return 0
     json.dump(facts(find_site(args.site), archs=not args.no_archs, applied=args.applied), sys.stdout, indent=1)
     sys.stdout.write("\n")
     return 0

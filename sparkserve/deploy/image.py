@@ -39,6 +39,7 @@ class ImageCheck:
     problem: NodeError | None
     facts: dict[str, dict] = field(default_factory=dict)
     fact_problems: list[str] = field(default_factory=list)
+    dialect: dict[str, object] | None = None  # the engine's flag dialect read from the image (kept: image_dialect)
 
     @property
     def ok(self) -> bool:
@@ -49,7 +50,8 @@ class ImageCheck:
                 "fingerprints": dict(self.fingerprints), "problems": self.problems(),
                 "gpu_verified": self.gpu_verified, "gpu": self.gpu_line,
                 "facts": {n: {k: f.get(k) for k in ("vllm", "record", "dflash2", "gpu_smoke")}
-                          for n, f in self.facts.items()}}
+                          for n, f in self.facts.items()},
+                "dialect": self.dialect}
 
     @property
     def gpu_verified(self) -> bool | None:
@@ -108,7 +110,14 @@ def verify_image(cfg: Config, nodes: dict[str, Node], *, facts: bool = True) -> 
                 if per_node[name].get(key) != per_node[head].get(key):
                     fact_problems.append(f"{name}: image facts differ from {head}'s in {key!r}")
         fact_problems += [f"{head}: {p}" for p in facts_problems(per_node[head], per_node[head].get("lock"))]
-    return ImageCheck(ref, ids, fps, problem, per_node, fact_problems)
+    dialect = None
+    if facts and problem is None and cfg.runtime == "docker":  # the image's own flag dialect, kept for the plan
+        from sparkserve.deploy.image_dialect import verify_dialect
+
+        d, raw = verify_dialect(nodes[names[0]], ref, str(ids[names[0]]))
+        dialect = {"name": d.name if d else None, "vllm_version": raw.get("vllm_version"), "how": raw.get("how"),
+                   "options": len((raw.get("options") or {}).get("options") or []) or None, "error": raw.get("error")}
+    return ImageCheck(ref, ids, fps, problem, per_node, fact_problems, dialect)
 
 
 def ship_source(cfg: Config, source: str | None) -> str:

@@ -110,7 +110,21 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-VERSION = "0.33.0"
+# SSEMU_ENGINE=glm53-fork: the model card's vLLM fork (issue 21), as its image behaves where sparkserve can see it:
+# the version string of the card's Dockerfile@121cecc base (0.1.dev20051+g487ecf187), the launcher's "v2 dialect"
+# (its option list is the image's serve-args.json: --kv-cache-memory <bytes>, no --kv-cache-memory-bytes, no
+# autotune flag — canada-quant/vllm-glm53-flash-sm121 scripts/launch_glm53_w4a16_dflash2_sm121.sh@1c142c9), the
+# README@00d42fa "Expected boot gates" 1-2 on every rank, and the card's pool for its bytes (kv_pool_line).
+# The image says which engine it is with a file (layered test images add files, not ENV): /opt/sparkserve-emu/engine.
+ENGINE = os.environ.get("SSEMU_ENGINE") or next(
+    (p.read_text().strip() for p in (Path("/opt/sparkserve-emu/engine"), Path(__file__).with_name("engine"))
+     if p.is_file()), "")
+FORK = ENGINE == "glm53-fork"
+VERSION = "0.1.dev20051+g487ecf187" if FORK else "0.33.0"
+# The card's measured pool: --kv-cache-memory 8053063680 -> "GPU KV cache size: 366,749 tokens" @262K (README).
+# The fork's own pool arithmetic (hybrid mamba + sparse-MLA groups, block 2304 raised to 4608) is not emulated:
+# the fork image scales the card's tokens per byte.
+CARD_KV_BYTES, CARD_POOL_TOKENS = 8053063680, 366749
 EMULATOR_NOTE = "sparkserve engine emulator — not vLLM"
 SITE = "/usr/local/lib/python3.12/dist-packages"
 PYLIB = "/usr/lib/python3.12"
@@ -133,6 +147,7 @@ AT = {
     "attn": "cuda.py:508", "attn_explicit": "cuda.py:448", "fa": "flash_attn.py:1122",
     "fs": "weight_utils.py:1144", "prefetch": "weight_utils.py:1167", "weights": "default_loader.py:506",
     "aux": "eagle3_utils.py:36", "mask": "qwen3_dflash.py:926", "model_load": "model_runner.py:428",
+    "kv_layout": "utils.py:345", "drafter_group": "kv_cache_utils.py:1286",
     "flashinfer": "topk_topp_sampler.py:121", "tc_start": "monitor.py:40", "tc_cache": "backends.py:1125",
     "dynamo": "backends.py:1187", "tc_store": "backends.py:401", "tc_compile": "backends.py:417",
     "tc_load": "backends.py:310", "aot_save": "decorators.py:752", "aot_load": "decorators.py:326",
@@ -529,6 +544,8 @@ def parse_serve(argv: list[str]) -> argparse.Namespace:
     if extra:
         sys.stderr.write(TOP_USAGE + f"vllm: error: unrecognized arguments: {' '.join(extra)}\n")
         sys.exit(2)
+    if not hasattr(ns, "kv_cache_memory_bytes"):  # the fork's dialect: --kv-cache-memory <bytes>
+        ns.kv_cache_memory_bytes = getattr(ns, "kv_cache_memory", None)
     ns._spec = spec
     return ns
 
@@ -1288,6 +1305,12 @@ class Emulator:
             self.mask_line(rank)
             self.wk_once(rank, "weights", f"Loading weights took {time.monotonic() - t2:.2f} seconds",
                          "weights-drafter")
+        if FORK:  # the card's boot gates 1 and 2, on every rank (README@00d42fa "Expected boot gates")
+            self.wk(rank, "INFO", "kv_layout", "Using HND KV cache layout for FLASHINFER_MLA_SPARSE_SM90 backend.")
+            if self.spec and self.dflash2:
+                layers = int(self.drafter_cfg.get("num_hidden_layers") or 0)
+                self.wk(rank, "INFO", "drafter_group", "DFLASH2-DRAFTER-GROUP: GLM-5-Next fast path engaged with a "
+                        f"spec-decode drafter group (drafter_layers={layers}, mamba_groups=4, tail_group=True)")
         gib = round((t_bytes + d_bytes) / self.tp / GiB, 2)
         self.wk(rank, "INFO", "model_load",
                 f"Model loading took {gib} GiB memory and {time.monotonic() - t:.6f} seconds")
@@ -1602,6 +1625,10 @@ class Emulator:
         self.kv_plan = kv_cache_plan(self.target_cfg, self.drafter_cfg if self.spec else None, kv_bytes=kv_bytes,
                                      kv_cache_dtype=self.kv_dtype, tp=self.tp, max_model_len=self.max_model_len)
         p = self.kv_plan
+        if FORK:  # the card's tokens per byte (see CARD_POOL_TOKENS)
+            tokens = kv_bytes * CARD_POOL_TOKENS // CARD_KV_BYTES
+            p = self.kv_plan = KVPlan(max(1, tokens // KV_BLOCK), tokens, tokens / max(1, self.max_model_len),
+                                      CARD_KV_BYTES / CARD_POOL_TOKENS)
         self.core("INFO", "kv_size", f"GPU KV cache size: {p.tokens:,} tokens, Maximum concurrency for "
                                      f"{self.max_model_len:,} tokens per request: {p.max_concurrency:.2f}x")
 
