@@ -209,3 +209,27 @@ def test_the_prebuilt_lane_checks_an_image_as_it_is(built, rig, rig_docker, reci
     assert res.returncode == 3, res.stderr[-2000:]
     first = next(ln for ln in res.stderr.splitlines() if ln.startswith("error: "))
     assert first.startswith("error: node-a: relock: overlay ") and "the image's file is" in first
+
+
+def test_a_passing_gpu_smoke_is_committed_into_the_image(built, rig, rig_docker) -> None:
+    """What the GPU stage does after a pass on a Spark (the rig has no GPU, so the report is the program's
+    own shape, given here): one layer with the report, the label, and `image facts` reading it back."""
+    from sparkserve.deploy.image_gpu import GpuSmoke, mark_gpu_verified, verification_line
+    from sparkserve.deploy.image_run import image_facts
+    from sparkserve.nodes.local import LocalNode
+
+    client = rig_docker["node-a"]
+    ref = "sparkserve-rigtest/card:gpu-mark"
+    client.images.get(built["tag"]).tag(*ref.split(":"))
+    report = {"capability": "12.1", "passed": ["device", "triton"], "not_covered": [], "checks": []}
+    node = LocalNode("node-a", docker_host=f"unix://{rig.head.docker_socket}")
+    try:
+        new_id = mark_gpu_verified(node, ref, GpuSmoke(True, True, "every check passed", report))
+        facts = image_facts(node, ref)
+    finally:
+        node.close()
+        client.images.remove(ref, force=True)
+    assert new_id != built["image_id"]
+    assert facts["gpu_smoke"]["verified"] is True and facts["gpu_smoke"]["node"] == "node-a"
+    assert verification_line(facts).startswith("GPU-verified on node-a at ")
+    assert sorted(facts["record"]["differing"]) == sorted([KV, KPOOL])  # the content is otherwise the same
