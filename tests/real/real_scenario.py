@@ -175,6 +175,9 @@ class Scenario:
             "serve": {
                 "vllm": str(self.launcher()), "vllm_version": "0.25.1", "tensor_parallel_size": 1,
                 "enable_expert_parallel": False, "max_model_len": 2048, "max_num_seqs": 16,
+                # the tiny models are not GLM-5.3: none of the card's GLM parsers, its block size or its template
+                "block_size": None, "tool_call_parser": None, "enable_auto_tool_choice": False,
+                "reasoning_parser": None, "default_chat_template_kwargs": None,
                 "kv_cache_dtype": "fp8_e4m3", "kv_cache_memory_bytes": "512MiB",
                 "gpu_memory_utilization": 0.3,  # the start-up free-memory check runs even with KV bytes given
                 "port": PORT, "ready_timeout_s": 420,
