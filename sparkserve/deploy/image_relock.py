@@ -129,24 +129,36 @@ def relock(node: Node, files: RecipeFiles, *, lane: str | None = None, pull: boo
         patches: list[PatchLock] = []
     else:
         patches = _digest_series(node, files, image_id, overlays)
+    from sparkserve.deploy.image_dialect import read_dialect  # issue 21's reader: the image's own parser
+
+    found = lock_facts(facts, read_dialect(node, image_id))
     say(f"read from the image: vLLM {vllm.get('version')} ({vllm.get('commit')}), "
-        + ", ".join(f"{k} {v}" for k, v in lock_facts(facts).items() if k != "dialect"))
+        + ", ".join(f"{k} {v}" for k, v in found.items() if k != "dialect")
+        + f", serve dialect: {(found['dialect'] or {}).get('num_option_strings') or 'no'} option strings")
     return Lock(recipe=recipe.name, lane=recipe.lane, base=base_lock,
                 vllm={"version": vllm.get("version"), "commit": vllm.get("commit")}, patches=patches,
                 upstream_checks_sha256=sha256_hex(files.checks) if files.checks is not None else None,
-                overlays={o.path: o.sha256 for o in recipe.overlays}, checks=lock_checks(recipe),
-                facts=lock_facts(facts))
+                overlays={o.path: o.sha256 for o in recipe.overlays}, checks=lock_checks(recipe), facts=found)
 
 
-def lock_facts(facts: dict) -> dict[str, object]:
-    """What a lock records from running the image, beside vLLM's version and commit: FlashInfer, torch, the
-    CUDA torch was built with, and the image's own ``vllm serve`` option list (its dialect) when the facts
-    program reports one."""
+def lock_facts(facts: dict, dialect: dict | None = None) -> dict[str, object]:
+    """What a lock records from running the image, beside vLLM's version and commit: FlashInfer (and its cubin
+    and jit-cache wheels), torch, Triton, the CUDA torch was built with, Python, and the image's ``vllm serve``
+    dialect as ``image_facts.py --serve-dialect`` reads it: how (its own parser, or ``vllm --version``), the
+    version it states, every option string (sorted) and the sha256 of the whole dump."""
     pkgs = facts.get("packages") or {}
-    return {"flashinfer": pkgs.get("flashinfer-python"), "flashinfer_cubin": pkgs.get("flashinfer-cubin"),
-            "flashinfer_jit_cache": pkgs.get("flashinfer-jit-cache"), "torch": pkgs.get("torch"),
-            "triton": pkgs.get("triton"), "cuda": pkgs.get("torch_cuda"), "python": facts.get("python"),
-            "dialect": facts.get("dialect")}
+    out: dict[str, object] = {
+        "flashinfer": pkgs.get("flashinfer-python"), "flashinfer_cubin": pkgs.get("flashinfer-cubin"),
+        "flashinfer_jit_cache": pkgs.get("flashinfer-jit-cache"), "torch": pkgs.get("torch"),
+        "triton": pkgs.get("triton"), "cuda": pkgs.get("torch_cuda"), "python": facts.get("python"), "dialect": None}
+    if dialect:
+        options = (dialect.get("options") or {}).get("options") or []
+        strings = sorted({s for o in options for s in o.get("option_strings") or []})
+        out["dialect"] = {"how": dialect.get("how"), "vllm_version": dialect.get("vllm_version"),
+                          "num_option_strings": len(strings), "option_strings": strings,
+                          "sha256": sha256_hex(json.dumps(dialect.get("options"), sort_keys=True).encode()),
+                          "error": dialect.get("error")}
+    return out
 
 
 def _relock_source(node: Node, files: RecipeFiles, recipe: Recipe, *, pull: bool, say: Reporter) -> Lock:

@@ -107,3 +107,28 @@ def test_the_source_lane_refuses_a_node_that_is_not_an_aarch64_spark() -> None:
     with pytest.raises(NodeError, match="--platform is linux/amd64"):
         check_source_node(Node("aarch64"), "linux/amd64")  # type: ignore[arg-type]
     check_source_node(Node("aarch64"), "linux/arm64")  # type: ignore[arg-type]
+
+
+def test_lock_facts_come_from_the_image_facts_and_its_serve_dialect() -> None:
+    """The lock's facts (issue 23): package versions from the image's facts, the serve dialect from issue
+    21's ``image_facts.py --serve-dialect`` (here: the committed 0.33.0 option list as the image's dump)."""
+    import json
+
+    from sparkserve.deploy.image_relock import lock_facts
+
+    dump = json.loads((Path(__file__).resolve().parents[2] / "sparkserve/data/vllm-0.33.0-serve-args.json")
+                      .read_text())
+    facts = {"python": "3.12.3", "packages": {"flashinfer-python": "0.7.2.post1", "flashinfer-cubin": "0.7.2.post1",
+                                              "flashinfer-jit-cache": None, "torch": "2.14.0+cu130",
+                                              "triton": "3.6.0", "torch_cuda": "13.0"}}
+    found = lock_facts(facts, {"vllm_version": "0.33.0", "options": dump, "how": "parser", "error": None})
+    assert {k: v for k, v in found.items() if k != "dialect"} == {
+        "flashinfer": "0.7.2.post1", "flashinfer_cubin": "0.7.2.post1", "flashinfer_jit_cache": None,
+        "torch": "2.14.0+cu130", "triton": "3.6.0", "cuda": "13.0", "python": "3.12.3"}
+    dialect = found["dialect"]
+    assert dialect["how"] == "parser" and dialect["vllm_version"] == "0.33.0"
+    assert dialect["num_option_strings"] == dump["num_option_strings"] == len(dialect["option_strings"])
+    assert "--kv-cache-memory-bytes" in dialect["option_strings"] and len(dialect["sha256"]) == 64
+    bare = lock_facts(facts, {"vllm_version": "0.1.dev20051+g487ecf187", "options": None, "how": "vllm --version",
+                              "error": "ModuleNotFoundError: No module named 'torch'"})
+    assert bare["dialect"]["option_strings"] == [] and bare["dialect"]["how"] == "vllm --version"
