@@ -50,7 +50,7 @@ from sparkserve.operate.checks import (
 from sparkserve.operate.incident import open_incident
 from sparkserve.operate.nodefacts import HostFacts, host_facts
 from sparkserve.operate.probes import AcceptanceWindows, Scrape, canary, scrape_metrics
-from sparkserve.operate.recovery import Budget, restart, stop_everything
+from sparkserve.operate.recovery import Budget, LockBusy, restart, stop_everything
 from sparkserve.operate.state import SuperviseState
 from sparkserve.plan.build import build_plan
 
@@ -116,6 +116,7 @@ class Supervisor:
         self.cursors: dict[str, int | None] = {}
         self.open_failure: frozenset[str] | None = None  # checks of the incident already opened (no restart)
         self.fault_rounds = 0
+        self.awaiting_lock = False  # a restart waits for another sparkserve run's deploy lock
 
     def _reset_watch(self) -> None:
         """After a (re)start: fresh trackers, logs read from now on."""
@@ -345,6 +346,7 @@ class Supervisor:
                 self.fault_rounds = self.fault_rounds + 1 if bad else 0
                 if not bad:
                     self.open_failure = None
+                    self.awaiting_lock = False
                     if self.state.phase != "watching":
                         self._set_phase("watching", "all gates pass")
                 elif self.fault_rounds >= self.s.confirm_rounds:
@@ -393,20 +395,28 @@ class Supervisor:
 
     def _recover(self, verdicts: list[Verdict]) -> int | None:
         """Forensics, then a restart within the budget — or the give-up. None: go on watching."""
-        self._incident(verdicts)
+        if not self.awaiting_lock:  # the incident of a restart that waits for someone else's run is written
+            self._incident(verdicts)
         decision = self.budget.decide(time.monotonic())
         if decision.action == "give_up":
             return self._give_up(decision.why)
         self._set_phase("recovering", f"{decision.why}")
         self._sleep(decision.wait_s)
-        self.budget.note_restart(time.monotonic())
-        with self.state.lock:
-            self.state.restarts += 1
         self.heartbeat.expect(self.cfg.serve.ready_timeout_s + 600.0)
         try:
             stop_s, up_s = restart(self.cfg, self.nodes, say=lambda m: self.say(f"  {m}"),
                                    config_path=self.config_path)
+        except LockBusy as e:  # someone else's run holds the stack: no restart was made, none is counted
+            self.awaiting_lock = True
+            self._set_phase("incident", f"not restarted: {e.what}; looking again next round")
+            self.fault_rounds = self.s.confirm_rounds
+            self.ranks = {}
+            return None
         except SparkserveError as e:
+            self.awaiting_lock = False
+            self.budget.note_restart(time.monotonic())
+            with self.state.lock:
+                self.state.restarts += 1
             self._set_phase("incident", f"restart failed: {e.line()}")
             record("supervise_event", fingerprint=self.fingerprint, event="restart_failed",
                    event_json=json.dumps({"error": e.line()}))
@@ -414,6 +424,10 @@ class Supervisor:
             self.fault_rounds = self.s.confirm_rounds  # the next round's failure acts at once
             self._reset_watch()
             return None
+        self.awaiting_lock = False
+        self.budget.note_restart(time.monotonic())
+        with self.state.lock:
+            self.state.restarts += 1
         took = stop_s + up_s
         self._reset_watch()
         self.ranks = {}

@@ -67,6 +67,16 @@ class Budget:
 
 
 Say = Callable[[str], None]
+LOCK_BUSY = "another sparkserve run holds"  # deploy/lock.py's words when someone else's up/down holds the head
+
+
+class LockBusy(RemoteFailure):
+    """Another sparkserve run (a person's `up`, `down`, `swap-drafter`) holds the head's deploy lock: the
+    supervisor must not fight it. Not a failed restart: it waits and looks again."""
+
+
+def _busy(what: str) -> bool:
+    return LOCK_BUSY in what
 
 
 def stop_everything(cfg: Config, nodes: dict[str, Node], say: Say) -> dict[str, list[str]]:
@@ -86,7 +96,12 @@ def restart(cfg: Config, nodes: dict[str, Node], say: Say, *, config_path: Path)
     watcher), and a boot that crashes cannot take the watcher with it. A signal to the supervisor while the
     child runs is passed on to it (it cleans up as `up` does on Ctrl-C)."""
     t0 = time.monotonic()
-    stop_everything(cfg, nodes, say)
+    try:
+        stop_everything(cfg, nodes, say)
+    except RemoteFailure as e:
+        if _busy(e.what):
+            raise LockBusy(e.where, e.what) from None
+        raise
     t1 = time.monotonic()
     argv = [sys.executable, "-m", "sparkserve", "up", "-c", str(config_path)]
     if cfg.ssh.accept_new_host_keys:
@@ -106,5 +121,7 @@ def restart(cfg: Config, nodes: dict[str, Node], say: Say, *, config_path: Path)
         raise
     if code != 0:
         err = next((ln for ln in lines if ln.startswith("error: ")), f"exit {code}")
+        if _busy(err):
+            raise LockBusy("up", err.removeprefix("error: "))
         raise RemoteFailure("up", f"the restart's `up` failed ({err.removeprefix('error: ')})", details=lines[-5:])
     return t1 - t0, time.monotonic() - t1

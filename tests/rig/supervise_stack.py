@@ -167,7 +167,7 @@ class LocalStack:
         return cls(work, cfg, state, f"http://{ips[0]}:{port}", listen, data)
 
     def env(self) -> dict[str, str]:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKSERVE_")}
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKSERVE_") and k != "SSJOURNAL_PATH"}
         env["XDG_STATE_HOME"] = str(self.state)
         env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
         return env
@@ -184,11 +184,12 @@ class LocalStack:
             raise AssertionError(f"sparkserve {' '.join(args)} exited {p.returncode}:\n{p.stdout}\n{p.stderr[-4000:]}")
         return p
 
-    def supervise(self, *extra: str) -> Supervisor:
+    def supervise(self, *extra: str, env: dict[str, str] | None = None) -> Supervisor:
         log = self.work / f"supervise-{len(self.sups)}.log"
         f = log.open("w")
         proc = subprocess.Popen([sys.executable, "-m", "sparkserve", "supervise", *extra, "-c", str(self.config)],
-                                stdout=f, stderr=subprocess.STDOUT, env=self.env(), start_new_session=True)
+                                stdout=f, stderr=subprocess.STDOUT, env={**self.env(), **(env or {})},
+                                start_new_session=True)
         f.close()
         sup = Supervisor(proc, f"http://{self.listen}", log)
         self.sups.append(sup)
@@ -238,5 +239,4 @@ class LocalStack:
             if s.proc.poll() is None:
                 s.proc.kill()
                 s.proc.wait(10)
-        subprocess.run([sys.executable, "-m", "sparkserve", "down", "-c", str(self.config)], capture_output=True,
-                       timeout=120, env=self.env())
+        self.cli("down", check=False)  # waits out another local stack's hold on the head's deploy lock

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import signal
+import socket
 import subprocess
 import time
 import urllib.parse
@@ -25,16 +27,38 @@ RED = "rgb(220, 40, 40)"
 GREEN = "rgb(214, 245, 214)"
 
 
+class Notify:
+    """systemd's side of sd_notify: a datagram socket the supervisor is told about in $NOTIFY_SOCKET."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.2)
+        self.path = path
+        self.got: list[str] = []
+
+    def drain(self) -> list[str]:
+        while True:
+            try:
+                self.got.append(self.sock.recv(4096).decode())
+            except OSError:
+                return self.got
+
+
 @pytest.fixture(scope="module")
-def watched(tmp_path_factory) -> Iterator[tuple[LocalStack, Supervisor]]:
+def watched(tmp_path_factory) -> Iterator[tuple[LocalStack, Supervisor, Notify]]:
     work = tmp_path_factory.mktemp("web")
     st = LocalStack.make(work, nodes=1, env={"SSEMU_CONTROL": str(work / "control")},
                          supervise={"recover": False, "interval_s": 1, "canary_deadline_s": 2})
+    notify = Notify(work / "notify")
     try:
         st.cli("up")
-        sup = st.supervise()
-        yield st, sup
+        sup = st.supervise(env={"NOTIFY_SOCKET": str(notify.path), "WATCHDOG_USEC": "1000000"})
+        yield st, sup, notify
+        assert sup.stop(signal.SIGTERM) == 0
+        assert "STOPPING=1" in notify.drain()
     finally:
+        notify.sock.close()
         st.close()
     assert st.rank_pids() == []
 
@@ -62,7 +86,7 @@ def gate_row(dom: str, gate: str) -> str:
 
 
 def test_chromium_renders_the_status_page_and_shows_a_failing_gate_red_within_one_round(watched, tmp_path) -> None:
-    st, sup = watched
+    st, sup, notify = watched
     sup.wait_status(lambda s: s["gates"]["progress"]["ok"] is True, 15, "progress passing")
     dom = render(sup.url + "/", tmp_path)
     assert 'data-rendered="1"' in dom  # the page's script ran in the browser
@@ -83,8 +107,16 @@ def test_chromium_renders_the_status_page_and_shows_a_failing_gate_red_within_on
     sup.wait_status(lambda s: s["gates"]["progress"]["ok"] is True, 15, "progress passing again")
 
 
-def test_a_real_prometheus_scrapes_the_exporter(watched, tmp_path) -> None:
-    st, sup = watched
+def test_sd_notify_ready_after_the_first_round_then_watchdog_pings(watched) -> None:
+    st, sup, notify = watched
+    time.sleep(1.5)  # the heartbeat beats every half WATCHDOG_USEC (0.5 s here)
+    got = notify.drain()
+    assert got.count("READY=1") == 1, got
+    assert got.count("WATCHDOG=1") >= 2 and any(g.startswith("STATUS=") for g in got), got
+
+
+def test_a_real_prometheus_scrapes_the_exporter_and_sees_a_kernel_xid(watched, tmp_path) -> None:
+    st, sup, notify = watched
     port = free_port()
     target = sup.url.removeprefix("http://")
     (tmp_path / "prometheus.yml").write_text(
@@ -118,6 +150,16 @@ def test_a_real_prometheus_scrapes_the_exporter(watched, tmp_path) -> None:
         mem = query("sparkserve_node_memfree_bytes")
         assert mem and mem[0]["metric"]["node"] == "n0" and float(mem[0]["value"][1]) > 4 * 2**30
         assert query("sparkserve_canary_latency_seconds")
+
+        # an Xid in the node's kernel log (its kmsg source): the kernel gate fails, and Prometheus sees it
+        with (st.work / "kmsg" / "n0").open("a") as k:
+            k.write("NVRM: Xid (PCI:000f:01:00): 79, pid=1234, name=python3, GPU has fallen off the bus.\n")
+        sup.wait_status(lambda s: s["gates"]["kernel"]["ok"] is False, 15, "the kernel gate failing")
+        end, kernel = time.monotonic() + 15, None
+        while time.monotonic() < end and kernel != 0.0:
+            kernel = float(query('sparkserve_gate_ok{gate="kernel"}')[0]["value"][1])
+            time.sleep(0.5)
+        assert kernel == 0.0
     finally:
         proc.terminate()
         proc.wait(20)

@@ -134,3 +134,16 @@ def test_acceptance_windows_close_every_window_s_and_restart_on_a_new_boot() -> 
     assert win is not None and win.drafts == 200 and win.acceptance_length == pytest.approx(1 + 300 / 200)
     assert win.per_position == pytest.approx((0.75, 0.5, 0.25))
     assert w.add(Scrape(21, "", snap(10, 5, {0: 5}, boot=2.0), 0)) is None  # restarted: counters start over
+
+
+def test_sparkserve_dashboard_grafana_prints_the_dashboard(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-m", "sparkserve", "dashboard", "grafana"], capture_output=True, text=True,
+                       timeout=60)
+    assert p.returncode == 0 and json.loads(p.stdout) == dashboard()
+    out = tmp_path / "d.json"
+    p = subprocess.run([sys.executable, "-m", "sparkserve", "dashboard", "grafana", "-o", str(out)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and json.loads(out.read_text())["uid"] == "sparkserve-supervise"

@@ -28,6 +28,7 @@ def test_events_are_kept_per_deployment_newest_first(tmp_path: Path) -> None:
 def test_record_never_fails_its_caller_and_writes_through_the_default_journal(tmp_path: Path,
                                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    monkeypatch.delenv("SSJOURNAL_PATH", raising=False)
     record("supervise_event", fingerprint="fp", event="band",
            event_json=json.dumps({"acceptance_length": 3.5, "per_position": [0.7], "source": "first window"}))
     with Journal.open(tmp_path / "sparkserve" / "journal.sqlite") as j:
