@@ -16,7 +16,7 @@ from scenario import cluster
 
 pytestmark = pytest.mark.rig
 
-ALL = {"pool", "graphs", "mask", "smoke", "faults", "runner", "identity"}
+ALL = {"pool", "graphs", "mask", "smoke", "faults", "runner", "signature", "identity"}
 E2E_DIR = "/srv/spark/e2e"
 
 

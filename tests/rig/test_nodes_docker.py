@@ -184,7 +184,8 @@ def test_run_list_logs_exec_then_graceful_stop_and_remove(rig_cfg: Config, node_
         host = attrs["HostConfig"]
         assert (host["NetworkMode"], host["IpcMode"], host["RestartPolicy"]["Name"]) == ("host", "host", "no")
         assert attrs["Config"]["StopTimeout"] == spec.stop_timeout  # the same spec `docker run` would get
-        assert host["ShmSize"] == spec.shm_size
+        assert host["Memory"] == spec.memory == 118 * 2**30  # the card's --memory 118g
+        assert spec.shm_size is None  # no --shm-size: docker ignores it under --ipc=host
         assert host["CapAdd"] == ["IPC_LOCK"]
         assert not host.get("DeviceRequests")  # container.gpus: none on the rig
         deadline = time.monotonic() + 10
