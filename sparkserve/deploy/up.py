@@ -239,6 +239,9 @@ def _preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_draf
             f_valid.result()  # BadInput (exit 2): nothing was started
         checks = f_checks.result()
         _raise_failed_checks(checks)
+        for c in checks:  # the host's known GB10 hazards, each with its fix: said, not refused
+            if c.status == "warn" and c.name in HOST_WARNINGS:
+                say(f"warning: {c.node}: {c.name}: {c.detail}")
         image_id = f_image.result()
         say(f"image: {cfg.image.ref} is {image_id[:19]} on every node" if cfg.runtime == "docker" else
             f"engine: serve.vllm {cfg.serve.vllm} is {image_id[:19]} on every node")
@@ -249,6 +252,9 @@ def _preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_draf
     return _Found(checks, fabric, image_id, existing, drafter)
 
 
+#: Host checks whose warnings `up` says before it boots (deploy.hostfacts.host_verdicts).
+HOST_WARNINGS = ("iommu", "swappiness", "earlyoom", "shm", "nccl", "kernel parity", "driver parity",
+                 "firmware parity", "nccl parity")
 #: Failed checks that refuse the run although every node answered (exit 1, CheckRefused), in the order judged.
 REFUSING = ("kernel", "target manifest", "memory")
 

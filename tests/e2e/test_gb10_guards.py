@@ -70,8 +70,10 @@ def test_watchdog_drops_the_page_cache_then_stops_every_rank_under_the_hard_floo
 
 def test_a_soft_floor_drop_during_the_boot_lets_it_serve(e2e, proc) -> None:
     """MemFree between the floors: the watchdog drops the page cache (the drop file is written again after the
-    pre-start drop was wiped) and the boot goes on to serve."""
+    pre-start drop was wiped) and the boot goes on to serve. A host hazard (swappiness 60) is said, with its fix,
+    and does not stop the boot."""
     (proc["node-b"] / "meminfo").write_text(riglib.fake_meminfo(free_gib=12, available_gib=115))
+    (proc["node-b"] / "sys/vm/swappiness").write_text("60\n")
     cfg = e2e.config({"watchdog": {"memory_floor_bytes": "4GiB", "soft_floor_bytes": "16GiB", "drop_interval_s": 0},
                       "serve": {"env": {"SSEMU_BOOT_SECONDS": "3"}}})
     proc_b = e2e.popen("up", "--no-gates", cfg=cfg)
@@ -88,6 +90,8 @@ def test_a_soft_floor_drop_during_the_boot_lets_it_serve(e2e, proc) -> None:
             proc_b.kill()
     assert proc_b.returncode == 0, err
     assert (proc["node-b"] / "sys/vm/drop_caches").read_text() == "3"  # the watchdog's own drop
+    assert "warning: node-b: swappiness: vm.swappiness 60" in err and "sysctl -w vm.swappiness=1" in err, err
+    assert "warning: node-a: swappiness" not in err, err
     assert e2e.cli("down", cfg=cfg).returncode == 0
 
 
