@@ -17,7 +17,10 @@ After the scenario's boot and gates:
 4. ``memhog-free``: the hog exits; on the GPU, nvidia-smi must show the memory back.
 
 Device time: the down (~5 s), torch's import and CUDA init in the hog (~10 s), the refusal (~5 s): ~25 s. Run
-it last among the parts: the stack stays down after it. Dry run (emulator, 2026-12-01): see the report.
+it last among the parts: the stack stays down after it. Dry run (emulator, 2-core VM, 2026-12-01): every step
+passed; `up` refused in 13.4 s (validation on the loaded VM is most of it) with `error: gpu: preflight memory:
+free GPU memory 1.00 GiB is below gpu_memory_utilization 0.3 x 140.40 GiB = 42.12 GiB: vLLM would refuse to
+start — …`, no rank started.
 """
 
 from __future__ import annotations
