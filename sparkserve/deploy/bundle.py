@@ -33,8 +33,8 @@ from sparkserve.nodes.base import Node
 
 REDACTED = "<redacted>"
 #: A key whose value is a secret, wherever it is in the config (or serve.env).
-SECRET_KEY = re.compile(r"api[_-]?key|(?:^|[_.-])(?:token|auth)(?:$|[_.-])|^token|passw(?:or)?d|secret|credential"
-                        r"|private[_-]?key", re.IGNORECASE)  # HF_TOKEN, auth_token; never pool_tokens, max_tokens
+SECRET_KEY = re.compile(r"api[_-]?key|(?:^|[_.-])(?:token|auth|authorization)$|passw(?:or)?d|secret|credential"
+                        r"|private[_-]?key", re.IGNORECASE)  # HF_TOKEN, auth_token; never pool_tokens, mask_token_id
 _IPV4 = re.compile(r"(?<![\d.])(?:\d{1,3}\.){3}\d{1,3}(?![\d.])")
 JOURNAL_TAIL = 50
 

@@ -78,7 +78,8 @@ def test_redact_hosts_hides_host_names_and_ips(tmp_path: Path) -> None:
 
 def test_the_redaction_rules_can_fail() -> None:
     data = {"serve": {"env": {"MY_TOKEN": "abcdef", "PATH": "/usr/bin"}, "port": 8000}, "auth": {"password": "pw12"},
-            "gates": {"pool_tokens": 366749, "smoke": {"max_tokens": 512}}, "ssh": {"accept_new_host_keys": True}}
+            "gates": {"pool_tokens": 366749, "mask_token_id": 154856, "smoke": {"max_tokens": 512}},
+            "ssh": {"accept_new_host_keys": True}}
     assert secret_values(data, None) == {"abcdef", "pw12"}  # a token count is no token
     text = "serve:\n  env:\n    MY_TOKEN: abcdef   # keep\n    PATH: /usr/bin\n"
     assert redact_config_text(text) == "serve:\n  env:\n    MY_TOKEN: <redacted>   # keep\n    PATH: /usr/bin\n"
