@@ -1,15 +1,18 @@
-"""The lock of either lane: written by ``image build --relock`` on a node, checked before every build.
+"""The lock of each lane: written by ``image build --relock`` on a node, checked before every build.
 
     lock = require_lock(files, lane="source")     # BadInput (exit 2) naming each disagreement, no node touched
     lock = relock(node, files, lane="source")     # resolve the pins there, digest the series
 
 **overlay**: the base resolved to ``repo@sha256:…`` (its image ID when it was never pushed), vLLM's
-version/commit as found in the base, each patch's sha256 and the sha256 of every file it touches before and
-after (the series applied in a throwaway container of the base).
+version/commit and the other facts found in the base (:func:`lock_facts`: FlashInfer, torch, CUDA, its serve
+dialect), the overlays' digests and the checks, each patch's sha256 and the sha256 of every file it touches
+before and after (the overlays copied and the series applied in a throwaway container of the base).
+
+**prebuilt**: the same facts of the image itself, after the card's gate held in it (``--verify-only``).
 
 **source**: what the recipe's ``source`` section and ``vllm.ref`` say, resolved on the node: the CUDA devel
 and runtime images pinned like a base, ``vllm.ref`` resolved to its 40-hex commit (as given, or by ``git
-ls-remote`` on the node), and the recipe's FlashInfer ref, arch list and pins recorded, so that editing any
+ls-remote`` on the node), and the recipe's torch/FlashInfer indexes, arch list and pins recorded, so that editing any
 of them makes the lock stale. A non-empty series is digested against the vLLM tree of ``base.image`` (a
 release's wheel holds the checkout's Python files unchanged); the source build's applier checks every
 touched file in the checkout against those digests again, so a checkout that differs is refused there.
@@ -61,7 +64,7 @@ def effective_recipe(files: RecipeFiles, lane: str | None) -> Recipe:
         return recipe
     if lane == "source" and recipe.source is None:
         raise BadInput("--lane", f"{files.path.name} has no source section (cuda_devel_image, "
-                       "cuda_runtime_image, flashinfer_ref) for the source lane")
+                       "cuda_runtime_image) for the source lane")
     return recipe.model_copy(update={"lane": lane})
 
 
