@@ -280,6 +280,9 @@ def test_image_build_help_labels_the_upstream_lane_experimental() -> None:
     assert "upstream-0.33.0.yaml is EXPERIMENTAL" in text and "Failed to run MLA, error: invalid argument" in text
     assert "card-prebuilt.yaml uses the card's published image as it is" in text
     assert 'stays marked "not GPU-verified"' in text
+    docs = " ".join((REPO / "docs/how-to/image.md").read_text().split())
+    assert "`docker/recipes/upstream-0.33.0.yaml` | overlay (or `--lane source`) | **EXPERIMENTAL.**" in docs
+    assert "Failed to run MLA, error: invalid argument" in docs and "## The upstream lane (EXPERIMENTAL)" in docs
 
 
 ATTRS = {"Id": "sha256:" + "1" * 64, "Os": "linux", "Architecture": "arm64", "Variant": "v8",
