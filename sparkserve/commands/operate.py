@@ -3,6 +3,7 @@ print. The operate modules are imported inside each command (`sparkserve --help`
 
 from __future__ import annotations
 
+import os
 import sys
 from pathlib import Path
 from typing import Annotated, Literal
@@ -78,6 +79,10 @@ def supervise_cmd(
         finally:
             if server is not None:
                 server.shutdown()
+        if code == 0:  # stopped by a signal: leave now, without waiting for a round's work still in flight (a
+            sys.stdout.flush()  # canary at its deadline, a node program) — systemd's stop is prompt; the stack
+            sys.stderr.flush()  # is left exactly as it is
+            os._exit(0)
     if code:
         raise GateFailed("supervise", "gave up after the restart budget: every rank was stopped; read the "
                          "incidents, fix the cause, then `sparkserve up`")

@@ -247,7 +247,8 @@ class Supervisor:
         return self.band
 
     def round(self) -> list[Verdict]:
-        with ThreadPoolExecutor(4, thread_name_prefix="supervise") as ex:
+        ex = ThreadPoolExecutor(4, thread_name_prefix="supervise")
+        try:
             f_canary = ex.submit(self._canary)
             f_ranks = ex.submit(self._ranks_and_logs)
             f_hosts = ex.submit(self._hosts)
@@ -256,6 +257,8 @@ class Supervisor:
             ranks, unreachable, _ = f_ranks.result()
             hosts = f_hosts.result()
             c = f_canary.result()
+        finally:  # a SIGTERM mid-round must not wait for a canary at its deadline
+            ex.shutdown(wait=False, cancel_futures=True)
         meanwhile = None
         if not c.ok and scrape is not None:  # busy or wedged? what the engine generated while the canary waited
             after = self._scrape(timeout=min(3.0, self.s.canary_deadline_s / 2))  # the round is late already
@@ -370,9 +373,25 @@ class Supervisor:
         bad = failing(verdicts)
         self._set_phase("incident", "; ".join(v.summary for v in bad))
         self.heartbeat.expect(300.0)
-        inc = open_incident(self.cfg, self.nodes, verdicts, ranks=self.ranks,
-                            metrics_text=self._metrics_now(), metrics_note=self._metrics_note,
-                            kernel_seen=self.kernel_seen, fingerprint=self.fingerprint)
+        box: dict[str, Any] = {}
+
+        def write() -> None:
+            try:
+                box["inc"] = open_incident(self.cfg, self.nodes, verdicts, ranks=self.ranks,
+                                           metrics_text=self._metrics_now(), metrics_note=self._metrics_note,
+                                           kernel_seen=self.kernel_seen, fingerprint=self.fingerprint)
+            except BaseException as e:  # noqa: BLE001 - handed to the main thread below
+                box["error"] = e
+
+        # in a thread the main one waits for in short joins: a SIGTERM meanwhile is seen at once (py-spy dumps of
+        # every rank on every node may take a while), and the supervisor leaves without waiting for them
+        t = threading.Thread(target=write, name="supervise-incident", daemon=True)
+        t.start()
+        while t.is_alive():
+            t.join(0.5)
+        if "error" in box:
+            raise box["error"]
+        inc = box["inc"]
         with self.state.lock:
             self.state.incidents.append(inc.summary)
         self.say(f"supervise: incident recorded in {inc.path}")

@@ -20,8 +20,9 @@ def notify(state: str, *, env: dict[str, str] | None = None) -> bool:
         addr = "\0" + addr[1:]
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.setblocking(False)  # never wait: a receiver that does not read must not stall the supervisor
             s.connect(addr)
-            s.sendall(state.encode())
+            s.send(state.encode())
         return True
     except OSError:
         return False

@@ -97,14 +97,15 @@ def test_chromium_renders_the_status_page_and_shows_a_failing_gate_red_within_on
 
     rounds = sup.status()["rounds"]
     (st.work / "control").write_text("wedge@after=0\n")  # the engine wedges: /health 200, no token comes back
-    s = sup.wait_status(lambda s: s["rounds"] >= rounds + 2, 15, "the round in flight and one full round")
-    assert s["gates"]["progress"]["ok"] is False
+    s = sup.wait_status(lambda s: s["gates"]["progress"]["ok"] is False, 20, "the progress gate failing")
+    assert s["rounds"] <= rounds + 2  # the round in flight when the fault began, then the first full one
     dom = render(sup.url + "/", tmp_path)
     row = gate_row(dom, "progress")
     assert "gate fail" in row and f'data-shown-color="{RED}"' in row, row
     assert "canary generation failed" in dom and f'data-shown-color="{GREEN}"' in gate_row(dom, "ranks")
     (st.work / "control").unlink()
-    sup.wait_status(lambda s: s["gates"]["progress"]["ok"] is True, 15, "progress passing again")
+    # the incident (py-spy dumps, logs) is written before the next round: on a loaded machine, seconds
+    sup.wait_status(lambda s: s["gates"]["progress"]["ok"] is True, 60, "progress passing again")
 
 
 def test_sd_notify_ready_after_the_first_round_then_watchdog_pings(watched) -> None:
@@ -154,7 +155,7 @@ def test_a_real_prometheus_scrapes_the_exporter_and_sees_a_kernel_xid(watched, t
         # an Xid in the node's kernel log (its kmsg source): the kernel gate fails, and Prometheus sees it
         with (st.work / "kmsg" / "n0").open("a") as k:
             k.write("NVRM: Xid (PCI:000f:01:00): 79, pid=1234, name=python3, GPU has fallen off the bus.\n")
-        sup.wait_status(lambda s: s["gates"]["kernel"]["ok"] is False, 15, "the kernel gate failing")
+        sup.wait_status(lambda s: s["gates"]["kernel"]["ok"] is False, 30, "the kernel gate failing")
         end, kernel = time.monotonic() + 15, None
         while time.monotonic() < end and kernel != 0.0:
             kernel = float(query('sparkserve_gate_ok{gate="kernel"}')[0]["value"][1])

@@ -74,6 +74,10 @@ def test_sd_notify_sends_one_datagram_to_the_notify_socket(tmp_path: Path) -> No
         s.bind("\0sparkserve-test-notify")
         assert sdnotify.notify("WATCHDOG=1", env={"NOTIFY_SOCKET": "@sparkserve-test-notify"})
         assert s.recv(100) == b"WATCHDOG=1"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as s:  # a receiver that never reads: no send blocks
+        s.bind(str(tmp_path / "full"))
+        sent = [sdnotify.notify("WATCHDOG=1", env={"NOTIFY_SOCKET": str(tmp_path / "full")}) for _ in range(2000)]
+        assert sent[0] and not sent[-1]  # the queue filled up; the rest were dropped, none waited
     assert not sdnotify.notify("READY=1", env={})
     assert not sdnotify.notify("READY=1", env={"NOTIFY_SOCKET": str(tmp_path / "nobody")})
 
