@@ -21,7 +21,7 @@ from sparkserve.models.target_manifest import TargetManifest
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.parallel import on_all
 from sparkserve.nodes.runtime import engine_for
-from sparkserve.plan.build import Plan
+from sparkserve.plan.build import Plan, cache_dir
 from sparkserve.plan.fabric import FabricError, FabricFacts, compare_nodes, parse_sysfs, resolve
 from sparkserve.units import human_bytes
 
@@ -86,7 +86,8 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
     ports = head_ports(cfg) if check_ports and rank == 0 else []
     target, drafter = str(cfg.model.target), str(cfg.drafter.path)
     sysfs = str(cfg.fabric.sysfs_root)
-    facts = probe_node(node, paths=[target, drafter], disk=[drafter, str(cfg.container.cache_root)],
+    cache = cache_dir(cfg, node_cfg).rsplit("/", 1)[0]  # the cache root on this node (~/ = its user's home)
+    facts = probe_node(node, paths=[target, drafter], disk=[drafter, cache],
                        ports=ports, sysfs=sysfs, mkdirs=mkdirs or [],
                        manifest=None if manifest_out is None else manifest_args(drafter, cached_only=True),
                        host=host_question(cfg, drop=False, sudo_check=not lean, gpu=not lean),

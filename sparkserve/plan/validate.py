@@ -146,8 +146,8 @@ def check_dialect(cfg: Config, r: Report, dialect: Dialect | None = None) -> Non
     extra = {a.split("=", 1)[0] for a in cfg.serve.extra_args}
     image = cfg.image.ref if cfg.runtime == "docker" else f"serve.vllm {cfg.serve.vllm}"
     for a in argv[3:]:
-        if not a.startswith("--") or a in extra or d.accepts(a):
-            continue
+        if not a.startswith("--") or a.split("=", 1)[0] in extra or d.accepts(a):
+            continue  # serve.extra_args are judged whole by the argv check, as written
         found = options.by_flag.get(a)
         field = RENDERED_FROM.get(found["dest"] if found else a[2:].replace("-", "_"), "plan")
         r.error(field, f"{a} cannot be expressed by {image}'s engine: its dialect, vLLM {d.vllm_version} "
