@@ -313,10 +313,15 @@ def test_the_default_config_passes_with_the_fixture_drafter_and_target(tmp_path:
 def test_validate_parser_vllm_uses_vllms_real_parser_when_installed(tmp_path: Path,
                                                                      good: tuple[Path, Path]) -> None:
     drafter, target = good
+    # the installed parser is vLLM 0.33.0's: the judge of an image of that dialect, not of the default fork image
     p = cli("validate", "--drafter", str(drafter), "--target", str(target), "--parser", "vllm",
-            env=clean_env(tmp_path))
+            env={**clean_env(tmp_path), "SPARKSERVE_SERVE__VLLM_VERSION": "0.33.0"})
     assert p.returncode == 0, p.stderr
     assert "accepted by vLLM 0.33.0 `vllm serve` parser" in p.stdout
+    fork = cli("validate", "--drafter", str(drafter), "--target", str(target), "--parser", "vllm",
+               env=clean_env(tmp_path))
+    assert fork.returncode == 2 and "the installed vLLM is 0.33.0, but the engine's dialect is vLLM " \
+        "0.1.dev20051+g487ecf187" in fork.stderr
 
 
 def test_drafter_path_from_the_environment_override(tmp_path: Path, good: tuple[Path, Path]) -> None:
