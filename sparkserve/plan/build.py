@@ -35,6 +35,7 @@ from sparkserve.plan.container import (
 )
 from sparkserve.plan.dialects import Dialect, dialect_for
 from sparkserve.plan.fabric import NCCL_BOOT_SUBSYS
+from sparkserve.plan.fabric import addr_range as fabric_addr_range
 
 TARGET_MOUNT = "/models/target"
 DRAFTER_MOUNT = "/models/drafter"
@@ -274,23 +275,19 @@ def _ray_start_argv(cfg: Config, node: NodeConfig, rank: int) -> list[str]:
             f"--node-ip-address={node.fabric_ip}", "--num-gpus", str(node.gpus), "--block"]
 
 
-def addr_range(cfg: Config, detected: dict[str, str] | None = None) -> str:
+def addr_range(cfg: Config, detected: dict[str, str] | None = None) -> str | None:
     """NCCL_IB_ADDR_RANGE: fabric.addr_range, else the range detection derived (several HCAs: every listed HCA's
-    own address), else the smallest network, at least a /24, holding every node's fabric_ip (the card's
-    192.168.102.1/.2 → 192.168.102.0/24)."""
+    own address), else plan/fabric.py's rule over every node's fabric_ip — the smallest IPv4 network holding
+    them, at least a /24 (the card's 192.168.102.1/.2 → 192.168.102.0/24); None for IPv6 fabric addresses
+    (RoCE v2 IPv4 GIDs only: NCCL then keeps its own default)."""
     if cfg.fabric.addr_range != "auto":
         return cfg.fabric.addr_range
     if detected and detected.get("NCCL_IB_ADDR_RANGE"):
         return detected["NCCL_IB_ADDR_RANGE"]
-    ips = [ipaddress.ip_address(n.fabric_ip) for n in cfg.nodes]
-    widest = 24 if all(ip.version == 4 for ip in ips) else 64
-    prefix = widest
-    while prefix > 0:
-        net = ipaddress.ip_network(f"{ips[0]}/{prefix}", strict=False)
-        if all(ip in net for ip in ips):
-            return str(net)
-        prefix -= 1
-    return str(ipaddress.ip_network(f"{ips[0]}/0", strict=False))
+    ips = [n.fabric_ip for n in cfg.nodes]
+    if any(ipaddress.ip_address(ip).version != 4 for ip in ips):
+        return None
+    return fabric_addr_range(ips)
 
 
 def node_env(cfg: Config, node: NodeConfig, fabric_env: dict[str, str] | None) -> dict[str, str]:
@@ -310,7 +307,9 @@ def node_env(cfg: Config, node: NodeConfig, fabric_env: dict[str, str] | None) -
         if cfg.fabric.nccl_net:
             env["NCCL_NET"] = cfg.fabric.nccl_net
         env.update(ROCE_ENV)
-        env["NCCL_IB_ADDR_RANGE"] = addr_range(cfg, fabric_env)
+        rng = addr_range(cfg, fabric_env)
+        if rng:
+            env["NCCL_IB_ADDR_RANGE"] = rng
     # explicit fabric values from the config; auto ones come from detection on the node
     if cfg.fabric.interface != "auto":
         for k in SOCKET_ENV:

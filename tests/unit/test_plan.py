@@ -134,3 +134,20 @@ def test_variants_render_their_flag(tmp_path: Path, over: dict[str, Any], flag: 
 def test_the_plan_is_pure_and_repeatable(tmp_path: Path) -> None:
     cfg = _cfg(tmp_path)
     assert build_plan(cfg).model_dump() == build_plan(cfg).model_dump()
+
+
+def test_the_fabric_subnet_is_the_card_ranges_rule_over_the_fabric_ips(tmp_path: Path) -> None:
+    """NCCL_IB_ADDR_RANGE on auto: plan/fabric.py's smallest network (at least /24) holding every fabric IP."""
+    card = build_plan(_cfg(tmp_path, {"nodes": [{"name": "a", "host": "a", "fabric_ip": "192.168.102.1"},
+                                                {"name": "b", "host": "b", "fabric_ip": "192.168.102.2"}]}))
+    assert {s.env["NCCL_IB_ADDR_RANGE"] for s in card.specs} == {"192.168.102.0/24"}
+    assert {(s.env["NCCL_IB_ROCE_VERSION_NUM"], s.env["NCCL_IB_ADDR_FAMILY"], s.env["NCCL_NET"]) for s in card.specs} \
+        == {("2", "AF_INET", "IB")}
+    two_subnets = build_plan(_cfg(tmp_path, {"nodes": [{"name": "a", "host": "a", "fabric_ip": "192.168.200.1"},
+                                                       {"name": "b", "host": "b", "fabric_ip": "192.168.201.2"}]}))
+    assert two_subnets.head.env["NCCL_IB_ADDR_RANGE"] == "192.168.200.0/23"
+    pinned = build_plan(_cfg(tmp_path, {"fabric": {"addr_range": "10.9.0.0/16"}}))
+    assert pinned.head.env["NCCL_IB_ADDR_RANGE"] == "10.9.0.0/16"
+    one = build_plan(_cfg(tmp_path, {"nodes": [{"name": "a", "host": "a", "fabric_ip": "192.168.102.1"}],
+                                     "serve": {"tensor_parallel_size": 1}}))
+    assert not {"NCCL_NET", "NCCL_IB_ADDR_RANGE", "NCCL_IB_ROCE_VERSION_NUM"} & set(one.head.env)  # no fabric
