@@ -67,10 +67,10 @@ class Dialect:
     source: str = ""
     images: tuple[str, ...] = ()
     list_origin: str = "committed dump"  # how its option list was made (the judge's name says it)
+    flags: frozenset[str] = field(init=False, repr=False, compare=False)
 
-    @property
-    def flags(self) -> frozenset[str]:
-        return _flags(id(self.options), self.options)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "flags", frozenset(s for o in self.options["options"] for s in o["option_strings"]))
 
     def accepts(self, flag: str) -> bool:
         """``flag`` (exactly, not a prefix) is an option of this dialect."""
@@ -83,15 +83,6 @@ class Dialect:
 
     def describe(self) -> str:
         return f"vLLM {self.vllm_version}" + (f" ({self.source})" if self.source else "")
-
-
-_FLAG_CACHE: dict[int, frozenset[str]] = {}
-
-
-def _flags(key: int, options: dict[str, Any]) -> frozenset[str]:
-    if key not in _FLAG_CACHE:
-        _FLAG_CACHE[key] = frozenset(s for o in options["options"] for s in o["option_strings"])
-    return _FLAG_CACHE[key]
 
 
 # ------------------------------------------------------------------------------------------ shipped files
