@@ -47,7 +47,7 @@ from sparkserve.nodes.processes import rank_id
 from sparkserve.nodes.runtime import LABEL_ENGINE_ID, engine_for, ensure_same_engine
 from sparkserve.observe.gate_report import GateReport, Verdict
 from sparkserve.plan.build import CACHE_MOUNT, Plan, build_plan, cache_dirs
-from sparkserve.plan.dialects import dialect_for
+from sparkserve.plan.dialects import dialect_for, shipped_for_image, stored_facts
 from sparkserve.plan.fabric import FabricFacts, fabric_envs
 from sparkserve.plan.validate import refuse_inexpressible
 
@@ -179,6 +179,8 @@ def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool,
         # the image ID keys the caches and picks the image's own dialect facts; a setting that dialect
         # cannot express is refused here, before any container starts (exit 2)
         image_id = found.image_id if cfg.runtime == "docker" else None
+        if image_id is not None:
+            _learn_dialect(cfg, nodes, image_id, say)
         dialect = dialect_for(cfg, image_id=image_id)
         refuse_inexpressible(cfg, dialect)
         plan = build_plan(cfg, fabric_env=fabric_envs(found.fabric), fingerprint=fp, api_key=resolve_api_key(cfg),
@@ -193,6 +195,26 @@ def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool,
         found.hosts = memory_before_start(cfg, nodes, say)
         return _boot(cfg, nodes, plan, found, status=status, t0=t0, run_gates=run_gates, say=say,
                      on_update=on_update)
+
+
+def _learn_dialect(cfg: Config, nodes: dict[str, Node], image_id: str, say: Reporter) -> None:
+    """An image nothing is known about (no override, no stored facts of this image ID, not in the shipped table):
+    read its engine dialect from inside it on the head, once — the same reader `image verify` runs. Best effort:
+    when it cannot be read, the shipped table / vLLM 0.33.0 apply, as before."""
+    if cfg.serve.vllm_version or shipped_for_image(cfg.image.ref) is not None:
+        return
+    entry = (stored_facts().get("by_ref") or {}).get(cfg.image.ref)
+    if isinstance(entry, dict) and entry.get("image_id") == image_id:
+        return
+    from sparkserve.deploy.image_dialect import verify_dialect
+
+    try:
+        d, raw = verify_dialect(nodes[cfg.head.name], cfg.image.ref, image_id)
+    except SparkserveError as e:
+        say(f"warning: image: its engine dialect could not be read ({e.what}); vLLM 0.33.0's flag names apply")
+        return
+    say(f"image: engine dialect {d.describe() if d else 'unknown (vLLM 0.33.0 applies)'}, read from "
+        f"{cfg.image.ref} ({raw.get('how') or 'nothing'})")
 
 
 def _make_cache_dirs(cfg: Config, nodes: dict[str, Node], plan: Plan) -> None:

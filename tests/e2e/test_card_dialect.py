@@ -25,6 +25,7 @@ pytestmark = pytest.mark.rig
 FORK = "0.1.dev20051+g487ecf187"
 FORK_REF = "sparkserve-emu/vllm:fork-emu"
 NO_BLOCK_REF = "sparkserve-emu/vllm:no-block-size-emu"
+FRESH_REF = "sparkserve-emu/vllm:fork-emu-unverified"
 CARD_BYTES, CARD_POOL = 8053063680, 366749
 
 
@@ -45,7 +46,7 @@ def fork_image(rig_exclusive, rig_docker) -> str:
         assert rig_docker[n].images.get(FORK_REF).id == image_id
     yield image_id
     for n in names:
-        for ref in (FORK_REF, NO_BLOCK_REF):
+        for ref in (FORK_REF, NO_BLOCK_REF, FRESH_REF):
             with contextlib.suppress(Exception):  # already gone
                 rig_docker[n].images.remove(ref)
 
@@ -112,6 +113,23 @@ def test_an_image_whose_dialect_lacks_a_configured_flag_is_refused_before_boot(e
     text = e2e.assert_explained(p, code=2, node=None)
     assert "serve.block_size" in text and NO_BLOCK_REF in text and "has no --block-size" in text
     assert e2e.leftovers() == {}  # nothing started on any node
+
+
+def test_up_reads_the_dialect_of_an_image_it_has_not_seen(e2e, fork_image: str, rig_docker) -> None:
+    """No `image verify` for this ref: `up` reads the dialect inside the image itself, once, before it renders."""
+    for n in e2e.rig.nodes:
+        rig_docker[n.name].images.get(FORK_REF).tag(*FRESH_REF.split(":"))
+    cfg = e2e.config({"image": {"ref": FRESH_REF}, "serve": {"kv_cache_memory_bytes": CARD_BYTES},
+                      "gates": {"pool_tokens": CARD_POOL}})
+    up = e2e.cli("up", cfg=cfg, timeout=300)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert f"image: engine dialect vLLM {FORK}" in up.stdout + up.stderr
+    running = rig_docker[e2e.rig.nodes[0].name].containers.list(filters={"label": "io.sparkserve.rank=0"})
+    argv = running[0].attrs["Config"]["Cmd"]
+    assert argv[argv.index("--kv-cache-memory") + 1] == str(CARD_BYTES) and "--kv-cache-memory-bytes" not in argv
+    again = e2e.cli("up", cfg=cfg, timeout=300)  # known now: not read again
+    assert again.returncode == 0 and "engine dialect" not in again.stdout + again.stderr
+    e2e.cli("down", cfg=cfg)
 
 
 def _drafter_layers(e2e) -> int:
