@@ -6,13 +6,13 @@
     resolve(parse_sysfs(facts.sysfs), cfg.fabric, fabric_ip)      # the pure part: sparkserve.plan.fabric
 
 One ``python3 -c`` program (:data:`PROBE_PROGRAM`, stdlib only) answers: which paths exist, free disk
-under each path, which ports are free to bind, the writable mount dirs it creates, /proc/meminfo, and
-the sysfs files fabric detection needs (:func:`_node_read_sysfs`), and — for `up` — the drafter's manifest
-from the node's cache (the drafter sync's own program, :mod:`sparkserve.deploy.sync_remote`, run in the same
-interpreter: one python3 start per node for the whole pre-flight), the host facts of
-:mod:`sparkserve.deploy.hostfacts` (after the page-cache drop, for `up`) and the target's manifest
-(:mod:`sparkserve.models.target_manifest`). The question travels on stdin as JSON — paths are data, never shell
-words.
+under each path, which ports are free to bind, the writable mount dirs it creates, /proc/meminfo, the sysfs
+files fabric detection needs (:func:`sparkserve.plan.fabric_node.node_read_sysfs`, the launcher's own
+reader), and — for `up` — the drafter's manifest from the node's cache (the drafter sync's own program,
+:mod:`sparkserve.deploy.sync_remote`, run in the same interpreter: one python3 start per node for the whole
+pre-flight), the host facts of :mod:`sparkserve.deploy.hostfacts` (after the page-cache drop, for `up`) and
+the target's manifest (:mod:`sparkserve.models.target_manifest`). The question travels on stdin as JSON —
+paths are data, never shell words.
 """
 
 from __future__ import annotations
@@ -29,55 +29,9 @@ from sparkserve.deploy.hostfacts import NODE_SOURCE as HOST_SOURCE
 from sparkserve.deploy.sync_remote import manifest_source
 from sparkserve.models.target_manifest import NODE_SOURCE as TARGET_SOURCE
 from sparkserve.nodes.base import Node, NodeError
+from sparkserve.plan.fabric_node import node_read_sysfs
 
 # -- run on the node (stdlib only, self-contained; shipped by source) -----------------------------------
-
-
-def _node_read_sysfs(root: str) -> dict[str, str]:
-    """On the node: the sysfs files fabric detection needs under ``root`` → {relative path: content}.
-
-    Directory listings are recorded as ``<dir>/`` → newline-separated names. Unreadable files (sysfs
-    answers EINVAL for the attributes of unused GID entries) are left out.
-    """
-    import os
-
-    out: dict[str, str] = {}
-
-    def read(rel: str) -> str | None:
-        try:
-            with open(os.path.join(root, rel), "rb") as f:
-                text = f.read(4096).decode("ascii", "replace").strip()
-        except OSError:
-            return None
-        out[rel] = text
-        return text
-
-    def ls(rel: str) -> list[str]:
-        try:
-            names = sorted(os.listdir(os.path.join(root, rel)))
-        except OSError:
-            return []
-        out[rel + "/"] = "\n".join(names)
-        return names
-
-    for ifname in ls("class/net"):
-        for attr in ("operstate", "mtu", "carrier", "address"):
-            read(f"class/net/{ifname}/{attr}")
-    for dev in ls("class/infiniband"):
-        base = f"class/infiniband/{dev}"
-        ls(f"{base}/device/net")
-        for port in ls(f"{base}/ports"):
-            p = f"{base}/ports/{port}"
-            for attr in ("state", "phys_state", "link_layer", "rate"):
-                read(f"{p}/{attr}")
-            for idx in ls(f"{p}/gids"):
-                gid = read(f"{p}/gids/{idx}")
-                if gid is None or gid.replace(":", "").strip("0") == "":
-                    out.pop(f"{p}/gids/{idx}", None)
-                    continue
-                read(f"{p}/gid_attrs/types/{idx}")
-                read(f"{p}/gid_attrs/ndevs/{idx}")
-    return out
 
 
 def _node_answer(a: dict) -> dict:  # type: ignore[type-arg]
@@ -113,7 +67,7 @@ def _node_answer(a: dict) -> dict:  # type: ignore[type-arg]
             out["mkdirs"][p] = e.strerror or str(e)
     with open("/proc/meminfo") as f:
         out["meminfo"] = f.read()
-    out["sysfs"] = _node_read_sysfs(a["sysfs"]) if a.get("sysfs") else None
+    out["sysfs"] = node_read_sysfs(a["sysfs"]) if a.get("sysfs") else None
     if a.get("host") is not None:  # deploy.hostfacts: memory (after the page-cache drop), host settings, GPU memory
         out["host"] = _node_host(a["host"])  # noqa: F821
     if a.get("target"):  # models.target_manifest: the target's index, shards and safetensors headers
@@ -127,7 +81,7 @@ def _node_answer(a: dict) -> dict:  # type: ignore[type-arg]
 
 
 PROBE_PROGRAM = (
-    inspect.getsource(_node_read_sysfs) + "\n" + inspect.getsource(_node_answer) + "\n" + HOST_SOURCE + "\n"
+    inspect.getsource(node_read_sysfs) + "\n" + inspect.getsource(_node_answer) + "\n" + HOST_SOURCE + "\n"
     + TARGET_SOURCE + "\nimport json, sys\nprint(json.dumps(_node_answer(json.loads(sys.stdin.read()))))\n"
 )
 
