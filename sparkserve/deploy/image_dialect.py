@@ -12,6 +12,7 @@ kept per image ref with the image ID they were read from; ``up`` ignores facts o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import tempfile
@@ -45,9 +46,14 @@ def remember(ref: str, image_id: str, found: dict[str, Any]) -> Path:
                    "how": found.get("how"), "error": found.get("error")}
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".image-facts.")
-    with os.fdopen(fd, "w") as f:
-        json.dump(data, f, indent=1)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
     return path
 
 
@@ -55,5 +61,6 @@ def verify_dialect(node: Node, ref: str, image_id: str) -> tuple[Dialect | None,
     """Read ``ref``'s dialect on ``node``, keep it, and return the dialect it names (None: neither the image's
     parser nor a shipped dialect of its version) with the raw facts."""
     found = read_dialect(node, ref)
-    remember(ref, image_id, found)
+    with contextlib.suppress(OSError):  # an unusable state dir: the dialect serves this run, it is just not kept
+        remember(ref, image_id, found)
     return dialect_from_facts(ref, {"image_id": image_id, **found}), found

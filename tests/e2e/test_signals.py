@@ -138,7 +138,7 @@ UP_PHASES = {  # phase -> (config overrides, the progress line that starts it)
     "preflight": ({}, "preflight: checking every node"),
     "followers": ({}, "starting 1 follower(s)"),
     "head-boot": ({"serve": {"env": {"SSEMU_BOOT_SECONDS": "60"}}}, "waiting for the head to serve"),
-    "gates": ({"serve": {"env": {"SSEMU_TOKEN_RATE": "10"}}}, "· serving "),
+    "gates": ({"serve": {"env": {"SSEMU_TOKEN_RATE": "10"}}}, "gates: smoke cell"),
 }
 
 
@@ -205,6 +205,8 @@ def test_swap_interrupted_during_boot(e2e, scratch, tmp_path: Path, sig: signal.
     cfg, _ = _serving_stack(e2e, scratch)
     new = tmp_path / "next-drafter"
     shutil.copytree(e2e.node_path("node-a", e2e.rig.models["drafter"]), new)
+    with (new / "config.json").open("a") as f:  # another digest: a swap to the serving drafter is a no-op
+        f.write("\n")
     slow = e2e.derive(cfg, {"serve": {"env": {"SSEMU_BOOT_SECONDS": "60"}}})
     p, _ = interrupt(e2e, ("swap-drafter", str(new)), slow, "waiting for the head to serve", sig)
     text = assert_interrupted(e2e, p, slow, sig)  # the old stack was replaced before the boot: nothing runs

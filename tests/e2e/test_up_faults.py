@@ -308,11 +308,12 @@ def test_worker_started_by_hand_with_one_flag_changed_fails_parity(e2e) -> None:
     assert e2e.cli("up", "--no-gates", cfg=cfg).returncode == 0
     worker = e2e.managed("node-b")[0]
     flag = "--max-num-seqs"
-    assert worker.attrs["Config"]["Cmd"][worker.attrs["Config"]["Cmd"].index(flag) + 1] == "4"
+    planned = str(e2e.load(cfg).serve.max_num_seqs)  # the card's 6 by default
+    assert worker.attrs["Config"]["Cmd"][worker.attrs["Config"]["Cmd"].index(flag) + 1] == planned
     drifted = _rerun_with_flag(e2e.docker["node-b"], worker, flag, "8")
     drifted.reload()
     assert drifted.status == "running"
-    up_fails(e2e, cfg, node="node-b", step="rank parity", says=(f"{flag} 4", f"{flag} 8"))
+    up_fails(e2e, cfg, node="node-b", step="rank parity", says=(f"{flag} {planned}", f"{flag} 8"))
 
 
 def test_unlabelled_container_with_our_name_is_left_alone(e2e) -> None:
