@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import shutil
 import tarfile
-import time
 from pathlib import Path
 
 import pytest
@@ -63,14 +62,11 @@ def test_first_contact_journey(e2e, tmp_path: Path) -> None:
     same = tmp_path / "same-drafter"
     shutil.copytree(e2e.node_path("node-a", e2e.rig.models["drafter"]), same)
     before = e2e.running_ids()
-    t0 = time.monotonic()
     s = e2e.cli("swap-drafter", str(same), cfg=cfg)
-    took = time.monotonic() - t0
     assert s.returncode == 0, s.stderr
     assert "nothing to do" in s.stdout and "is the drafter serving now" in s.stdout, s.stdout
     assert e2e.running_ids() == before, "a no-op swap must not restart anything"
-    assert "drafter.path is now" not in s.stdout
-    assert took < 10, took
+    assert "drafter.path is now" not in s.stdout  # no restart, no rewrite: the ids above prove it, not a clock
 
     # a bundle for a bug report, while it runs
     out = tmp_path / "report.tar.gz"
