@@ -65,7 +65,15 @@ def reset() -> None:
 @contextlib.contextmanager
 def watching() -> Iterator[None]:
     """The three signals interrupt the block (see :func:`install`); the previous handlers come back after.
-    An interrupt seen in the block stays remembered after it, so the caller can still explain it."""
+    An interrupt seen in the block stays remembered after it, so the caller can still explain it.
+
+    An interrupt that arrived before the block and was only remembered (it came during cleanup, inside
+    :func:`deferred`) is raised here, not forgotten: an `ab run` that boots drafter after drafter must stop when
+    Ctrl-C lands while the previous stack is being stopped. Only an interrupt already raised is cleared."""
+    signum = _state["signum"]
+    if isinstance(signum, int) and not _state["raised"] and not _state["deferring"] and _in_main_thread():
+        _state["raised"] = True
+        raise Interrupted(signum)
     reset()
     if not _in_main_thread():
         yield

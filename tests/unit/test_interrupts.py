@@ -46,6 +46,23 @@ def test_a_signal_during_a_deferred_step_is_raised_after_it() -> None:
     assert steps == ["finished"]
 
 
+def test_a_signal_remembered_during_cleanup_stops_the_next_run_instead_of_being_forgotten() -> None:
+    """`ab run` boots one drafter after another: Ctrl-C while the previous stack is being stopped (a
+    deferred step that only remembers it) must stop the next `up`, not be cleared by its fresh start."""
+    from sparkserve.nodes import interrupts
+
+    with interrupts.watching():
+        with interrupts.deferred():  # cleanup: the signal is remembered, not raised
+            os.kill(os.getpid(), signal.SIGINT)
+            signal.sigtimedwait([], 0.05)
+        assert interrupts.stopping()
+        with pytest.raises(interrupts.Interrupted) as got, interrupts.watching():  # the next run in this process
+            pytest.fail("the next run started although an interrupt was pending")
+        assert got.value.signum == signal.SIGINT
+    with interrupts.watching():  # an interrupt already raised is cleared: a later run starts clean
+        assert not interrupts.stopping()
+
+
 def _cfg() -> Config:
     from sparkserve.config import load_config
 
