@@ -295,6 +295,20 @@ NCCL = [  # the NCCL library at NCCL_DEBUG=INFO (NVIDIA/nccl src/debug.cc `%s:%d
                r"|NET/Socket : Using(?: \[\d+\]\S+:\S+)+"  # transport/net_socket.cc
                r"|Using network (?:IB|Socket))$"),  # src/init.cc
 ]
+#: Lines only the card's fork prints (``0.1.dev20051+g487ecf187``, the emulator's fork dialect): vLLM 0.33.0 has
+#: no such log call, so they are not in FORMATS and the 0.33 checker rejects them. Source: the card README's
+#: "Expected boot gates" 1 and 2 (README@00d42fa, summed up in /work/shared/docs/card-stack.md), and its
+#: Dockerfile's check that the ``DFLASH2-DRAFTER-GROUP`` marker is in ``vllm/v1/core/kv_cache_utils.py``. The
+#: README quotes the messages without the ``[file:line]`` prefix, so the line numbers below are the emulator's
+#: placeholders: nothing in sparkserve reads them (``observe/logpatterns.py`` matches the message only).
+FORK_FORMATS: list[Fmt] = [
+    Fmt('kv_layout', 'v1/attention/backends/utils.py', 345, 'INFO',
+        'Using HND KV cache layout for FLASHINFER_MLA_SPARSE_SM90 backend.', verify="card"),
+    Fmt('drafter_group', 'v1/core/kv_cache_utils.py', 1286, 'INFO',
+        'DFLASH2-DRAFTER-GROUP: GLM-5-Next fast path engaged with a spec-decode drafter group (drafter_layers=%d, '
+        'mamba_groups=4, tail_group=True)', verify="card"),
+]
+
 PREFIX = re.compile(
     r"^(?P<pfx>.*?)\((?P<proc>[A-Za-z_]\w*) pid=(?P<pid>\d+)\) (?P<lvl>DEBUG|INFO|WARNING|ERROR|CRITICAL) "
     r"(?P<ts>\d\d-\d\d \d\d:\d\d:\d\d) \[(?P<file>[^\]:]+):(?P<line>\d+)\] (?P<msg>.*)$")

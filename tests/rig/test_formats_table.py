@@ -76,9 +76,26 @@ def test_exception_texts_come_from_the_named_vllm_file(vllm_root: Path) -> None:
 
 
 def test_the_emulator_prints_only_from_table_locations() -> None:
-    wheres = {f.where for f in F.FORMATS}
+    wheres = {f.where for f in F.FORMATS + F.FORK_FORMATS}
     missing = {k: w for k, w in emu.AT.items() if w not in wheres}
     assert not missing, f"emulator locations without a table entry: {missing}"
+    fork_at = {f.key: f.where for f in F.FORK_FORMATS}
+    assert all(emu.AT.get(k) == w for k, w in fork_at.items()), (fork_at, emu.AT)
+
+
+def test_the_fork_lines_are_the_cards_boot_gates_and_no_033_line(vllm_root: Path, calls: set) -> None:
+    """The fork-only lines are the card README's boot gates 1 and 2 (card-stack.md), word for word with the
+    drafter's layer count filled in; vLLM 0.33.0 has no call that prints them, and its checker rejects them."""
+    card = Path("/work/shared/docs/card-stack.md").read_text()
+    gates = re.findall(r"^\d\. `([^`]+)`", card, re.M)
+    assert len(gates) >= 2, "card-stack.md's 'Expected boot gates' list moved"
+    for f in F.FORK_FORMATS:
+        assert f.verify == "card" and f.key in emu.AT
+        rx = F.fmt_regex(f)
+        assert any(rx.fullmatch(g) or rx.fullmatch(g + ".") for g in gates), f"{f.key}: not a card gate line"
+        assert not any(c[3] == f.fmt for c in calls), f"{f.key}: 0.33.0 prints it; move it to FORMATS"
+        line = f"(Worker_TP0 pid=9) INFO 11-29 16:03:57 [{f.where}] {f.fmt.replace('%d', '8')}\n"
+        assert F.unmatched_lines(line), f"the 0.33 checker accepted the fork-only line {f.key}"
 
 
 def test_the_checker_rejects_lines_no_033_format_produces() -> None:
