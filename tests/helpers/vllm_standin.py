@@ -13,6 +13,7 @@ No torch: ``import vllm`` fails in it, which the smoke-test refusal test uses.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
@@ -142,25 +143,81 @@ def ensure_binfmt_aarch64() -> None:
         raise RuntimeError(f"cannot enable qemu-aarch64 (qemu-user-static, binfmt-support): {r.stderr.strip()}")
 
 
+#: debootstrap's bound: on 2 cores the second stage under qemu takes ~6 min; the test's own timeout is 1500 s
+DEBOOTSTRAP_TIMEOUT_S = 1200
+
+
+def _mounts_under(root: Path) -> list[str]:
+    """Mount points at or below ``root`` (deepest first), from /proc/self/mounts."""
+    r = str(root)
+    points = [ln.split()[1].replace("\\040", " ") for ln in Path("/proc/self/mounts").read_text().splitlines()]
+    return sorted({m for m in points if m == r or m.startswith(r + "/")}, key=len, reverse=True)
+
+
+def _unmount_under(root: Path) -> None:
+    """Detach what debootstrap's second stage mounted in the target (proc, sys, devpts). A run killed mid-way
+    leaves them mounted, and then neither ``rmtree`` (it walks into the live /proc and /sys) nor the next
+    debootstrap works: CI saw exactly that (a failed "debootstrap arm64" after a proc left mounted)."""
+    for m in _mounts_under(root):
+        subprocess.run(["umount", "-l", m], capture_output=True)
+    left = _mounts_under(root)
+    if left:
+        raise RuntimeError(f"cannot unmount what a debootstrap left under {root}: {left}")
+
+
+def _clear(tmp: Path) -> None:
+    if tmp.exists():
+        _unmount_under(tmp)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
 def arm64_base_tarball() -> Path:
-    """An arm64 Debian bookworm rootfs with python3 and git (debootstrap under qemu; once, cached)."""
+    """An arm64 Debian bookworm rootfs with python3 and git (debootstrap under qemu; once, cached).
+
+    debootstrap runs in a session of its own; whatever ends it (failure, the bound, the test's timeout, an
+    interrupt), its whole process group is killed and every mount it made in the target is detached before
+    the half-built tree is removed, so a later run starts clean."""
+    import signal
+
     tar = riglib.CACHE_DIR / "basefs-bookworm-arm64.tar"
     if tar.exists():
         return tar
     ensure_binfmt_aarch64()
     tmp = riglib.CACHE_DIR / "basefs-arm64.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
+    _clear(tmp)
     argv = ["debootstrap", "--arch=arm64", "--variant=minbase", "--include=python3,git", "bookworm", str(tmp)]
-    r = subprocess.run(argv, capture_output=True, text=True)
-    if r.returncode:
-        raise RuntimeError(f"debootstrap arm64 failed: {r.stdout.strip()[-1000:]} {r.stderr.strip()[-1000:]}")
-    for sub in ("var/cache/apt/archives", "var/lib/apt/lists", "var/log"):
-        for f in (tmp / sub).glob("*"):
-            if f.is_file():
-                f.unlink()
-    subprocess.run(["tar", "-C", str(tmp), "--numeric-owner", "-cf", f"{tar}.part", "."], check=True)
-    Path(f"{tar}.part").replace(tar)
-    shutil.rmtree(tmp, ignore_errors=True)
+    out = riglib.CACHE_DIR / "basefs-arm64.debootstrap.out"
+    ok = False
+    try:
+        with out.open("wb") as f:
+            proc = subprocess.Popen(argv, stdout=f, stderr=subprocess.STDOUT, start_new_session=True)
+            rc: int | None = None
+            try:
+                rc = proc.wait(timeout=DEBOOTSTRAP_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                pass
+            finally:  # the group too: chroot'd dpkg and qemu children outlive a killed debootstrap
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        if rc != 0:
+            log = tmp / "debootstrap" / "debootstrap.log"
+            detail = log.read_text(errors="replace")[-1500:] if log.is_file() else ""
+            why = f"timed out after {DEBOOTSTRAP_TIMEOUT_S} s" if rc is None else f"exit {rc}"
+            raise RuntimeError(f"debootstrap arm64 {why}: {out.read_text(errors='replace')[-800:]}\n"
+                               f"debootstrap.log: {detail}")
+        _unmount_under(tmp)
+        for sub in ("var/cache/apt/archives", "var/lib/apt/lists", "var/log"):
+            for f in (tmp / sub).glob("*"):
+                if f.is_file():
+                    f.unlink()
+        subprocess.run(["tar", "-C", str(tmp), "--numeric-owner", "-cf", f"{tar}.part", "."], check=True)
+        Path(f"{tar}.part").replace(tar)
+        ok = True
+    finally:
+        _clear(tmp)
+        if not ok:
+            Path(f"{tar}.part").unlink(missing_ok=True)
     return tar
 
 
