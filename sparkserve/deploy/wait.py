@@ -112,8 +112,9 @@ def _stamp(text: str) -> float | None:
 def _poll_node(view: NodeView, eng: Runtime, node: Node, floors: Floors | None) -> None:
     """One look at one rank. A failure is recorded on the view (with when it happened), not raised: when
     several ranks fail in the same poll, the earliest is the cause and the others its consequences."""
-    try:
+    try:  # both reads: the daemon can stop answering between the state and the log (a race seen on the rig)
         st = eng.state(view.container)
+        stamped = [ln.partition(" ") for ln in eng.logs(view.container, tail=400, timestamps=True)]
     except NoSuchContainer:
         raise
     except NodeError as e:  # the node's docker daemon (or the link to it) did not answer
@@ -121,7 +122,6 @@ def _poll_node(view: NodeView, eng: Runtime, node: Node, floors: Floors | None) 
             raise
         _daemon_gone(view, e.what, time.time())
         return
-    stamped = [ln.partition(" ") for ln in eng.logs(view.container, tail=400, timestamps=True)]
     lines = [text for _, _, text in stamped]
     view.log = lines
     view.stamps = [stamp for stamp, _, _ in stamped]

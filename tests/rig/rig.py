@@ -447,6 +447,21 @@ def _remove_containers(n: NodeInfo) -> None:
         docker_api(n.docker_socket, "DELETE", f"/containers/{c['Id']}?force=1&v=1", timeout=60)
 
 
+def _drop_stale_containerd_pid(n: NodeInfo) -> None:
+    """A dockerd that died by SIGKILL takes its containerd with it (dockerd starts it with a parent-death
+    signal) and leaves ``exec/containerd/containerd.pid`` behind. The next dockerd believes any live process
+    with that pid is its containerd and waits for a socket that never comes ("failed to start containerd:
+    timeout waiting for containerd to start"), and on a busy machine (pid_max 32768) the pid is soon reused.
+    The pid file goes unless it names this node's own containerd."""
+    f = Path(n.dir) / "exec" / "containerd" / "containerd.pid"
+    pid = read_pid(f)
+    if pid is None:
+        return
+    argv = cmdline(pid) if pid_alive(pid) else []
+    if not (argv and Path(argv[0]).name == "containerd" and any(n.dir in a for a in argv)):
+        f.unlink(missing_ok=True)
+
+
 def start_node(n: NodeInfo) -> dict[str, int]:
     """Bring one node up (idempotent): namespace holder, dockerd, sshd. Returns their pids."""
     d = Path(n.dir)
@@ -478,6 +493,7 @@ def start_node(n: NodeInfo) -> dict[str, int]:
         stop_pid(read_pid(d / "dockerd.pid"), f"{n.name} stale dockerd")
         (d / "dockerd.pid").unlink(missing_ok=True)
         Path(n.docker_socket).unlink(missing_ok=True)
+        _drop_stale_containerd_pid(n)
         with open(d / "dockerd.log", "a") as out:
             subprocess.Popen(
                 [*nsenter, "dockerd", "--data-root", str(d / "docker"), "--exec-root", str(d / "exec"),

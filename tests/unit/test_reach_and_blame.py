@@ -144,24 +144,35 @@ class DaemonGoneEngine(StampedEngine):
     down), or inspecting it fails outright; either way the daemon no longer answers a ping."""
 
     inspect_fails = False
+    logs_fail = False  # inspect answered, then the daemon went before the log read (seen on the rig: issue 26 A2)
 
     def state(self, cid: str) -> ContainerState:
         if self.inspect_fails and self.node in self.exited:
             from sparkserve.nodes.base import NodeError
 
             raise NodeError(self.node, "inspect", "Cannot connect to the Docker daemon")
+        if self.logs_fail and self.node in self.exited:
+            return ContainerState("running", True, None, False, "", "", "0001-01-01T00:00:00Z")
         return super().state(cid)
+
+    def logs(self, cid: str, *, tail: int, timestamps: bool) -> list[str]:
+        if self.logs_fail and self.node in self.exited:
+            from sparkserve.nodes.base import NodeError
+
+            raise NodeError(self.node, "logs", "dockerd not reachable: Cannot connect to the Docker daemon")
+        return super().logs(cid, tail=tail, timestamps=timestamps)
 
     def daemon_answers(self, *, watch_s: float = 0.0) -> bool:
         return self.node not in self.exited
 
 
-@pytest.mark.parametrize("inspect_fails", [False, True])
+@pytest.mark.parametrize(("inspect_fails", "logs_fail"), [(False, False), (True, False), (False, True)],
+                         ids=["stopped-it", "inspect-fails", "log-read-fails"])
 def test_a_docker_daemon_that_stops_under_a_running_container_is_not_an_engine_exit(
-        monkeypatch, cfg: Config, inspect_fails: bool) -> None:
+        monkeypatch, cfg: Config, inspect_fails: bool, logs_fail: bool) -> None:
     plan = build_plan(cfg)
     follower = plan.followers[0].node
-    DaemonGoneEngine.inspect_fails = inspect_fails
+    DaemonGoneEngine.inspect_fails, DaemonGoneEngine.logs_fail = inspect_fails, logs_fail
     StampedEngine.logs_of, StampedEngine.exited = {}, {follower: (0, "2026-12-01T09:53:51Z")}
     monkeypatch.setattr(wait, "engine_for", lambda node, how=None: DaemonGoneEngine(node))
     with pytest.raises(BootFailure) as e:
