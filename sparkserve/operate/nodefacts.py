@@ -11,10 +11,12 @@ and /dev/kmsg by default. A plain file given as the kernel log is read as text f
 stopped. The first read of a kernel log sets the cursor and reports nothing: lines from before supervision
 belong to an earlier story.
 
-Issue 26 is adding the boot-time side of this (deploy/hostfacts.py: MemFree, buddyinfo, drop_caches, NVRM/Xid
-lines, every path under a configurable proc root); it was not committed when this was written. The supervisor
-asks only :func:`host_facts` (every round) and :func:`read_memory`: those two are where to swap to it, so
-one node program keeps reading GB10's memory one way.
+The boot-time side is ``deploy/hostfacts.py`` (MemFree, buddyinfo, drop_caches, the NVRM/Xid lines since a boot,
+every path under ``host.proc_root``). The two node programs still read meminfo and the kernel log separately:
+this one streams the kernel log with a cursor from round to round, hostfacts reads it once since a time, and
+the sources are configured apart (``supervise.meminfo_path`` / ``supervise.kmsg_path`` here). Folding them into
+one reader is open work; the supervisor asks only :func:`host_facts` (every round) and :func:`read_memory`,
+which are where to swap.
 """
 
 from __future__ import annotations
