@@ -195,7 +195,7 @@ def arm64_base_tarball() -> Path:
             try:
                 rc = proc.wait(timeout=DEBOOTSTRAP_TIMEOUT_S)
             except subprocess.TimeoutExpired:
-                pass
+                rc = None  # over the bound: reported as a timeout below
             finally:  # the group too: chroot'd dpkg and qemu children outlive a killed debootstrap
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
