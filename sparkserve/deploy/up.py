@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields
 from types import ModuleType
 from typing import Any
 
+from sparkserve import interrupts
 from sparkserve.config import Config, resolve_api_key
 from sparkserve.deploy import lock
 from sparkserve.deploy.doctor import Check, check_all, check_ports
@@ -38,7 +39,6 @@ from sparkserve.deploy.wait import NodeView, served_models, wait_ready, wait_run
 from sparkserve.deploy.watchdog import watchdog_floors
 from sparkserve.errors import BadInput, CheckRefused, GateFailed, RemoteFailure, SparkserveError
 from sparkserve.journal import record
-from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.engine import ManagedContainer
 from sparkserve.nodes.factory import docker_opening
@@ -437,7 +437,7 @@ def _start(plan: Plan, nodes: dict[str, Node], started: dict[str, list[str]], sa
             spec = spec.model_copy(update={"labels": {**spec.labels, LABEL_ENGINE_ID: image_id}})
             # a process rank's id is known before it starts: a start cut short is still torn down
             started.setdefault(node, []).append(rank_id(plan.fingerprint, spec.rank))
-        cid = engine_for(nodes[node], plan).run(spec, create_rw_mount_dirs=False)  # the preflight made them
+        cid = engine_for(nodes[node], plan).run(spec, make_dirs=False)  # the preflight made them
         if cid not in started.get(node, []):
             started.setdefault(node, []).append(cid)
         containers[node] = cid

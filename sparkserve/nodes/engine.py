@@ -127,16 +127,15 @@ class Engine:
 
     # -- containers -----------------------------------------------------------------------------------
 
-    def run(self, spec: ContainerSpec, *, create_rw_mount_dirs: bool = True) -> str:
+    def run(self, spec: ContainerSpec, *, make_dirs: bool = True) -> str:
         """Create and start ``spec``'s container (detached, with its restart policy and stop timeout); return
-        its id.
+        its id. ``make_dirs``: create the spec's ``make_dirs`` first (False: the caller made them).
 
         Never pulls. A name clash is reported, never resolved by removing the other container.
         """
-        if create_rw_mount_dirs:
-            for m in spec.mounts:
-                if not m.read_only:
-                    self.node.makedirs(m.source)
+        if make_dirs:
+            for d in spec.make_dirs:
+                self.node.makedirs(d)
         kw = spec.docker_sdk_kwargs()
         with self._step("run", spec.name):
             api = self.client.api  # low-level: docker-py's containers.create has no stop_timeout

@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from sparkserve import interrupts
 from sparkserve.errors import BadInput, RemoteFailure, SparkserveError
-from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.local import LocalNode
 from sparkserve.nodes.parallel import on_all

@@ -117,7 +117,7 @@ class StartEngine:
     def __init__(self, node: str) -> None:
         self.node = node
 
-    def run(self, spec: object, *, create_rw_mount_dirs: bool = True) -> str:
+    def run(self, spec: object, *, make_dirs: bool = True) -> str:
         time.sleep(0.05 if self.node != "n0" else 0)  # followers take a while to start
         StartEngine.calls.append(("run", self.node))
         return f"c-{self.node}"
