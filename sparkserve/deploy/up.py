@@ -35,7 +35,7 @@ from sparkserve.deploy.probe import probe_node
 from sparkserve.deploy.stack import managed_on_all
 from sparkserve.deploy.sync import RemoteState
 from sparkserve.deploy.teardown import Reporter, explain_failure, interrupted, interrupted_what, quiet, teardown
-from sparkserve.deploy.wait import NodeView, served_models, wait_ready, wait_running, watch_alive
+from sparkserve.deploy.wait import NodeView, daemons_answer, served_models, wait_ready, wait_running, watch_alive
 from sparkserve.deploy.watchdog import watchdog_floors
 from sparkserve.errors import BadInput, CheckRefused, GateFailed, RemoteFailure, SparkserveError
 from sparkserve.journal import record
@@ -470,10 +470,10 @@ def _gate(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str,
     try:
         report = gates_live().collect_and_judge(cfg, nodes, plan, containers, say=say)
     except SparkserveError:
-        _daemons_answer(cfg, nodes, plan, containers, "while the gates ran")
+        daemons_answer(cfg, nodes, plan, containers, "while the gates ran")
         raise
     if not report.ok:
-        _daemons_answer(cfg, nodes, plan, containers, "while the gates ran")
+        daemons_answer(cfg, nodes, plan, containers, "while the gates ran")
     for g in report.gates:
         say(f"gate {g.name}: {'skipped' if g.skipped else 'ok' if g.ok else 'FAIL'} — {g.reason}")
     if not report.ok:
@@ -481,21 +481,6 @@ def _gate(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str,
         raise GateFailed("gates", f"{', '.join(failed)} failed after boot; the stack was stopped",
                          details=_gate_lines(report))
     return report
-
-
-def _daemons_answer(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str, str], when: str) -> None:
-    """RemoteFailure (exit 3, step "docker") naming the first node whose docker daemon does not answer (runtime
-    docker only)."""
-    if plan.runtime != "docker":
-        return
-    names = [n.name for n in cfg.nodes if n.name in containers]
-    answers = on_all(names, lambda name: bool(getattr(engine_for(nodes[name], plan), "daemon_answers", lambda: True)()))
-    for name in names:
-        if not answers[name]:
-            rank = next((s.rank for s in plan.specs if s.node == name), "?")
-            raise RemoteFailure(f"{name}: docker", f"the node's docker daemon stopped answering {when}; rank {rank} "
-                                f"container {containers[name][:12]} may still be on the node — run `sparkserve down` "
-                                "once its docker is back", node=name, step="docker")
 
 
 def gates_live() -> ModuleType:

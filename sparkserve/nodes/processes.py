@@ -184,6 +184,11 @@ class ProcessEngine:
         del watch_s, every_s
         return True
 
+    def restarted_since(self, ref: str | ManagedContainer, started_at: str) -> bool:
+        """There is no daemon to restart under a host process."""
+        del ref, started_at
+        return False
+
     # -- logs -------------------------------------------------------------------------------------------
 
     def logs(self, ref: str | ManagedContainer, *, since: datetime | float | int | None = None,
