@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO
 
+from sparkserve.observe.cut_traceback import cut_traceback_faults
 from sparkserve.observe.events import Event, classify_fault, match_events
 from sparkserve.observe.logline import Record, strip_ansi
 from sparkserve.observe.logpatterns import (
@@ -44,6 +45,7 @@ from sparkserve.observe.logpatterns import (
     POINTER,
     PROCESS_HEADER,
     RELAYED,
+    REQUEST_ERROR,
     STOP_EXCEPTIONS,
     THREAD_HEADER,
     FaultKind,
@@ -86,6 +88,7 @@ def _parse(text: str | bytes | BinaryIO, file: str, node: str | None) -> ParsedL
     events = _fold_headers(reader, events, tracebacks, tb_events)
     events.extend(tb_events)
     events = _bare_exceptions(reader, events)
+    events.extend(cut_traceback_faults(reader, events))
     events = _fold_message_lines(reader, events)
     events.sort(key=lambda e: (e.sort_line, e.rec.lineno))
     stop, faults, artefacts = _split_at_stop(events)
@@ -134,6 +137,7 @@ _SPEC_PATTERN = next(p for p in PATTERNS if p.kind is Kind.SPEC_METRICS)
 _SPEC_ONLY = frozenset(_SPEC_PATTERN.needles)  # a line holding only this needle takes the fast path
 # The stats line (every 10 s under load) matters once: the first that shows work proves requests were served.
 _SERVED_ONLY = frozenset(next(p for p in PATTERNS if p.kind is Kind.SERVED).needles)
+_FRAME_NEEDLE = next(p for p in PATTERNS if p.kind is Kind.FRAME).needles[0]
 
 
 def _shows_work(ev: Event) -> bool:
@@ -150,6 +154,12 @@ def _scan(reader: LogReader) -> tuple[list[Event], dict[int, Traceback], list[tu
     served = False  # a stats line with work seen: the later ones say nothing new (and are half a serving log)
     fast = not reader.ansi
     for idx, needles, raw in reader.candidates():
+        if idx in consumed and _FRAME_NEEDLE in needles:  # a frame of a traceback in view: where the process was
+            for e in (e for rec in reader.records(idx) for e in match_events(rec) if e.kind is Kind.FRAME):
+                e.sort_line = idx
+                e.data["in_traceback"] = True
+                events.append(e)
+            continue
         if idx in consumed or (served and needles == _SERVED_ONLY):
             continue
         if needles == _SPEC_ONLY:
@@ -271,6 +281,13 @@ def _traceback_events(reader: LogReader, tracebacks: dict[int, Traceback]) -> li
             continue
         exc = EXCEPTION_LINE.match(tb.root.msg)
         name = exc.group("exc").rsplit(".", 1)[-1] if exc else ""
+        # a request the server answered with an error (issue 32, kind 2): no engine fault. Its header, when in view,
+        # is the request_error event already; a stream cut by a dead engine (a relayed root) stays a fault.
+        if REQUEST_ERROR.match(header) and not RELAYED.search(tb.root.msg):
+            continue
+        if REQUEST_ERROR.match(tb.root.msg.strip()):
+            out.append(Event(Kind.REQUEST_ERROR, tb.root, {"traceback_start": start + 1}, sort_line=start))
+            continue
         if name in STOP_EXCEPTIONS:
             out.append(Event(Kind.STOP, tb.root, {"exception": name}, sort_line=start))
             continue
