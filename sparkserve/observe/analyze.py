@@ -88,6 +88,7 @@ class Analysis:
     versions: list[str] = field(default_factory=list)
     ready_evidence: ReadyEvidence | None = None
     failed_boot_kv_cache_tokens: list[int] = field(default_factory=list)  # pools of boots that then died
+    request_errors: list[tuple[ParsedLog, Event]] = field(default_factory=list)  # answered with an error (kind 2)
     nccl: dict[str, NcclFacts] = field(default_factory=dict)  # node → what its log says of NCCL
 
     def events(self, *kinds: Kind) -> list[tuple[ParsedLog, Event]]:
@@ -119,6 +120,11 @@ class Analysis:
                 for log, e in self.faults
             ],
             "ready_evidence": self.ready_evidence.to_json() if self.ready_evidence else None,
+            "request_errors": {
+                "count": len(self.request_errors),
+                "first": next(({"file": log.file, "line": e.line, "text": e.text} for log, e in self.request_errors),
+                              None),
+            },
         }
 
 
@@ -173,6 +179,7 @@ def analyze(logs: Sequence[ParsedLog], node_ranks: Mapping[str, Sequence[str]] |
         model_runner=runner,
         ready=ready,
         faults=faults,
+        request_errors=ev.of(Kind.REQUEST_ERROR),
         artefacts=artefacts,
         tensor_parallel_size=tp_size,
         versions=_versions(ev),

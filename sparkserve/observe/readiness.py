@@ -13,15 +13,21 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from sparkserve.observe.events import Event
 from sparkserve.observe.logpatterns import BOOT_FAILED, DIED_SERVING, Kind
 from sparkserve.observe.logs import ParsedLog
 from sparkserve.observe.ranks import API_NAMES
 
-if TYPE_CHECKING:
-    from sparkserve.observe.analyze import _Events
+
+class EventIndex(Protocol):
+    """The events of several logs, by kind, each with its log (:class:`sparkserve.observe.analyze._Events`)."""
+
+    logs: list[ParsedLog]
+    all: list[tuple[ParsedLog, Event]]
+
+    def of(self, kind: Kind) -> list[tuple[ParsedLog, Event]]: ...
 
 
 @dataclass(frozen=True)
@@ -46,7 +52,7 @@ def _phase(log: ParsedLog) -> tuple[str | None, Event | None]:
     return ("startup", first) if first is not None else (None, None)
 
 
-def decide_ready(ev: _Events, faults: Sequence[tuple[ParsedLog, Event]]) -> tuple[bool | None, ReadyEvidence | None]:
+def decide_ready(ev: EventIndex, faults: Sequence[tuple[ParsedLog, Event]]) -> tuple[bool | None, ReadyEvidence | None]:
     """``ready`` and the line it was decided on (rules: module docstring), strongest evidence first."""
     for log, e in ev.of(Kind.READY):
         return True, ReadyEvidence(log, e, "the API server logged its readiness line")
