@@ -314,17 +314,20 @@ def _prefix(rec: Record) -> str:
 def _fold_message_lines(reader: LogReader, events: list[Event]) -> list[Event]:
     """Rule 9: the lines that continue an exception's message outside a traceback in view (``torch.AcceleratorError:
     CUDA error: …`` then `Search for `cudaErrorIllegalAddress' …`, `CUDA kernel errors might be …`, each carrying the
-    logger's same prefix) are part of that fault, never faults of their own."""
-    run: dict[int, str] = {}  # line index → the prefix of the message it belongs to
+    logger's same prefix) are part of that fault, never faults of their own — also when the exception line itself is
+    cut off and the message's first line in view is an ERROR line no row names (issue 32, kind 4)."""
+    run: dict[int, tuple[str, bool]] = {}  # line index → (the prefix of its message, begun by an exception line)
     drop: set[int] = set()
     for e in sorted((e for e in events if e.kind is Kind.FAULT), key=lambda x: x.sort_line):
         idx = e.sort_line
         prev = reader.prev_in_stream(idx, e.rec.stream, window=1)
-        if prev is not None and prev[0] in run and run[prev[0]] == _prefix(e.rec):
+        exc = e.rec.level is not None and EXCEPTION_LINE.match(e.rec.msg) is not None
+        unnamed = e.rec.level is not None and "level" in e.data and not exc
+        if prev is not None and prev[0] in run and run[prev[0]][0] == _prefix(e.rec) and (run[prev[0]][1] or unnamed):
             run[idx] = run[prev[0]]  # the message goes on (even a line that reads like an exception line)
             drop.add(id(e))
-        elif e.rec.level is not None and EXCEPTION_LINE.match(e.rec.msg):
-            run[idx] = _prefix(e.rec)
+        elif exc or unnamed:
+            run[idx] = (_prefix(e.rec), exc)  # an exception's message, or an ERROR message no row names, may go on
     return [e for e in events if id(e) not in drop]
 
 
