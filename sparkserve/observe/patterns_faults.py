@@ -46,12 +46,14 @@ STARTUP_FAULTS: tuple[LogPattern, ...] = (
        "available memory for the cache blocks. …`; V0 `The model's max seq len (%d) is larger than the maximum "
        "number of tokens that can be stored in KV cache (%d). …`)",
        FaultKind.OTHER),
-    row(Kind.FAULT, ("attention backend found", "is not valid for this configuration", "Invalid attention backend"),
+    row(Kind.FAULT,
+        ("Error: No valid attention backend", "Error: Selected backend", "Error: Invalid attention backend"),
         r"No valid attention backend found|Selected backend \S+ is not valid for this configuration"
         r"|Invalid attention backend",
         "attention selection at model construction (issue 32, kind 1): `ValueError: No valid attention backend found "
         "for %s with %s. Reasons: …` (0.13+ selector), `Selected backend %s is not valid for this configuration. "
-        "Reason: …`, older `Invalid attention backend for %s` — the boot ends", FaultKind.OTHER),
+        "Reason: …`, older `Invalid attention backend for %s` — the boot ends (needles: the exception line)",
+        FaultKind.OTHER),
 )
 
 PROCESS_FAULTS: tuple[LogPattern, ...] = (
