@@ -45,7 +45,8 @@ class ReadyEvidence:
 def _phase(log: ParsedLog) -> tuple[str | None, Event | None]:
     """Where a log's tracebacks ran: ``serving`` if any frame is serving code, else ``startup`` if any is start-up
     code (with that frame), else None."""
-    frames = log.of(Kind.FRAME)
+    # a traceback logged below ERROR (logger.warning(…, exc_info=True)) was survived: it says nothing of a death
+    frames = [f for f in log.of(Kind.FRAME) if f.rec.level in (None, "ERROR", "CRITICAL")]
     if any(f.data.get("phase") == "serving" for f in frames):
         return "serving", None
     first = next((f for f in frames if f.data.get("phase") == "startup"), None)

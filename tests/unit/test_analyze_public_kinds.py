@@ -165,3 +165,14 @@ def test_an_output_handler_death_after_startup_is_a_fault_and_ready_stays_true()
     j = analyze_texts({"x.log": startup + text_of("aeon7-17-spark-process-enginecore-output-handler.log")}).to_json()
     assert j["ready"] is True and "CUDA kernel errors" in j["faults"][0]["text"]
     assert any("AsyncLLM output_handler failed" in f["text"] for f in j["faults"])
+
+
+def test_a_traceback_logged_at_warning_through_start_up_code_says_nothing_of_ready() -> None:
+    # logger.warning(…, exc_info=True) through the weight loader was survived; a later unnamed ERROR is no boot failure
+    w = "(Worker_TP0 pid=5) WARNING 11-29 16:02:41 [default_loader.py:9] "
+    t = "".join([w + "Unable to use the fast loader; falling back\n", w + "Traceback (most recent call last):\n",
+                 w + '  File "/vllm/model_executor/model_loader/default_loader.py", line 9, in load_weights\n',
+                 w + "ImportError: no fast loader\n",
+                 "(EngineCore pid=4) ERROR 11-29 16:09:41 [core.py:1] something else went wrong\n"])
+    j = analyze_texts({"x.log": t}).to_json()
+    assert j["ready"] is None and j["faults"][0]["text"].endswith("something else went wrong")
