@@ -5,7 +5,8 @@
 Each log in the corpus is analysed alone, as ``sparkserve logs analyze FILE --json`` does (the same function,
 in-process), and compared with the verdicts a person wrote in ``expected.json`` by reading the log:
 ``kv_cache_tokens`` (first value), ``graphs``, ``ready``, ``spec_method``, ``mask_embedding_loaded`` and ``fault``
-(faults[0]'s text holds one of the given substrings; null = no fault at all); a field left out is not scored. A log
+(faults[0]'s text holds one of the given substrings; null = no fault at all), and where a verdict gives it
+``rank_graphs`` (each rank's ``graphs``); a field left out is not scored. A log
 may name the kinds of reading it exercises (``"kinds": [1, 4]``, :data:`KINDS`: issue 32's six kinds); the figures
 and misses are then also printed per kind. Exit 1 when the reader crashed on any log, 0 otherwise — the score
 itself is judged by tests/unit/test_public_logs.py.
@@ -24,7 +25,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests/fixtures/logs/public"
-FIELDS = ("kv_cache_tokens", "graphs", "ready", "spec_method", "mask_embedding_loaded", "fault")
+FIELDS = ("kv_cache_tokens", "graphs", "ready", "spec_method", "mask_embedding_loaded", "fault", "rank_graphs")
 #: The kinds of reading issue 32 named (each seen misread in more than one held-out log).
 KINDS = {
     1: "ready false on a fatal start-up failure",
@@ -74,6 +75,7 @@ def observed(analysis_json: dict[str, Any]) -> dict[str, Any]:
         "spec_method": analysis_json["spec"]["method"],
         "mask_embedding_loaded": analysis_json["spec"]["mask_embedding_loaded"],
         "fault": faults[0]["text"] if faults else None,
+        "rank_graphs": {r: st["graphs"] for r, st in analysis_json["ranks"].items()},
     }
 
 
