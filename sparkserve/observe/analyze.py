@@ -8,10 +8,10 @@
 Unknown stays ``None`` (``null``), never guessed. Ranks are global ranks (:mod:`sparkserve.observe.ranks`);
 the configuration is what the logs print (:mod:`sparkserve.observe.engine_config`).
 
-``ready`` (evidence in ``ready_evidence``): true on the readiness line or when requests were visibly served (a
-throughput line with work done, SpecDecoding metrics); false when the boot plainly
-failed (:data:`~sparkserve.observe.logpatterns.BOOT_FAILED` on a fault) or an API server started and never got
-ready; null when the log cannot tell — among others when the engine died while serving with the start out of view.
+``ready`` (evidence in ``ready_evidence``) is decided in :mod:`sparkserve.observe.readiness`: true, false or null
+— null when the log cannot tell. Requests the API server answered with an error are ``request_errors`` (a count
+and the first), never faults. When PyTorch's watchdog names a timed-out collective, NCCL's transport WARN lines
+before it are its evidence and sort after it.
 ``faults[0]`` says ``why`` it is a fault. A Ray worker's death is the root cause of the EngineCore error it causes;
 a shared-memory broadcast stall the engine outlived (it got ready after it) is no fault.
 """
