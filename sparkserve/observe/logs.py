@@ -24,7 +24,7 @@ Fault rules (explicit, tested):
    ``TCPStore … recvValue failed`` after the head was stopped).
 4. The same fault text twice in a file (``logger.exception`` plus the raw stderr traceback, a repeated
    shm-broadcast stall) is reported once.
-5. A request the API server answered with an error (its ERROR line or its traceback: a prompt over the context
+10. A request the API server answered with an error (its ERROR line or its traceback: a prompt over the context
    length, a wrong model name, a 400) is a ``request_error`` event, never a fault; an engine or worker traceback
    whose exception line is cut off is a fault at its last frame (:mod:`sparkserve.observe.cut_traceback`); the
    frames of every traceback say whether a process was starting up or serving (issue 32).
