@@ -232,11 +232,15 @@ def _died_before_ready(log: ParsedLog, at: int, fault_lines: list[int]) -> bool:
     return any(first_ready is None or f < first_ready for f in later)
 
 
+#: Events that say nothing of a rank's state: where a traceback ran, a request answered with an error.
+_NOT_RANK_STATE = frozenset({Kind.FRAME, Kind.REQUEST_ERROR})
+
+
 def _rank_states(ev: _Events) -> dict[str, RankState]:
     """Per rank: its capture, mask, eager and downgrade lines, whether it finished loading, its nodes."""
     ranks: dict[str, RankState] = {}
     for log, e in ev.all:
-        if e.rank is None:
+        if e.rank is None or e.kind in _NOT_RANK_STATE:
             continue
         st = ranks.setdefault(e.rank, RankState())
         st.nodes.add(log.node)
