@@ -56,7 +56,7 @@ def cut_traceback_faults(reader: LogReader, events: list[Event]) -> list[Event]:
     """One fault per run of engine frames whose exception line is not in view (module docstring)."""
     runs: list[list[Event]] = []
     last: dict[tuple[object, ...], Event] = {}
-    frames = (e for e in events if e.kind is Kind.FRAME and not e.data.get("in_traceback"))
+    frames = (e for e in events if e.kind is Kind.FRAME and not e.data.get("in_traceback") and e.data.get("path"))
     for e in sorted(frames, key=lambda x: x.sort_line):
         prev = last.get(e.rec.stream)
         if prev is not None and e.sort_line - prev.sort_line <= GAP:

@@ -74,7 +74,7 @@ ANCHORS: tuple[str, ...] = (
     "ngine core", "EngineCore ", "EngineDead", "NCCL", "ibv_", "graph addresses", "stored in KV", "marked dead",
     "throughput:",
     "RPC call", "orker", "TCPStore", "c10d", "Xid", "Traceback", "ERR", "CRITICAL", "rror: ", "xception: ",
-    "NET/", "network ", "nccl", "event", "GID table", "cache layout for", "DFLASH2-", 'File "',
+    "NET/", "network ", "nccl", "event", "GID table", "cache layout for", "DFLASH2-", 'File "', "engine_core",
 )
 #: anchor → ((needle, index into PATTERNS), …) for the needles holding that anchor.
 NEEDLE_INDEX: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = tuple(

@@ -141,7 +141,7 @@ _SPEC_PATTERN = next(p for p in PATTERNS if p.kind is Kind.SPEC_METRICS)
 _SPEC_ONLY = frozenset(_SPEC_PATTERN.needles)  # a line holding only this needle takes the fast path
 # The stats line (every 10 s under load) matters once: the first that shows work proves requests were served.
 _SERVED_ONLY = frozenset(next(p for p in PATTERNS if p.kind is Kind.SERVED).needles)
-_FRAME_NEEDLE = next(p for p in PATTERNS if p.kind is Kind.FRAME).needles[0]
+_FRAME_NEEDLES = frozenset(next(p for p in PATTERNS if p.kind is Kind.FRAME).needles)
 
 
 def _shows_work(ev: Event) -> bool:
@@ -158,7 +158,7 @@ def _scan(reader: LogReader) -> tuple[list[Event], dict[int, Traceback], list[tu
     served = False  # a stats line with work seen: the later ones say nothing new (and are half a serving log)
     fast = not reader.ansi
     for idx, needles, raw in reader.candidates():
-        if idx in consumed and _FRAME_NEEDLE in needles:  # a frame of a traceback in view: where the process was
+        if idx in consumed and needles & _FRAME_NEEDLES:  # a frame of a traceback in view: where the process was
             for e in (e for rec in reader.records(idx) for e in match_events(rec) if e.kind is Kind.FRAME):
                 e.sort_line = idx
                 e.data["in_traceback"] = True

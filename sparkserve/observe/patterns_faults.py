@@ -102,10 +102,12 @@ PROCESS_FAULTS: tuple[LogPattern, ...] = (
        "outside any traceback in view: the root cause when frames of a traceback whose `Traceback …` line is out "
        "of view precede it, or when a relayed error (`EngineDeadError … See stack trace (above)`) follows it"),
     # --- where a process was: traceback frames (read for start-up vs serving, and for a cut traceback) -------
-    row(Kind.FRAME, ('File "',),
-        r'^\s*File "(?P<path>[^"]+)", line (?P<lineno>\d+), in (?P<func>\S+)\s*$',
-        "a Python traceback frame line, logger-prefixed (logger.exception) or raw stderr; :func:`frame_phase` says "
-        "whether it is start-up or serving code (issue 32, kinds 1, 4 and 6)"),
+    row(Kind.FRAME, ('File "', "engine_core.run_busy_loop()", "engine_core = EngineCoreProc("),
+        r'^\s*File "(?P<path>[^"]+)", line (?P<lineno>\d+), in (?P<func>\S+)\s*$'
+        r"|^\s*(?P<code>engine_core(?:\.run_busy_loop\(\)| = EngineCoreProc\())",
+        "a Python traceback frame line, logger-prefixed (logger.exception) or raw stderr, and the two code lines of "
+        "V1 `run_engine_core` that say which way it went (`engine_core = EngineCoreProc(…)`: start-up; "
+        "`engine_core.run_busy_loop()`: serving); :func:`frame_phase` says which (issue 32, kinds 1, 4 and 6)"),
 )
 
 #: An exception line inside a traceback: ``ValueError: …``, ``torch.OutOfMemoryError: …``, ``KeyboardInterrupt``.
@@ -183,12 +185,13 @@ STARTUP_FRAME = re.compile(
     r'|_initialize_kv_caches|initialize_kv_cache|initialize_from_config|determine_available_memory|profile_run'
     r'|capture_model|compile_or_warm_up_model|init_device|_init_executor|init_worker_distributed_environment'
     r'|init_distributed_environment|ensure_model_parallel_initialized|get_attn_backend|_cached_get_attn_backend'
-    r'|gptq_marlin_repack|wait_for_engine_startup)$'
+    r'|gptq_marlin_repack|wait_for_engine_startup)$|engine_core = EngineCoreProc\('
 )
 #: Traceback frames that run only while an engine serves: the engine core's busy loop and step, the API server's
 #: output handler (issue 32, kind 6: a death under them came after a healthy start).
 SERVING_FRAME = re.compile(
     r", in (?:run_busy_loop|_process_engine_step|step_with_batch_queue|output_handler|run_engine_loop|engine_step)$"
+    r"|engine_core\.run_busy_loop\(\)"
 )
 
 

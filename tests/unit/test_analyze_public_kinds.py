@@ -176,3 +176,11 @@ def test_a_traceback_logged_at_warning_through_start_up_code_says_nothing_of_rea
                  "(EngineCore pid=4) ERROR 11-29 16:09:41 [core.py:1] something else went wrong\n"])
     j = analyze_texts({"x.log": t}).to_json()
     assert j["ready"] is None and j["faults"][0]["text"].endswith("something else went wrong")
+
+
+def test_the_busy_loop_code_line_says_serving_when_its_frame_is_cut_off() -> None:
+    # vllm#16692's EngineCore lines alone: `run_engine_core` → `engine_core.run_busy_loop()`, then the excerpt ends
+    t = text_of("vllm-16692-ray-worker-died-0.8.4.log", lambda x: "[core.py:387]" in x)
+    j = analyze_texts({"x.log": t}).to_json()
+    assert "EngineCore hit an exception" in j["faults"][0]["text"]
+    assert j["ready"] is None and j["ready_evidence"]["why"].startswith("the engine died while serving")
