@@ -137,6 +137,10 @@ def _print_analysis(a: Analysis) -> None:
         )
     if a.artefacts:
         console.print(f"  ({len(a.artefacts)} shutdown artefact line(s) after a deliberate stop, not faults)")
+    if a.request_errors:  # requests answered with an error: the server went on (not engine faults)
+        log, e = a.request_errors[0]
+        console.print(f"  {len(a.request_errors)} request error(s), not faults; first {escape(log.file)}:{e.line}: "
+                      f"{escape(e.text)}", soft_wrap=True)
 
 
 def gates_cmd(
