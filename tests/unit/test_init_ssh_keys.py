@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-
 from _fixtures import clean_env, cli
+
 from sparkserve.config import load_config
 from sparkserve.nodes.factory import check_identity_file
 from sparkserve.nodes.ssh_connect import SSHTarget, _auth_kwargs
