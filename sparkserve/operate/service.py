@@ -155,15 +155,17 @@ def wait_for_nodes(cfg: Config, *, timeout_s: float, interval_s: float = 2.0,
     import time
 
     t0 = time.monotonic()
-    left = node_endpoints(cfg)
+    left, said = node_endpoints(cfg), None
     while True:
         left = [(n, e) for n, e in left if not _answers(e, min(5.0, interval_s + 3))]
         if not left:
             return time.monotonic() - t0
         if time.monotonic() - t0 >= timeout_s:
-            raise RemoteFailure(left[0][0], f"{left[0][1]} did not answer within {timeout_s:g}s of the boot"
+            raise RemoteFailure(left[0][0], f"{left[0][1]} did not answer within {timeout_s:g}s"
                                 + "".join(f"; {n}: {e} neither" for n, e in left[1:]))
-        say("waiting for " + ", ".join(f"{n} ({e})" for n, e in left))
+        if left != said:  # once per change, not every round (the journal of a slow boot stays short)
+            say("waiting for " + ", ".join(f"{n} ({e})" for n, e in left))
+            said = left
         time.sleep(interval_s)
 
 
