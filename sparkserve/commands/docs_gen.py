@@ -26,7 +26,7 @@ from sparkserve.commands.docs_json import _gates_doc, infer_schema, json_page, j
 DOCS = REPO / "docs"
 
 __all__ = ["DOCS", "FAULT_ADVICE", "GATE_ADVICE", "HEADER", "REPO", "_click_root", "_gates_doc", "_is_model",
-           "_unwrap", "cli_page", "config_page", "drift", "infer_schema", "main", "pages"]
+           "_unwrap", "cli_page", "config_page", "drift", "infer_schema", "json_schemas", "main", "pages"]
 
 
 def _missing_advice() -> list[str]:

@@ -121,7 +121,16 @@ def json_schemas() -> dict[str, dict[str, Any]]:
         out[name] = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": title,
                      "description": "inferred from the contract's own to_json() on a committed fixture",
                      **infer_schema(make())}
+    _name_the_gates(out["gates"])
     return out
+
+
+def _name_the_gates(schema: dict[str, Any]) -> None:
+    """`gates[].name`: one of the gates, by the names the CLI and the docs use (the card's five, then sparkserve's)."""
+    from sparkserve.observe.gate_report import GATE_NAMES, gate_story
+
+    name = schema["properties"]["gates"]["items"]["properties"]["name"]
+    name.update({"enum": list(GATE_NAMES), "description": f"{gate_story()}, in this order"})
 
 
 def json_page(schemas: dict[str, dict[str, Any]]) -> str:

@@ -82,6 +82,10 @@ def test_the_default_the_init_file_and_the_card_where_they_differ(page: str) -> 
     assert 'default `8053063680`' in blocks["serve.kv_cache_memory_bytes"]
 
 
+def test_every_card_value_names_a_field() -> None:
+    assert set(docs_config.CARD_VALUES) <= {d for d, _ in _leaves(Config)}
+
+
 def test_no_table_to_wrap_identifiers_and_the_anchors_render(page: str) -> None:
     assert not [ln for ln in page.splitlines() if ln.startswith("|")]
     exts = yaml.safe_load((REPO / "mkdocs.yml").read_text())["markdown_extensions"]

@@ -98,5 +98,7 @@ def test_one_gate_story_in_cli_docs_readme_and_json(tmp_path: Path) -> None:
     assert re.findall(r"^\| `(\w+)` \|", extra.split("\n## ")[0], re.M) == list(EXTRA_GATES)
     for name, words in CARD_GATES.items():
         assert f"| `{name}` | {words} |" in card
-    # the JSON: the same names, the same order
+    # the JSON: the same names, the same order, and its schema names them
     assert [g["name"] for g in docs_gen._gates_doc()["gates"]] == list(GATE_NAMES)
+    name = docs_gen.json_schemas()["gates"]["properties"]["gates"]["items"]["properties"]["name"]
+    assert name["enum"] == list(GATE_NAMES) and story in name["description"]
