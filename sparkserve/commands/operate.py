@@ -118,7 +118,11 @@ def _scope(s: str) -> Literal["user", "system"]:
 def service_install_cmd(config: ConfigOpt = None, scope: ScopeOpt = "user", unit_dir: UnitDirOpt = None,
                         no_start: Annotated[bool, typer.Option("--no-start", help="enable, do not start")] = False,
                         ) -> None:
-    """Write the unit for `supervise --up -c CONFIG`, reload systemd, enable and start it."""
+    """Write the unit for `supervise --up -c CONFIG`, reload systemd, enable and start it.
+
+    Either scope brings the stack back after a reboot: --scope system (with sudo) runs as the sudo caller,
+    after network-online.target and docker.service; --scope user waits for the nodes itself (`service wait`)
+    and needs lingering, which it turns on (or says it could not)."""
     from sparkserve.operate.service import install
 
     path = find_config_path(config)
