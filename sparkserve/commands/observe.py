@@ -156,12 +156,13 @@ def gates_cmd(
     skip: Annotated[
         list[str] | None,
         typer.Option(
-            "--skip", help="a gate not to judge (repeatable): pool graphs mask smoke faults runner identity"
-        ),
+            "--skip", help="a gate not to judge (repeatable): pool graphs mask smoke faults runner signature "
+            "identity"),
     ] = None,
     accept_new: AcceptNew = False,
 ) -> None:
-    """The production gates across every node: pool, graphs, mask, smoke, faults, runner, identity."""
+    """The production gates on every node: the model card's five (pool, graphs, mask, smoke, faults) and
+    sparkserve's three more (runner, signature, identity)."""
     skips = list(skip or [])
     bad = [s for s in skips if s not in GATE_NAMES]
     if bad:

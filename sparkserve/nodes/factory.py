@@ -53,7 +53,8 @@ def check_identity_file(cfg: Config) -> None:
         return
     if not own.is_file():
         why = "is not a file" if own.exists() else "does not exist"
-        raise BadInput("ssh.identity_file", f"{own} {why} (null: use ~/.ssh/config's IdentityFile or the ssh-agent)")
+        raise BadInput("ssh.identity_file", f"{own} {why}; fix the path, or delete the line to log in as `ssh` does "
+                       "(~/.ssh/config's IdentityFile, the ssh-agent, OpenSSH's default key files)")
 
 
 def connect_nodes(cfg: Config, *, names: list[str] | None = None,
