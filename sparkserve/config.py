@@ -1,7 +1,7 @@
 """Typed configuration: YAML file + ``SPARKSERVE_…`` env overrides over the embedded production default.
 
 Field names follow ``vllm serve`` where one exists. The embedded default
-(``sparkserve/data/default.yaml``) is the DFlash2-E model card's production state; ``sparkserve init``
+(``sparkserve/data/default.yaml``) is the model card's banked launcher (drafter -G); ``sparkserve init``
 writes it out with the hosts to fill in.
 
 One file on purpose (~480 lines, over the house's ~400): it is the whole config contract — every section, each
@@ -35,6 +35,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from sparkserve import profiles
 from sparkserve.errors import BadInput
 from sparkserve.units import parse_size
 
@@ -331,7 +332,8 @@ class ServeConfig(Strict):
 
 
 class SpeculativeConfig(Strict):
-    method: Literal["dflash"] = "dflash"
+    method: Literal["dflash", "mtp"] = Field(default="dflash", description="dflash: the drafter at drafter.path; "
+                                             "mtp: the target's built-in MTP head, no drafter")
     num_speculative_tokens: int = Field(default=7, ge=1)
     attention_backend: str | None = None
 
@@ -482,9 +484,11 @@ class Config(BaseSettings):
         "process in its own session on the node")
     ssh: SSHConfig = Field(default_factory=SSHConfig)
     fabric: FabricConfig = Field(default_factory=FabricConfig)
+    profile: str | None = Field(default=None, description="the card's named profile (`sparkserve profiles`; "
+                                "none: g4-262k): its values apply where a field is left out")
     image: ImageConfig
     model: ModelConfig
-    drafter: DrafterConfig
+    drafter: DrafterConfig | None = Field(default=None, description="required unless speculative.method is mtp")
     serve: ServeConfig = Field(default_factory=ServeConfig)
     speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
     gates: GatesConfig = Field(default_factory=GatesConfig)
@@ -507,6 +511,20 @@ class Config(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # env overrides the file; the file arrives as init kwargs (see load_config)
         return (env_settings, init_settings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profile(cls, data: Any) -> Any:
+        try:
+            return profiles.apply(data)
+        except ValueError as e:
+            raise ValueError(f"@profile: {e}") from None
+
+    @model_validator(mode="after")
+    def _drafter_for_dflash(self) -> Config:
+        if self.drafter is None and self.speculative.method != "mtp":
+            raise ValueError("@drafter: required: speculative.method dflash serves the drafter at drafter.path")
+        return self
 
     @model_validator(mode="after")
     def _unique_nodes(self) -> Config:
@@ -551,6 +569,9 @@ class Config(BaseSettings):
             data["serve"].pop("vllm", None)
         if data["serve"].get("vllm_version") is None:  # the default (the image decides): not in the fingerprint
             data["serve"].pop("vllm_version")
+        for key in ("profile", "drafter"):  # unset (the default profile; mtp): as before the fields existed
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
     def fingerprint(self) -> str:
