@@ -21,8 +21,8 @@ Facts, all from canada-quant/vllm-glm53-flash-sm121 (read 2026-12-02):
   context, non-English text, or KV headroom". The reference drafter's licence: CC-BY-NC-ND-4.0.
 * The README's 1M line: ``MAX_MODEL_LEN=1048576 GMU=0.90 KV_CACHE_MEM=9663676416``.
 
-The card banks no pool for the MTP head: that profile leaves ``gates.pool_tokens`` unset, so the first passing
-boot's pool is banked for its config (``up --bank``) and judged against from then on.
+The card banks no pool for the MTP head: that profile leaves ``gates.pool_tokens`` unset; ``sparkserve gates --bank``
+records the first boot's pool for its deployment and the pool gate judges against it from then on.
 """
 
 from __future__ import annotations

@@ -128,6 +128,8 @@ def validate(
                      f"{cfg.speculative.num_speculative_tokens}, mask_token_id {d.mask_token_id} ({agree} agree), "
                      f"{d.taps} taps = fc input width {d.weights.fc_input_width if d.weights else '?'} "
                      f"[{where.said['drafter']}]")
+        if report.drafter_identity:
+            lines.append(f"drafter is {report.drafter_identity['name']} ({report.drafter_identity['evidence']})")
     else:
         lines.append(f"drafter {where.said['drafter']}")
     if t:
@@ -217,7 +219,9 @@ def render(
             raise BadInput("--node", f"{node!r} is not in the config (nodes: {', '.join(names)})")
         specs = [plan.spec_for(node)]
     if as_json:
-        obj: Any = plan.public() if node is None else specs[0].public()
+        from sparkserve.commands.profiles import profile_view
+
+        obj: Any = {**plan.public(), "profile": profile_view(cfg)} if node is None else specs[0].public()
         text = json.dumps(obj, indent=2) + "\n"
     else:
         out = []

@@ -65,7 +65,7 @@ def model_inputs(cfg: Config, head: Node | None, *, local: tuple[str, ...] = ())
         for model, here, where in (("drafter", drafter_dir, drafter_words(cfg)), ("target", target_dir,
                                                                                  cfg.model.target)):
             if model == "drafter" and not uses_drafter(cfg):
-                out.said[model] = f"none: {where}"
+                out.said[model] = str(where)
             elif model in fetched:
                 got = fetched[model]
                 if isinstance(got, BadInput):
