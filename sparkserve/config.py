@@ -354,6 +354,12 @@ class GatesConfig(Strict):
                             "watching every rank this long before it says serving (a rank dying then fails `up`)")
 
 
+class BenchConfig(Strict):
+    prompts: Path | None = Field(default=None, description="the JSONL `bench` and `ab run` read when --prompts "
+                                 "is not given (the card's drafter/eval/prompts_holdout_500.jsonl: each cell "
+                                 "takes its first N rows)")
+
+
 def _run_dir(v: str) -> str:
     if not (v.startswith("/") or v.startswith("~/")):
         raise ValueError(f"{v!r} must be an absolute path or start with ~/ (the node user's home)")
@@ -499,6 +505,8 @@ class Config(BaseSettings):
     host: HostConfig = Field(default_factory=HostConfig, exclude=True)
     # how the stack is watched, not what runs: excluded from the dump, so not part of the deployment fingerprint
     supervise: SuperviseConfig = Field(default_factory=SuperviseConfig, exclude=True)
+    # which prompts the bench reads, not what runs: not part of the deployment fingerprint
+    bench: BenchConfig = Field(default_factory=BenchConfig, exclude=True)
 
     @classmethod
     def settings_customise_sources(
