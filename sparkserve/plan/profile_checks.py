@@ -8,7 +8,7 @@ measured with it (800K with -E, 1M with -G: a 9 GiB pin holds ≈450K tokens wit
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from sparkserve import profiles
 from sparkserve.config import Config
@@ -16,8 +16,9 @@ from sparkserve.models.drafter import DrafterFacts
 from sparkserve.models.drafter_identity import DrafterIdentity, identify
 from sparkserve.profiles import uses_drafter  # noqa: F401 - validate: profile_checks.uses_drafter
 
-if TYPE_CHECKING:
-    from sparkserve.plan.validate import Report
+
+class Report(Protocol):  # plan.validate.Report (not imported: validate calls this module)
+    def warn(self, where: str, what: str) -> None: ...
 
 
 def check_profile(cfg: Config, r: Report) -> None:
