@@ -494,7 +494,7 @@ class Config(BaseSettings):
                                 "none: g4-262k): its values apply where a field is left out")
     image: ImageConfig
     model: ModelConfig
-    drafter: DrafterConfig | None = Field(default=None, description="required unless speculative.method is mtp")
+    drafter: DrafterConfig | None = Field(description="required unless speculative.method is mtp (then unset)")
     serve: ServeConfig = Field(default_factory=ServeConfig)
     speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
     gates: GatesConfig = Field(default_factory=GatesConfig)

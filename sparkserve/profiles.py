@@ -131,6 +131,9 @@ def apply(data: Any) -> Any:
             continue
         if key not in sub:
             out[section] = {**sub, key: value}
+    spec = out.get("speculative")
+    if isinstance(spec, dict) and spec.get("method") == "mtp" and "drafter" not in out:
+        out["drafter"] = None  # the target's own head: no drafter section needed (dflash still requires one)
     return out
 
 

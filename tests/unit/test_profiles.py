@@ -135,7 +135,7 @@ def test_an_unknown_profile_is_one_line_and_exit_2(tmp_path: Path) -> None:
 
 def test_dflash_needs_a_drafter_and_mtp_does_not(tmp_path: Path) -> None:
     p = cli("render", "-c", str(_cfg(tmp_path, "g4-262k", drop=["drafter"])), env=clean_env(tmp_path))
-    assert p.returncode == 2 and p.stderr.startswith("error: drafter: required")
+    assert p.returncode == 2 and p.stderr.startswith("error: drafter: is required")
     assert load_config(_cfg(tmp_path, "mtp", drop=["drafter"])).drafter is None
 
 
