@@ -288,6 +288,9 @@ def ab_run(
     from sparkserve.nodes.factory import open_nodes
 
     cfg = config_from(config, accept_new=accept_new, check=True)
+    if cfg.speculative.method == "mtp":
+        raise BadInput("speculative.method", "mtp serves the target's built-in head: an A/B of drafters needs a "
+                       "DFlash profile (`sparkserve profiles`)")
     say = _say(json_out)
     if resume is not None:
         if (drafter or size or seed is not None or primary is not None or prompts is not None
