@@ -111,9 +111,9 @@ def planned_steps(cfg: Config, plan: Plan) -> list[dict[str, Any]]:
     steps += [
         {"step": "wait", "detail": f"`Application startup complete.` on the head ({plan.api_url}); every rank's "
                                    "engine alive; free memory above the floor"},
-        {"step": "gates", "detail": f"pool {g.pool_tokens} tokens, graphs {mode} on every rank, mask "
-                                    f"{g.mask_token_id} on every rank, smoke {g.smoke.prompts}x{g.smoke.concurrency}"
-                                    f"x{g.smoke.max_tokens}, no faults"},
+        {"step": "gates", "detail": f"pool {g.pool_tokens or 'as banked'} tokens, graphs {mode} on every rank, mask "
+                                    f"{g.mask_token_id or 'if the drafter has one'} on every rank, smoke "
+                                    f"{g.smoke.prompts}x{g.smoke.concurrency}x{g.smoke.max_tokens}, no faults"},
     ]
     return steps
 
