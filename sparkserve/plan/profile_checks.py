@@ -44,10 +44,9 @@ def check_identity(cfg: Config, d: DrafterFacts, r: Report, name_hint: str | Non
         return ident
     seen = ident.release or ("E/F/G" if ident.family == "E/F/G" else None)
     valid = prof.validated_with
-    if seen is None:
-        r.warn("drafter.path", f"{ident.name} ({ident.evidence}): profile {prof.name} was validated with "
-               f"{_names(valid)} only")
-    elif seen == "E/F/G" and set(valid) != {"E", "F", "G"}:
+    if seen is None:  # not one of the card's: the card says nothing about it (validate names it, no warning)
+        return ident
+    if seen == "E/F/G" and set(valid) != {"E", "F", "G"}:
         r.warn("drafter.path", f"{ident.name}: profile {prof.name} was validated with {_names(valid)} only; name "
                "the release in the directory (…-DFlash2-G) or check it is that one")
     elif seen != "E/F/G" and seen not in valid:

@@ -60,7 +60,9 @@ def test_the_reference_is_told_by_its_sliding_window(tmp_path: Path) -> None:
 
 
 def test_another_drafter_is_not_one_of_the_cards(tmp_path: Path) -> None:
-    assert identify(inspect_drafter(write_drafter(tmp_path / "x", DrafterSpec(weights=False)))).family is None
+    other = write_drafter(tmp_path / "x", DrafterSpec(weights=False))
+    assert identify(inspect_drafter(other)).family is None
+    assert _warnings(tmp_path, "long-800k", other) == []  # the card says nothing about it: named, not warned
 
 
 def _warnings(tmp: Path, profile: str, drafter: Path) -> list[str]:
