@@ -317,6 +317,8 @@ def drafter_inspect(
 
 
 def drafter_table(d: Any, cfg: Config) -> Table:
+    from sparkserve.models.drafter_identity import identify
+
     t = Table(title=f"drafter {d.path}", title_justify="left", show_header=False)
     t.add_column("fact", style="bold")
     t.add_column("value")
@@ -332,6 +334,7 @@ def drafter_table(d: Any, cfg: Config) -> Table:
         ("target_layer_ids", f"{d.target_layer_ids} ({d.taps} taps; vLLM aux layers {d.aux_layer_ids})"),
         ("conv", f"kernel {d.conv_kernel_size}, group {d.conv_group_size}"),
         ("selector", f"rank {d.selector_rank}, top_k {d.selector_top_k}"),
+        ("the card's", "{0.name} ({0.evidence})".format(identify(d))),
     ]
     if w:
         fc_taps = d.fc_taps
