@@ -19,6 +19,11 @@ In the rig image it is installed as ``vllm`` (and ``ray``). As a plain host proc
 
 Boot takes ~2-4 s; the head logs ``Application startup complete.`` (stderr) when the API is up.
 
+``--speculative-config '{"method":"mtp","num_speculative_tokens":3}'`` (no ``model``) drafts with the target's own
+MTP layers, as vLLM 0.33.0 does (``SpeculativeConfig`` takes the target as the draft model; ``MTPSpeculator``
+logs ``Capturing model for speculator...``): no drafter directory, no mask line, the ``SSEMU_ACCEPTANCE``
+profile cut to K.
+
 Ray executor: ``ray start --head --node-ip-address=IP --port=6379 --block`` on the head, ``ray start
 --address=IP:6379 --node-ip-address=IP2 --block`` on the others (both silent), then ``vllm serve …
 --distributed-executor-backend ray`` in the head's container: it waits for one GPU per rank and logs every
