@@ -522,11 +522,8 @@ class Config(BaseSettings):
 
     @model_validator(mode="before")
     @classmethod
-    def _profile(cls, data: Any) -> Any:
-        try:
-            return profiles.apply(data)
-        except ValueError as e:
-            raise ValueError(f"@profile: {e}") from None
+    def _profile(cls, data: Any) -> Any:  # the named profile fills the fields the data leaves out
+        return profiles.apply(data)
 
     @model_validator(mode="after")
     def _drafter_for_dflash(self) -> Config:

@@ -106,10 +106,11 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
 
 
 def get(name: str | None) -> Profile:
-    """The named profile (None: the default). ValueError naming the known ones for anything else."""
+    """The named profile (None: the default). ValueError naming the known ones for anything else (``@profile:``:
+    the config's error names the field)."""
     key = name or DEFAULT
     if key not in PROFILES:
-        raise ValueError(f"unknown profile {key!r}; the card's profiles are {', '.join(PROFILES)} "
+        raise ValueError(f"@profile: unknown profile {key!r}; the card's profiles are {', '.join(PROFILES)} "
                          "(`sparkserve profiles`)")
     return PROFILES[key]
 
@@ -120,7 +121,7 @@ def apply(data: Any) -> Any:
     Called on the config's data before it is validated; a field the user (or the environment) set is kept."""
     if not isinstance(data, dict):
         return data
-    prof = get(data.get("profile"))  # ValueError → the config's error on `profile`
+    prof = get(data.get("profile"))  # ValueError: the config's error on `profile`
     out = dict(data)
     for path, value in prof.values().items():
         section, key = path.split(".")

@@ -36,7 +36,7 @@ from sparkserve.plan.container import (
 from sparkserve.plan.dialects import Dialect, dialect_for
 from sparkserve.plan.fabric import NCCL_BOOT_SUBSYS
 from sparkserve.plan.fabric import addr_range as fabric_addr_range
-from sparkserve.profiles import card_shm_size, uses_drafter
+from sparkserve.profiles import card_shm_size, drafter_path, uses_drafter
 
 TARGET_MOUNT = "/models/target"
 DRAFTER_MOUNT = "/models/drafter"
@@ -179,11 +179,9 @@ def drafter_in_argv(argv: list[str]) -> str | None:
 def speculative_json(cfg: Config) -> str:
     spec: dict[str, object] = {
         "method": cfg.speculative.method,  # always explicit (auto-detection needs "dflash" in the path)
-        "model": model_paths(cfg)[1],
+        **({"model": model_paths(cfg)[1]} if uses_drafter(cfg) else {}),  # mtp: vLLM drafts with the target
         "num_speculative_tokens": cfg.speculative.num_speculative_tokens,
     }
-    if not uses_drafter(cfg):  # mtp: the target's own head (vLLM takes the target as the draft model)
-        del spec["model"]
     if cfg.speculative.attention_backend:
         spec["attention_backend"] = cfg.speculative.attention_backend
     return json.dumps(spec, separators=(",", ":"))
@@ -397,14 +395,11 @@ def build_plan(
             cache = cache_dir(cfg, node, image_id, homes, cache_key)
             mounts = [
                 Mount(source=mount_for(str(cfg.model.target), TARGET_MOUNT)[0], target=TARGET_MOUNT, read_only=True),
+                *(Mount(source=d, target=DRAFTER_MOUNT, read_only=True) for d in filter(None, [drafter_path(cfg)])),
                 Mount(source=cache, target=CACHE_MOUNT, read_only=False),
             ]
-            if uses_drafter(cfg) and cfg.drafter:
-                mounts.insert(1, Mount(source=str(cfg.drafter.path), target=DRAFTER_MOUNT, read_only=True))
             mounts += [Mount(source=f"{cache}/{sub}", target=dst, read_only=False) for sub, dst in CACHE_MOUNTS.items()]
-        ulimits = {"memlock": (c.memlock, c.memlock)}
-        if not c.core_dumps:
-            ulimits["core"] = (0, 0)
+        ulimits = {"memlock": (c.memlock, c.memlock), **({} if c.core_dumps else {"core": (0, 0)})}
         specs.append(
             ContainerSpec(
                 node=node.name,
