@@ -150,3 +150,14 @@ def test_the_default_profile_leaves_the_fingerprint_as_it_was(tmp_path: Path) ->
     b = load_config(config_file(tmp_path / "b.yaml", {"nodes": NODES, **written}))
     c = load_config(_cfg(tmp_path, "g4-262k"))
     assert a.fingerprint() == b.fingerprint() != c.fingerprint()
+
+
+def test_mtp_on_the_cards_fork_requires_no_drafter_group_line(tmp_path: Path) -> None:
+    """The fork's signature: the sparse-MLA layout line on every rank; the DFLASH2-DRAFTER-GROUP line names the
+    drafter's layers, and an MTP stack has no drafter: it is not required there (it is for every DFlash profile)."""
+    from sparkserve.observe.gate_inputs import Expectations
+
+    mtp = Expectations.from_config(load_config(_cfg(tmp_path, "mtp", drop=["drafter"])))
+    g4 = Expectations.from_config(load_config(_cfg(tmp_path, "g4-262k")))
+    assert [s.name for s in g4.signature] == [s.name for s in mtp.signature] + ["drafter-group"]
+    assert all("{drafter_layers}" not in s.line for s in mtp.signature) and mtp.signature
