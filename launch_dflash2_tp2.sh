@@ -15,11 +15,11 @@
 # DRAFTER_JSON_READER=python3|jq picks how the drafter's config.json is read (default: python3, else jq).
 # Exit codes: 0 started, 2 bad input (knob, drafter), 3 a node step failed.
 #
-# Config fingerprints: graphs 648367188aaf951207d912e87f660fe567e668d1a1174eb4340ea3a0dd239555
-#                      eager  ad2268ed4954caa8b586434c06ffbe2593c5adeae7b62d8eb0dc2159482e4f61
+# Config fingerprints: graphs f03b56589f75041cbc4c0b7522b47b0860c29806769f6d4fff6368c532a38cbd
+#                      eager  3b1a4f1a873b02539c1c65c206cc1696d76504e4b5d1367089870819a7fea8bc
 set -euo pipefail
 
-DEFAULT_DRAFTER_HOST_PATH=/models/GLM-5.3-Flash-DFlash2-E
+DEFAULT_DRAFTER_HOST_PATH=/models/GLM-5.3-Flash-DFlash2-G
 GRAPHS="${GRAPHS:-1}"
 EAGER="${EAGER:-0}"
 DRAFTER_HOST_PATH="${DRAFTER_HOST_PATH:-$DEFAULT_DRAFTER_HOST_PATH}"
@@ -742,12 +742,13 @@ node_argv() {  # node_argv RANK: ARGV = that rank's `docker run` for $MODE (from
         --restart no
         --stop-timeout 30
         --label io.sparkserve.managed=1
-        --label io.sparkserve.fingerprint=648367188aaf951207d912e87f660fe567e668d1a1174eb4340ea3a0dd239555
+        --label io.sparkserve.fingerprint=f03b56589f75041cbc4c0b7522b47b0860c29806769f6d4fff6368c532a38cbd
         --label io.sparkserve.node=spark-a
         --label io.sparkserve.rank=0
         --label io.sparkserve.role=head
         --network=host
         --ipc=host
+        --shm-size 32g
         --memory 118g
         --ulimit memlock=-1:-1
         --ulimit core=0:0
@@ -824,12 +825,13 @@ node_argv() {  # node_argv RANK: ARGV = that rank's `docker run` for $MODE (from
         --restart no
         --stop-timeout 30
         --label io.sparkserve.managed=1
-        --label io.sparkserve.fingerprint=ad2268ed4954caa8b586434c06ffbe2593c5adeae7b62d8eb0dc2159482e4f61
+        --label io.sparkserve.fingerprint=3b1a4f1a873b02539c1c65c206cc1696d76504e4b5d1367089870819a7fea8bc
         --label io.sparkserve.node=spark-a
         --label io.sparkserve.rank=0
         --label io.sparkserve.role=head
         --network=host
         --ipc=host
+        --shm-size 32g
         --memory 118g
         --ulimit memlock=-1:-1
         --ulimit core=0:0
@@ -906,12 +908,13 @@ node_argv() {  # node_argv RANK: ARGV = that rank's `docker run` for $MODE (from
         --restart no
         --stop-timeout 30
         --label io.sparkserve.managed=1
-        --label io.sparkserve.fingerprint=648367188aaf951207d912e87f660fe567e668d1a1174eb4340ea3a0dd239555
+        --label io.sparkserve.fingerprint=f03b56589f75041cbc4c0b7522b47b0860c29806769f6d4fff6368c532a38cbd
         --label io.sparkserve.node=spark-b
         --label io.sparkserve.rank=1
         --label io.sparkserve.role=follower
         --network=host
         --ipc=host
+        --shm-size 32g
         --memory 118g
         --ulimit memlock=-1:-1
         --ulimit core=0:0
@@ -988,12 +991,13 @@ node_argv() {  # node_argv RANK: ARGV = that rank's `docker run` for $MODE (from
         --restart no
         --stop-timeout 30
         --label io.sparkserve.managed=1
-        --label io.sparkserve.fingerprint=ad2268ed4954caa8b586434c06ffbe2593c5adeae7b62d8eb0dc2159482e4f61
+        --label io.sparkserve.fingerprint=3b1a4f1a873b02539c1c65c206cc1696d76504e4b5d1367089870819a7fea8bc
         --label io.sparkserve.node=spark-b
         --label io.sparkserve.rank=1
         --label io.sparkserve.role=follower
         --network=host
         --ipc=host
+        --shm-size 32g
         --memory 118g
         --ulimit memlock=-1:-1
         --ulimit core=0:0

@@ -1,7 +1,7 @@
 """Typed configuration: YAML file + ``SPARKSERVE_…`` env overrides over the embedded production default.
 
 Field names follow ``vllm serve`` where one exists. The embedded default
-(``sparkserve/data/default.yaml``) is the DFlash2-E model card's production state; ``sparkserve init``
+(``sparkserve/data/default.yaml``) is the model card's banked launcher (drafter -G); ``sparkserve init``
 writes it out with the hosts to fill in.
 
 One file on purpose (~480 lines, over the house's ~400): it is the whole config contract — every section, each
@@ -35,6 +35,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
+from sparkserve import profiles
 from sparkserve.errors import BadInput
 from sparkserve.units import parse_size
 
@@ -358,8 +359,9 @@ class ServeConfig(Strict):
 
 
 class SpeculativeConfig(Strict):
-    method: Literal["dflash"] = Field(default="dflash", description="the --speculative-config method: dflash, for "
-                                      "DFlash and DFlash2 drafters")
+    method: Literal["dflash", "mtp"] = Field(default="dflash", description="the --speculative-config method: "
+                                             "dflash, the DFlash/DFlash2 drafter at drafter.path; mtp, the target's "
+                                             "built-in MTP head, no drafter")
     num_speculative_tokens: int = Field(default=7, ge=1, description="K, the tokens drafted per step: the drafter "
                                         "card's block_size - 1; more is refused, fewer boots with a warning")
     attention_backend: str | None = Field(default=None, description="the drafter's attention_backend in "
@@ -385,6 +387,12 @@ class GatesConfig(Strict):
     # how long `up` watches, not what runs: excluded from the dump, so not part of the deployment fingerprint
     settle_s: float = Field(default=3.0, ge=0, exclude=True, description="after the gates pass, `up` keeps "
                             "watching every rank this long before it says serving (a rank dying then fails `up`)")
+
+
+class BenchConfig(Strict):
+    prompts: Path | None = Field(default=None, description="the JSONL `bench` and `ab run` read when --prompts "
+                                 "is not given (the card's drafter/eval/prompts_holdout_500.jsonl: each cell "
+                                 "takes its first N rows)")
 
 
 def _run_dir(v: str) -> str:
@@ -524,9 +532,11 @@ class Config(BaseSettings):
         "process in its own session on the node")
     ssh: SSHConfig = Field(default_factory=SSHConfig)
     fabric: FabricConfig = Field(default_factory=FabricConfig)
+    profile: str | None = Field(default=None, description="the card's named profile (`sparkserve profiles`; "
+                                "none: g4-262k): its values apply where a field is left out")
     image: ImageConfig
     model: ModelConfig
-    drafter: DrafterConfig
+    drafter: DrafterConfig | None = Field(description="required unless speculative.method is mtp (then unset)")
     serve: ServeConfig = Field(default_factory=ServeConfig)
     speculative: SpeculativeConfig = Field(default_factory=SpeculativeConfig)
     gates: GatesConfig = Field(default_factory=GatesConfig)
@@ -537,6 +547,8 @@ class Config(BaseSettings):
     host: HostConfig = Field(default_factory=HostConfig, exclude=True)
     # how the stack is watched, not what runs: excluded from the dump, so not part of the deployment fingerprint
     supervise: SuperviseConfig = Field(default_factory=SuperviseConfig, exclude=True)
+    # which prompts the bench reads, not what runs: not part of the deployment fingerprint
+    bench: BenchConfig = Field(default_factory=BenchConfig, exclude=True)
 
     @classmethod
     def settings_customise_sources(
@@ -549,6 +561,17 @@ class Config(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # env overrides the file; the file arrives as init kwargs (see load_config)
         return (env_settings, init_settings)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profile(cls, data: Any) -> Any:  # the named profile fills the fields the data leaves out
+        return profiles.apply(data)
+
+    @model_validator(mode="after")
+    def _drafter_for_dflash(self) -> Config:
+        if self.drafter is None and self.speculative.method != "mtp":
+            raise ValueError("@drafter: required: speculative.method dflash serves the drafter at drafter.path")
+        return self
 
     @model_validator(mode="after")
     def _unique_nodes(self) -> Config:
@@ -593,6 +616,9 @@ class Config(BaseSettings):
             data["serve"].pop("vllm", None)
         if data["serve"].get("vllm_version") is None:  # the default (the image decides): not in the fingerprint
             data["serve"].pop("vllm_version")
+        for key in ("profile", "drafter"):  # unset (the default profile; mtp): as before the fields existed
+            if data.get(key) is None:
+                data.pop(key, None)
         return data
 
     def fingerprint(self) -> str:

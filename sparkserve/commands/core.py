@@ -128,6 +128,8 @@ def validate(
                      f"{cfg.speculative.num_speculative_tokens}, mask_token_id {d.mask_token_id} ({agree} agree), "
                      f"{d.taps} taps = fc input width {d.weights.fc_input_width if d.weights else '?'} "
                      f"[{where.said['drafter']}]")
+        if report.drafter_identity:
+            lines.append(f"drafter is {report.drafter_identity['name']} ({report.drafter_identity['evidence']})")
     else:
         lines.append(f"drafter {where.said['drafter']}")
     if t:
@@ -217,7 +219,9 @@ def render(
             raise BadInput("--node", f"{node!r} is not in the config (nodes: {', '.join(names)})")
         specs = [plan.spec_for(node)]
     if as_json:
-        obj: Any = plan.public() if node is None else specs[0].public()
+        from sparkserve.commands.profiles import profile_view
+
+        obj: Any = {**plan.public(), "profile": profile_view(cfg)} if node is None else specs[0].public()
         text = json.dumps(obj, indent=2) + "\n"
     else:
         out = []
@@ -315,6 +319,8 @@ def drafter_inspect(
 
 
 def drafter_table(d: Any, cfg: Config) -> Table:
+    from sparkserve.models.drafter_identity import identify
+
     t = Table(title=f"drafter {d.path}", title_justify="left", show_header=False)
     t.add_column("fact", style="bold")
     t.add_column("value")
@@ -330,6 +336,7 @@ def drafter_table(d: Any, cfg: Config) -> Table:
         ("target_layer_ids", f"{d.target_layer_ids} ({d.taps} taps; vLLM aux layers {d.aux_layer_ids})"),
         ("conv", f"kernel {d.conv_kernel_size}, group {d.conv_group_size}"),
         ("selector", f"rank {d.selector_rank}, top_k {d.selector_top_k}"),
+        ("the card's", "{0.name} ({0.evidence})".format(identify(d))),
     ]
     if w:
         fc_taps = d.fc_taps

@@ -27,6 +27,7 @@ from sparkserve.commands._common import (
 from sparkserve.errors import BadInput, GateFailed
 from sparkserve.journal import Journal, default_path, fallback_note
 from sparkserve.measure.ab import compare_files
+from sparkserve.measure.card_rows import DEFAULT_MATCH
 from sparkserve.measure.records import CELLS, BenchResult, Cell
 from sparkserve.measure.run import bench_and_record
 
@@ -36,6 +37,7 @@ class CellName(StrEnum):
     c1 = "c1"
     c16 = "c16"
     c16_k4 = "c16-k4"
+    mt4096 = "mt4096"
 
 
 class ProtocolName(StrEnum):
@@ -60,7 +62,7 @@ def _sized(cell: str, size: str | None) -> Cell:
 def bench(
     cell: Annotated[
         CellName, typer.Option("--cell", help="smoke 20×c1×512 · c1 100×c1×1024 · c16 500×c16×1024 · c16-k4 "
-                               "the c16 cell for a server drafting K=4")
+                               "the c16 cell for a server drafting K=4 · mt4096 the deep-trace cell 500×c16×4096")
     ],
     prompts: Annotated[
         Path | None, typer.Option("--prompts", help='JSONL, one {"prompt": …} (the card\'s {"id", "prompt"} file '
@@ -90,6 +92,7 @@ def bench(
     if protocol is ProtocolName.forced and chat_template is not None:
         raise BadInput("--chat-template", "only the card protocol renders prompts client-side")
     cfg = config_from(config, nodes=False)  # HTTP to the API only: no SSH, so no placeholder check
+    prompts = prompts or (cfg.bench.prompts.expanduser() if cfg.bench.prompts else None)  # the card's holdout
     if url is None:  # the config's own stack: every rank alive first, or the dead one named at once
         from sparkserve.deploy.stack import ranks_alive
         from sparkserve.nodes.factory import open_reachable
@@ -251,7 +254,8 @@ def ab_run(
         "--drafter", help="NAME=PATH, repeated; the first is the baseline (A)")] = None,
     cells: Annotated[str, typer.Option("--cells", help="comma-separated: smoke, c16, c1, c16-k4")] = "smoke,c16,c1",
     rounds: Annotated[int, typer.Option("--rounds", help="boots per drafter, interleaved ABBA…")] = 1,
-    prompts: Annotated[Path | None, typer.Option("--prompts", help="JSONL prompts (default: the built-in set)")] = None,
+    prompts: Annotated[Path | None, typer.Option("--prompts", help="JSONL prompts (default: bench.prompts, else the "
+                                                 "built-in set)")] = None,
     size: Annotated[list[str] | None, typer.Option(
         "--size", help="CELL=PROMPTSxCONCURRENCYxTOKENS, e.g. c16=32x16x256 (default: the card's sizes)")] = None,
     seed: Annotated[int | None, typer.Option("--seed", help="order and bootstrap seed (default: random, recorded)")]
@@ -284,6 +288,9 @@ def ab_run(
     from sparkserve.nodes.factory import open_nodes
 
     cfg = config_from(config, accept_new=accept_new, check=True)
+    if cfg.speculative.method == "mtp":
+        raise BadInput("speculative.method", "mtp serves the target's built-in head: an A/B of drafters needs a "
+                       "DFlash profile (`sparkserve profiles`)")
     say = _say(json_out)
     if resume is not None:
         if (drafter or size or seed is not None or primary is not None or prompts is not None
@@ -307,7 +314,8 @@ def ab_run(
         if protocol is ProtocolName.forced and chat_template is not None:
             raise BadInput("--chat-template", "only the card protocol renders prompts client-side")
         req = CampaignRequest(drafters=[_drafter_arg(d) for d in drafter or []], cells=specs, rounds=rounds,
-                              prompts=prompts, seed=seed, primary=primary, bootstrap=bootstrap,
+                              prompts=prompts or (cfg.bench.prompts.expanduser() if cfg.bench.prompts else None),
+                              seed=seed, primary=primary, bootstrap=bootstrap,
                               protocol=protocol.value, chat_template=chat_template)
         check_request(cfg, req)  # before any node is touched
         with open_nodes(cfg) as nodes:
@@ -334,28 +342,60 @@ def _print_report(report: object) -> None:
 
 
 def ab_report(
-    campaign: Annotated[int, typer.Argument(help="the campaign's id (`ab run` and `history` print it)")],
+    campaign: Annotated[int | None, typer.Argument(help="the campaign's id (`ab run` and `history` print it)")]
+    = None,
     markdown_out: Annotated[bool, typer.Option("--markdown", help="the model-card-ready Markdown section")] = False,
     plot_file: Annotated[Path | None, typer.Option("--plot", help="also draw FILE.png (needs sparkserve[plot])")]
     = None,
+    bench_files: Annotated[list[Path] | None, typer.Option(
+        "--bench", help="a `bench --json` result as a row of yours (repeatable; with or instead of a campaign)")]
+    = None,
+    reference: Annotated[Path | None, typer.Option(
+        "--reference", help="the card's banked rows (drafter/all/*.json): printed beside yours")] = None,
+    match: Annotated[str, typer.Option(
+        "--reference-match", help="the reference labels to show (regex; default: E, F, G and incoai, greedy)")]
+    = DEFAULT_MATCH,
+    hardware: Annotated[str, typer.Option("--hardware", help="what your rows ran on (labels them)")]
+    = "2x DGX Spark (GB10)",
+    card_rows: Annotated[Path | None, typer.Option(
+        "--card-rows", help="write your rows into DIR in the card's JSON shape (one <label>.json each)")] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """The campaign's table of record from the journal: `Cell (accept / tok/s)` × drafters, per position,
-    intervals, TTFT/TPOT, verdicts, the honest read. No node is touched."""
-    from sparkserve.deploy.campaign import campaign_report
+    intervals, TTFT/TPOT, verdicts, the honest read; with --reference, the card's banked rows beside yours.
+    No node is touched."""
+    from sparkserve.measure import card_rows as cr
     from sparkserve.measure.ab_report import markdown, plot
 
-    report = campaign_report(campaign)
-    if plot_file is not None:
+    if campaign is None and not bench_files:
+        raise BadInput("campaign", "give a campaign id or --bench FILE (a `bench --json` result)")
+    report = None
+    ours = cr.bench_rows(list(bench_files or []), hardware)
+    if campaign is not None:
+        from sparkserve.deploy.campaign import campaign_report
+
+        report = campaign_report(campaign)
+        ours = cr.rows_from_report(report, hardware) + ours
+    refs = cr.read_reference(reference, match=match or None) if reference is not None else []
+    pairs = cr.beside(ours, refs)
+    written = cr.write_rows(ours, card_rows) if card_rows is not None else []
+    if report is not None and plot_file is not None:
         plot(report, plot_file)
     if json_out:
-        emit_json(report.model_dump(mode="json"))
-    elif markdown_out:
+        extra = {"ours": [cr.row_json(r) for r in ours], "beside": [p.to_json() for p in pairs],
+                 "card_rows": [str(w) for w in written]}
+        emit_json((report.model_dump(mode="json") if report else {}) | extra)
+        return
+    if report is not None and markdown_out:
         print(markdown(report), end="")
-    else:
+    elif report is not None:
         _print_report(report)
-    if plot_file is not None and not json_out:
+    for line in (cr.beside_lines(pairs, refs) if reference is not None else []):
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+    if plot_file is not None and report is not None:
         err_console.print(f"[dim]·[/dim] plot written to {plot_file}")
+    if written:
+        err_console.print(f"[dim]·[/dim] {len(written)} row(s) in the card's shape written to {card_rows}")
 
 
 ab_app.command("run")(ab_run)

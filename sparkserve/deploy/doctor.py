@@ -23,6 +23,7 @@ from sparkserve.nodes.parallel import on_all
 from sparkserve.nodes.runtime import engine_for
 from sparkserve.plan.build import Plan, cache_dir
 from sparkserve.plan.fabric import FabricError, FabricFacts, compare_nodes, parse_sysfs, resolve
+from sparkserve.profiles import drafter_path
 from sparkserve.units import human_bytes
 
 Status = Literal["ok", "warn", "fail"]
@@ -84,12 +85,13 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
                 hint = f" — add {who} to the docker group on {name} (`sudo usermod -aG docker {who}`, log in again)"
             add("docker", "fail", e.what + hint)
     ports = head_ports(cfg) if check_ports and rank == 0 else []
-    target, drafter = str(cfg.model.target), str(cfg.drafter.path)
+    target, drafter = str(cfg.model.target), drafter_path(cfg)  # drafter None: mtp, the target's own head
     sysfs = str(cfg.fabric.sysfs_root)
     cache = cache_dir(cfg, node_cfg).rsplit("/", 1)[0]  # the cache root on this node (~/ = its user's home)
-    facts = probe_node(node, paths=[target, drafter], disk=[drafter, cache],
+    facts = probe_node(node, paths=[target, drafter or target], disk=[drafter or cache, cache],
                        ports=ports, sysfs=sysfs, mkdirs=mkdirs or [],
-                       manifest=None if manifest_out is None else manifest_args(drafter, cached_only=True),
+                       manifest=None if manifest_out is None or drafter is None else
+                       manifest_args(drafter, cached_only=True),
                        host=host_question(cfg, drop=False, sudo_check=not lean, gpu=not lean),
                        target=target if target_out is not None and target.startswith("/") else None)
     host = HostFacts.from_answer(facts.host or {})
@@ -97,11 +99,11 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
         host_out[name] = host
     if target_out is not None and facts.target is not None and facts.paths[target]:
         target_out[name] = TargetManifest.from_answer(facts.target)
-    if manifest_out is not None:
+    if manifest_out is not None and drafter is not None:
         manifest_out[name] = _manifest_state(drafter, facts.manifest)
     add("target", "ok" if facts.paths[target] else "fail",
         f"{target} present" if facts.paths[target] else f"model.target: {target} is missing on {name}")
-    free = facts.disk[drafter]
+    free = facts.disk[drafter or cache]
     need = drafter_bytes
     add("disk", "ok" if free >= need else "fail",
         f"{human_bytes(free)} free for the drafter" + (f" (needs {human_bytes(need)})" if need else ""))

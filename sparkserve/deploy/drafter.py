@@ -17,6 +17,7 @@ from sparkserve.errors import BadInput, RemoteFailure
 from sparkserve.models.manifest import manifest
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.parallel import on_all
+from sparkserve.profiles import NO_DRAFTER, uses_drafter
 
 
 @dataclass(frozen=True)
@@ -27,8 +28,21 @@ class DrafterSync:
     summary: dict[str, str]
 
 
+def drafter_words(cfg: Config) -> str:
+    return str(cfg.drafter.path) if cfg.drafter and uses_drafter(cfg) else "none (mtp: the target's built-in head)"
+
+
+def sync_words(cfg: Config) -> str:
+    """What `up`'s drafter step does, for `sparkserve plan`."""
+    if not uses_drafter(cfg):
+        return "none: speculative.method mtp serves the target's built-in head"
+    return f"sync {drafter_words(cfg)} to every node (sha256 manifest, only differing files)"
+
+
 def local_drafter(cfg: Config) -> Path | None:
     """The controller's copy of the drafter (the sync source), if there is one."""
+    if not uses_drafter(cfg):
+        return None
     if cfg.drafter.source is not None:
         src = cfg.drafter.source.expanduser()
         if not src.is_dir():
@@ -52,6 +66,9 @@ def sync_drafter(cfg: Config, nodes: dict[str, Node], say: Reporter,
                  known: dict[str, RemoteState] | None = None) -> DrafterSync:
     """Make the drafter identical on every node (see the module docstring). ``known``: every node's
     manifest already read (:func:`all_cached`), used when there is nothing to copy."""
+    if not uses_drafter(cfg):  # mtp: the target's own head, nothing to sync
+        say("drafter: none (speculative.method mtp: the target's built-in head)")
+        return DrafterSync(NO_DRAFTER, {n.name: f"{n.name}: no drafter (mtp)" for n in cfg.nodes})
     ordered = [nodes[n.name] for n in cfg.nodes]
     src = local_drafter(cfg)
     path = str(cfg.drafter.path)

@@ -35,6 +35,7 @@ from sparkserve.observe.gate_report import GateReport
 from sparkserve.observe.gates import judge
 from sparkserve.observe.logs import ParsedLog, parse_log
 from sparkserve.plan.build import Plan, build_plan
+from sparkserve.profiles import NO_DRAFTER, drafter_path
 
 
 def smoke_cell(cfg: Config) -> Cell:
@@ -101,6 +102,8 @@ def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, container
     """Every gate on the stack in ``containers`` (node → container id): collect on every node, judge,
     and record the run (and, with ``bank``, the observed pool) in the journal. `up`'s last step.
     ``say`` narrates the steps (the smoke cell as bench's bar on a terminal, else a line at each end)."""
+    dpath = drafter_path(cfg)  # None: mtp, the target's own head
+
     def per_node(name: str) -> tuple[ParsedLog, bool, str | None, str | None, list[str] | None]:
         eng = engine_for(nodes[name], plan)
         cid = containers.get(name)
@@ -111,7 +114,7 @@ def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, container
         log = parse_log(text, file=f"{name}.log", node=name)  # here: one node's parse overlaps the others' reads
         alive = eng.state(cid).running
         image = eng.managed(cid)
-        digest = remote_manifest(nodes[name], str(cfg.drafter.path)).manifest.digest
+        digest = remote_manifest(nodes[name], dpath).manifest.digest if dpath else NO_DRAFTER
         ident = image.image_id if image else None
         if ident is not None and plan.runtime == "docker":  # the content fingerprint: store-independent
             ident = identity_of(nodes[name], ident)
@@ -138,10 +141,10 @@ def collect_and_judge(cfg: Config, nodes: dict[str, Node], plan: Plan, container
     logs = {name: f[0] for name, f in facts.items()}
     liveness = {name: f[1] for name, f in facts.items()}
     identity = {name: NodeIdentity(image_id=f[2], drafter_digest=f[3]) for name, f in facts.items()}
-    mask_file = _drafter_has_mask(nodes[cfg.head.name], str(cfg.drafter.path))
+    mask_file = _drafter_has_mask(nodes[cfg.head.name], dpath) if dpath else False  # mtp: no mask to load
     banked = lookup(lambda j: j.get_banked_pool(plan.fingerprint), None)
     expect = Expectations.from_config(cfg, banked_pool=banked, mask_file=mask_file,
-                                      drafter_layers=drafter_layers(nodes[cfg.head.name], str(cfg.drafter.path)))
+                                      drafter_layers=drafter_layers(nodes[cfg.head.name], dpath) if dpath else None)
     kernel = {name: f[4] for name, f in facts.items()}
     report = judge(logs, expect, smoke=smoke_result, liveness=liveness, identity=identity, skip=skip, kernel=kernel)
     observed = _observed_pool(report) if bank else None

@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkserve.config import Config
-from sparkserve.deploy.drafter import local_drafter
+from sparkserve.deploy.drafter import drafter_words, local_drafter
 from sparkserve.deploy.remotemeta import fetch_metas
 from sparkserve.errors import BadInput
 from sparkserve.nodes.base import Node
 from sparkserve.plan.validate import Finding, Report, validate
+from sparkserve.profiles import uses_drafter
 
 
 @dataclass
@@ -49,21 +50,23 @@ def model_inputs(cfg: Config, head: Node | None, *, local: tuple[str, ...] = ())
     out = ModelInputs()
     with tempfile.TemporaryDirectory(prefix="sparkserve-") as tmp:
         drafter_dir = local_drafter(cfg)
-        if drafter_dir is None and "drafter" in local:
+        if drafter_dir is None and "drafter" in local and cfg.drafter:
             drafter_dir = Path(cfg.drafter.path)
         target_dir: Path | None = Path(cfg.model.target)
         if not (target_dir / "config.json").is_file() and "target" not in local:
             target_dir = None
         wanted: dict[str, tuple[str, Path, str]] = {}
-        if drafter_dir is None and head is not None:
+        if drafter_dir is None and head is not None and uses_drafter(cfg):  # mtp: no drafter to read
             wanted["drafter"] = (str(cfg.drafter.path), Path(tmp) / "drafter", "drafter.path")
         if target_dir is None and head is not None:
             wanted["target"] = (str(cfg.model.target), Path(tmp) / "target", "model.target")
         fetched = dict(zip(wanted, fetch_metas(head, list(wanted.values())), strict=True)) if head else {}
         # the drafter's problem first: it is the one people change
-        for model, here, where in (("drafter", drafter_dir, cfg.drafter.path), ("target", target_dir,
+        for model, here, where in (("drafter", drafter_dir, drafter_words(cfg)), ("target", target_dir,
                                                                                  cfg.model.target)):
-            if model in fetched:
+            if model == "drafter" and not uses_drafter(cfg):
+                out.said[model] = str(where)
+            elif model in fetched:
                 got = fetched[model]
                 if isinstance(got, BadInput):
                     out.missing.append(got)
@@ -80,7 +83,7 @@ def model_inputs(cfg: Config, head: Node | None, *, local: tuple[str, ...] = ())
 
 def needs_head(cfg: Config, *, local: tuple[str, ...] = ()) -> bool:
     """Whether a model is on neither this machine nor the command line (so only the head can tell)."""
-    drafter_here = "drafter" in local or local_drafter(cfg) is not None
+    drafter_here = "drafter" in local or local_drafter(cfg) is not None or not uses_drafter(cfg)
     target_here = "target" in local or (Path(cfg.model.target) / "config.json").is_file()
     return not (drafter_here and target_here)
 

@@ -21,6 +21,7 @@ from sparkserve.errors import SparkserveError
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.runtime import engine_for, serving_drafter
 from sparkserve.plan.build import build_plan
+from sparkserve.profiles import drafter_path
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,7 @@ def serving(cfg: Config, nodes: dict[str, Node], *, now: datetime | None = None)
     record = journal.lookup(lambda j: j.deployment(c.fingerprint), None) if c.fingerprint else None
     digest = record["drafter_digest"] if record else None
     plan = build_plan(cfg)
-    config_drafter = str(cfg.drafter.path)
+    config_drafter = drafter_path(cfg) or "none (mtp)"
     differs = None if drafter is None else Path(drafter) != Path(config_drafter)
     return Serving(started_at=started or None, uptime_s=(now - t0).total_seconds() if t0 else None,
                    model=cfg.model.served_name, target=str(cfg.model.target), drafter_path=drafter,

@@ -91,6 +91,9 @@ def swap_drafter(cfg: Config, nodes: dict[str, Node], path: Path, *, break_lock:
 
     BadInput (nothing changed) when ``path`` is not a valid drafter for this config; otherwise the outcome
     is in the result, rollback included."""
+    if cfg.drafter is None or cfg.speculative.method == "mtp":
+        raise BadInput("speculative.method", "mtp serves the target's built-in head: there is no drafter to swap "
+                       "(a DFlash profile, e.g. `profile: g4-262k`, serves one)")
     new_dir = path.expanduser().resolve()
     if not new_dir.exists():
         raise BadInput(str(path), "does not exist" + _near(path.expanduser()))

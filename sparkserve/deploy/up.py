@@ -27,7 +27,7 @@ from sparkserve import interrupts
 from sparkserve.config import Config, resolve_api_key
 from sparkserve.deploy import lock
 from sparkserve.deploy.doctor import Check, check_all, check_ports
-from sparkserve.deploy.drafter import DrafterSync, all_cached, local_drafter, sync_drafter
+from sparkserve.deploy.drafter import DrafterSync, all_cached, drafter_words, local_drafter, sync_drafter, sync_words
 from sparkserve.deploy.hostfacts import HostFacts, host_question, memory_verdict, sudoers_fix
 from sparkserve.deploy.inputs import validate_inputs
 from sparkserve.deploy.parity import check_parity
@@ -82,14 +82,14 @@ def planned_steps(cfg: Config, plan: Plan) -> list[dict[str, Any]]:
     `sparkserve plan` prints). A start step names its node, rank and container."""
     tool, kept = ("docker", "containers") if cfg.runtime == "docker" else ("python3", "ranks")
     steps: list[dict[str, Any]] = [
-        {"step": "validate", "detail": f"config, drafter {cfg.drafter.path}, target {cfg.model.target}, "
+        {"step": "validate", "detail": f"config, drafter {drafter_words(cfg)}, target {cfg.model.target}, "
                                         "every argv through vLLM 0.33's parser"},
         {"step": "preflight", "detail": f"on every node in parallel: ssh, {tool}, disk, ports "
                                          f"{cfg.serve.port}/{cfg.fabric.master_port}, stale {kept}, paths, fabric, "
                                          "host (kernel, iommu, swappiness, earlyoom, /dev/shm), the target's manifest"},
         {"step": "image", "detail": f"{cfg.image.ref}: the same image ID on every node" if cfg.runtime == "docker"
          else f"serve.vllm {cfg.serve.vllm}: the same executable and --version on every node"},
-        {"step": "drafter", "detail": f"sync {cfg.drafter.path} to every node (sha256 manifest, only differing files)"},
+        {"step": "drafter", "detail": sync_words(cfg)},
         {"step": "memory", "detail": "on every node: sync, drop the page cache and compact" + (
             "" if cfg.watchdog.drop_caches else " (off: watchdog.drop_caches)") + f"; free accelerator memory (MemFree "
             f"on unified memory) at least gpu_memory_utilization {cfg.serve.gpu_memory_utilization} x total"},
@@ -111,9 +111,9 @@ def planned_steps(cfg: Config, plan: Plan) -> list[dict[str, Any]]:
     steps += [
         {"step": "wait", "detail": f"`Application startup complete.` on the head ({plan.api_url}); every rank's "
                                    "engine alive; free memory above the floor"},
-        {"step": "gates", "detail": f"pool {g.pool_tokens} tokens, graphs {mode} on every rank, mask "
-                                    f"{g.mask_token_id} on every rank, smoke {g.smoke.prompts}x{g.smoke.concurrency}"
-                                    f"x{g.smoke.max_tokens}, no faults"},
+        {"step": "gates", "detail": f"pool {g.pool_tokens or 'as banked'} tokens, graphs {mode} on every rank, mask "
+                                    f"{g.mask_token_id or 'if the drafter has one'} on every rank, smoke "
+                                    f"{g.smoke.prompts}x{g.smoke.concurrency}x{g.smoke.max_tokens}, no faults"},
     ]
     return steps
 

@@ -38,6 +38,8 @@ CELLS: dict[str, Cell] = {
     "c1": Cell("c1", prompts=100, concurrency=1, max_tokens=1024),
     "c16": Cell("c16", prompts=500, concurrency=16, max_tokens=1024),
     "c16-k4": Cell("c16-k4", prompts=500, concurrency=16, max_tokens=1024, k=4),
+    # the card's deep-trace cell (label suffix -mt4096): the c16 cell with max_tokens 4096 (drafter/README.md)
+    "mt4096": Cell("mt4096", prompts=500, concurrency=16, max_tokens=4096),
 }
 
 FORCED, CARD = "forced", "card"

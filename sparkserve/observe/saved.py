@@ -26,6 +26,7 @@ from sparkserve.observe.gate_inputs import Expectations
 from sparkserve.observe.gate_report import GateReport
 from sparkserve.observe.gates import judge
 from sparkserve.observe.logs import ParsedLog, collector_paused, parse_log
+from sparkserve.profiles import drafter_path
 
 
 @dataclass(frozen=True)
@@ -171,8 +172,9 @@ def judge_files(cfg: Config, files: Sequence[LogFile], *, skip: Iterable[str] = 
     """The gates on saved logs, one per node (``LogFile.node``, else the file's name)."""
     with collector_paused():  # over the judging too: it walks every event
         logs = {f.node or f.path.name: log for f, log in zip(files, parse_files(files), strict=True)}
-        expect = Expectations.from_config(cfg, mask_file=drafter_has_mask(cfg.drafter.path), check_nodes=False,
-                                          drafter_layers=drafter_layers(cfg.drafter.path))
+        dpath = drafter_path(cfg)  # None: mtp, no drafter
+        expect = Expectations.from_config(cfg, mask_file=drafter_has_mask(dpath) if dpath else False,
+                                          check_nodes=False, drafter_layers=drafter_layers(dpath) if dpath else None)
         return judge(logs, expect, skip=skip)
 
 

@@ -36,6 +36,7 @@ from sparkserve.plan.container import (
 from sparkserve.plan.dialects import Dialect, dialect_for
 from sparkserve.plan.fabric import NCCL_BOOT_SUBSYS
 from sparkserve.plan.fabric import addr_range as fabric_addr_range
+from sparkserve.profiles import card_shm_size, drafter_path, uses_drafter
 
 TARGET_MOUNT = "/models/target"
 DRAFTER_MOUNT = "/models/drafter"
@@ -155,7 +156,7 @@ def model_paths(cfg: Config) -> tuple[str, str]:
     """(target, drafter) as the engine sees them: the container's mount points, or (runtime process) the
     host paths themselves."""
     if cfg.runtime == "process":
-        return str(cfg.model.target), str(cfg.drafter.path)
+        return str(cfg.model.target), str(cfg.drafter.path) if cfg.drafter else ""
     # a Hugging Face cache snapshot is mounted with its repo dir (its links into blobs/ must resolve)
     return mount_for(str(cfg.model.target), TARGET_MOUNT)[1], DRAFTER_MOUNT
 
@@ -178,7 +179,7 @@ def drafter_in_argv(argv: list[str]) -> str | None:
 def speculative_json(cfg: Config) -> str:
     spec: dict[str, object] = {
         "method": cfg.speculative.method,  # always explicit (auto-detection needs "dflash" in the path)
-        "model": model_paths(cfg)[1],
+        **({"model": model_paths(cfg)[1]} if uses_drafter(cfg) else {}),  # mtp: vLLM drafts with the target
         "num_speculative_tokens": cfg.speculative.num_speculative_tokens,
     }
     if cfg.speculative.attention_backend:
@@ -394,13 +395,11 @@ def build_plan(
             cache = cache_dir(cfg, node, image_id, homes, cache_key)
             mounts = [
                 Mount(source=mount_for(str(cfg.model.target), TARGET_MOUNT)[0], target=TARGET_MOUNT, read_only=True),
-                Mount(source=str(cfg.drafter.path), target=DRAFTER_MOUNT, read_only=True),
+                *(Mount(source=d, target=DRAFTER_MOUNT, read_only=True) for d in filter(None, [drafter_path(cfg)])),
                 Mount(source=cache, target=CACHE_MOUNT, read_only=False),
             ]
             mounts += [Mount(source=f"{cache}/{sub}", target=dst, read_only=False) for sub, dst in CACHE_MOUNTS.items()]
-        ulimits = {"memlock": (c.memlock, c.memlock)}
-        if not c.core_dumps:
-            ulimits["core"] = (0, 0)
+        ulimits = {"memlock": (c.memlock, c.memlock), **({} if c.core_dumps else {"core": (0, 0)})}
         specs.append(
             ContainerSpec(
                 node=node.name,
@@ -423,6 +422,7 @@ def build_plan(
                 },
                 ulimits=ulimits,
                 memory=c.memory,
+                shm_size=card_shm_size(cfg),
                 devices=list(c.rdma_devices),
                 gpus=c.gpus == "all",
                 stop_timeout=c.stop_timeout_s,

@@ -136,6 +136,9 @@ def launcher_context(cfg: Config) -> dict[str, Any]:
     if cfg.runtime != "docker":
         raise BadInput("runtime", f"{LAUNCHER_NAME} starts docker containers; runtime: process runs with `sparkserve "
                        "up`")
+    if cfg.drafter is None or cfg.speculative.method != "dflash":
+        raise BadInput("speculative.method", f"{LAUNCHER_NAME} serves a DFlash drafter (its checks are the "
+                       "drafter's); the MTP head runs with `sparkserve up`")
     _check_detectable(cfg)
     variants = {}
     for mode, eager in (("graphs", False), ("eager", True)):

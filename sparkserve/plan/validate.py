@@ -4,8 +4,7 @@ Each rule yields one Finding (``where``: the config field or file, ``what``: one
 the deploy (BadInput, exit 2); warnings are printed and the deploy goes on. Rules never cascade: a rule
 whose inputs are missing (no weights, no target) stays silent and the missing input is its own error.
 
-    report = validate(cfg)                 # config + drafter + target + every argv through vLLM's parser
-    report.raise_first()                   # BadInput for the first error, if any
+    report = validate(cfg); report.raise_first()   # config, drafter, target, every argv: BadInput for the first
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from sparkserve.models.files import read_config
 from sparkserve.models.target import TargetFacts, inspect_target
 from sparkserve.plan.build import build_plan
 from sparkserve.plan.dialects import Dialect, dialect_for
+from sparkserve.plan.profile_checks import check_identity, check_profile, uses_drafter
 from sparkserve.plan.vllm_args import OptionList, ParserUnavailable, RealParser, get_judge
 
 GMU_WARN_ABOVE = 0.85
@@ -71,6 +71,7 @@ class Report:
     argv_judge: str | None = None
     argvs_checked: int = 0
     completeness: dict[str, Completeness] = field(default_factory=dict)  # "drafter" / "target"
+    drafter_identity: dict[str, str | None] | None = None  # which of the card's drafters (plan.profile_checks)
 
     @property
     def ok(self) -> bool:
@@ -87,9 +88,8 @@ class Report:
         if not self.errors:
             return
         first, more = self.errors[0], len(self.errors) - 1
-        suffix = ""
-        if more:
-            suffix = f" (and {more} more problem{'s' if more > 1 else ''}; `sparkserve validate` lists them)"
+        plural = "s" if more > 1 else ""
+        suffix = f" (and {more} more problem{plural}; `sparkserve validate` lists them)" if more else ""
         raise BadInput(first.where, first.what + suffix)
 
     def to_json(self) -> dict[str, Any]:
@@ -97,7 +97,7 @@ class Report:
             "ok": self.ok,
             "errors": [asdict(f) for f in self.errors],
             "warnings": [asdict(f) for f in self.warnings],
-            "drafter": self.drafter.to_json() if self.drafter else None,
+            "drafter": self.drafter.to_json() if self.drafter else None, "drafter_identity": self.drafter_identity,
             "target": self.target.to_json() if self.target else None,
             "argv_judge": self.argv_judge,
             "argvs_checked": self.argvs_checked,
@@ -130,6 +130,7 @@ def check_config(cfg: Config, report: Report | None = None) -> Report:
                "(docker drops --shm-size); size the host's /dev/shm instead")
     check_dialect(cfg, r)
     _check_extra_args(cfg, r)
+    check_profile(cfg, r)
     return r
 
 
@@ -419,19 +420,18 @@ def validate(
     read_drafter: bool = True,
     read_target: bool = True,
 ) -> Report:
-    """All pre-flight rules. The drafter is read locally from ``drafter_dir``, else drafter.source (the
-    controller's copy), else drafter.path; the target from ``target_dir`` or model.target. The argv check
-    runs only when everything else passed (it costs a vLLM start-up; a broken input is reported faster).
-    ``read_drafter`` / ``read_target`` False: that model is not read at all (`validate --offline` with the
-    model only on the nodes); its rules stay silent."""
+    """All pre-flight rules. The drafter is read from ``drafter_dir``, else drafter.source, else drafter.path;
+    the target from ``target_dir`` or model.target. The argv check runs last (it costs a vLLM start-up).
+    ``read_drafter`` / ``read_target`` False: that model is not read (`validate --offline`); its rules are silent."""
     r = check_config(cfg)
-    if read_drafter:
+    if read_drafter and cfg.drafter and uses_drafter(cfg):  # mtp: the target's own head, no drafter to read
         try:
             r.drafter = inspect_drafter(drafter_dir or cfg.drafter.source or cfg.drafter.path)
         except BadInput as e:
             r.error(e.where, e.what)
         else:
             check_drafter(cfg, r.drafter, r)
+            r.drafter_identity = check_identity(cfg, r.drafter, r, str(cfg.drafter.path)).to_json()
     if read_target:
         try:
             r.target = inspect_target(target_dir or cfg.model.target)

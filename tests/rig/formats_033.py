@@ -125,6 +125,8 @@ FORMATS: list[Fmt] = [
         '%s KV cache size: %s tokens, Maximum concurrency for %s tokens per request: %.2fx'),
     Fmt('spec_capture', 'v1/worker/gpu/spec_decode/dflash/speculator.py', 170, 'INFO',
         'Capturing model for %s speculator...'),
+    Fmt('spec_capture_ar', 'v1/worker/gpu/spec_decode/target_dependent_ar/speculator.py', 110, 'INFO',
+        'Capturing model for speculator...'),
     Fmt('graphs', 'v1/worker/gpu/model_runner.py', 1163, 'INFO',
         'Graph capturing finished in %.0f secs, took %.2f GiB'),
     Fmt('cg_pool', 'v1/worker/gpu_worker.py', 1003, 'INFO',

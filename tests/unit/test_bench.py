@@ -38,8 +38,9 @@ SMALL = Cell("t", prompts=6, concurrency=2, max_tokens=64)
 def test_cells_are_the_model_card_protocol() -> None:
     assert {n: (c.prompts, c.concurrency, c.max_tokens) for n, c in CELLS.items()} == {
         "smoke": (20, 1, 512), "c1": (100, 1, 1024), "c16": (500, 16, 1024), "c16-k4": (500, 16, 1024),
+        "mt4096": (500, 16, 4096),  # the card's deep-trace cell (drafter/README.md: --max-tokens 4096)
     }
-    assert CELLS["c16-k4"].k == 4 and all(CELLS[n].k is None for n in ("smoke", "c1", "c16"))
+    assert CELLS["c16-k4"].k == 4 and all(CELLS[n].k is None for n in ("smoke", "c1", "c16", "mt4096"))
 
 
 def test_request_is_thinking_on_sampled_forced_length_streamed_with_usage() -> None:

@@ -353,3 +353,21 @@ def test_the_template_comes_from_the_option_else_the_local_target(tmp_path: Path
     with pytest.raises(BadInput) as e:
         target_template(_cfg("org/absent"), None)
     assert e.value.where == "--chat-template" and "hf download org/absent" in e.value.what
+
+
+def test_bench_prompts_in_the_config_is_the_default_file(emulator: StartEmu, tmp_path: Path,  # noqa: F811
+                                                         env: dict[str, str]) -> None:  # noqa: F811
+    """`bench.prompts` pointing at the card's holdout file: `bench` reads it without --prompts, the cell taking
+    its first N rows as the card's client does (here a 10-row file and an 8-prompt cell)."""
+    from _fixtures import config_file
+
+    emu = emulator({"SSEMU_EOS_AFTER": "10-60"})
+    tok = _tok_dir(tmp_path, QWEN_TINY)
+    holdout = tmp_path / "prompts_holdout_500.jsonl"
+    holdout.write_text("".join(json.dumps({"id": f"h{i}", "prompt": f"q {i}"}) + "\n" for i in range(10)))
+    cfg = config_file(tmp_path / "sparkserve.yaml", {"bench": {"prompts": str(holdout)}})
+    p = sparkserve("bench", "--cell", "smoke", "--size", "8x2x64", "--chat-template", str(tok), "--url", emu.url,
+                   "--model", MODEL, "--json", "-c", str(cfg), env=env)
+    assert p.returncode == 0, p.stderr
+    d = json.loads(p.stdout)
+    assert (d["prompts_source"], d["prompts"], d["protocol"]) == (str(holdout), 8, "card")

@@ -4,7 +4,11 @@ deliberate difference with its reason in docs/concepts/card-differences.md. 0 un
 
 The table below was written by reading canada-quant/vllm-glm53-flash-sm121
 ``scripts/launch_glm53_w4a16_dflash2_sm121.sh`` at commit 1c142c954436 (its defaults: FLAVOR v2, GRAPHS=1), facts
-only. The config is the embedded default with the fabric pinned to the launcher's values (interface
+only. It is the newest revision the store holds: its drafter default is ``/models/GLM-5.3-Flash-DFlash2-G`` ("the
+previous releases -F / -E are drop-ins"), its knobs name the 800K profile (``MAX_MODEL_LEN=800000`` "with
+KV_CACHE_MEM=17179869184 GMU=0.90; validated with -G") and it passes ``--shm-size 32g`` beside ``--ipc host``.
+(The revision stored as f68aece is an older one: ``-E`` default, the v1 image, no 800K knobs.)
+The config is the embedded default with the fabric pinned to the launcher's values (interface
 enp1s0f1np1, HCA rocep1s0f1, GID 3, fabric IPs 192.168.102.1/.2, master port 29521).
 """
 
@@ -19,7 +23,10 @@ from typing import Any
 import pytest
 from _fixtures import REPO, config_file
 
-TARGET, DRAFTER = "/srv/models/glm-5.3-w4a16-mtp", "/srv/models/GLM-5.3-Flash-DFlash2-E"
+TARGET, DRAFTER = "/srv/models/glm-5.3-w4a16-mtp", "/srv/models/GLM-5.3-Flash-DFlash2-G"
+CARD_DRAFTER_DEFAULT = "/models/GLM-5.3-Flash-DFlash2-G"  # DRAFTER_HOST_PATH's default
+# the launcher's knobs for its other validated context (MAX_MODEL_LEN=800000 KV_CACHE_MEM=17179869184 GMU=0.90)
+CARD_800K = {"--max-model-len": "800000", "--kv-cache-memory": "17179869184", "--gpu-memory-utilization": "0.9"}
 HOST_IP = {0: "192.168.102.1", 1: "192.168.102.2"}
 
 # --- the launcher's facts (read, not run) ------------------------------------------------------------------
@@ -88,7 +95,6 @@ EXPLAINED = {
     "env DG_JIT_CACHE_DIR": "Caches",
     "arg --host": "The API address",
     "arg --port": "The API address",
-    "docker --shm-size": "--shm-size",
     "docker --ulimit core": "Core dumps",
     "docker --name": "Container names, labels, entrypoint",
     "docker --label": "Container names, labels, entrypoint",
@@ -222,7 +228,7 @@ def test_the_card_values_that_matter_most_are_exact(rendered: dict[str, Any]) ->
         for k in ("FLASHINFER_DISABLE_VERSION_CHECK", "NCCL_NET", "TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC",
                   "VLLM_EXECUTE_MODEL_TIMEOUT_SECONDS", "NCCL_IB_ADDR_RANGE", "NCCL_IB_GID_INDEX"):
             assert spec["env"][k] == CARD_ENV[k], k
-        assert spec["memory"] == 118 * 2**30 and spec["shm_size"] is None
+        assert spec["memory"] == 118 * 2**30 and spec["shm_size"] == 32 * 2**30  # the card's --shm-size 32g
     assert rendered["dialect"] == "0.1.dev20051+g487ecf187"
 
 
@@ -230,7 +236,7 @@ def test_the_differences_themselves_are_what_the_docs_say(rendered: dict[str, An
     got = {(k, r): (c, o) for k, r, c, o in differences(rendered)}
     assert got[("arg --port", 1)] == ("8000", "<absent>") and ("arg --port", 0) not in got  # the head's API only
     assert got[("arg --host", 0)] == ("0.0.0.0", "<absent>")
-    assert got[("docker --shm-size", 0)] == ("32g", "<absent>")
+    assert ("docker --shm-size", 0) not in got  # rendered as the card: 32g beside --ipc host
     assert got[("docker --ulimit core", 0)] == ("<absent>", "0:0")
     assert got[("env NCCL_DEBUG", 0)] == ("WARN", "INFO")
     cache = got[("mount /cache", 0)][1]
@@ -240,3 +246,31 @@ def test_the_differences_themselves_are_what_the_docs_say(rendered: dict[str, An
     spec = json.loads(got[("arg --speculative-config", 0)][1])
     assert spec == {"method": "dflash", "model": "/models/drafter", "num_speculative_tokens": 7}
 
+
+
+def test_the_default_drafter_is_the_launchers(tmp_path) -> None:
+    """`init`'s drafter path is the launcher's DRAFTER_HOST_PATH default: -G, the Spark drafter of record."""
+    from sparkserve.config import load_config
+
+    assert str(load_config(None).drafter.path) == CARD_DRAFTER_DEFAULT
+
+
+def test_the_800k_knobs_render_exactly(tmp_path) -> None:
+    """`profile: long-800k` renders the launcher's 800K knobs to the byte, and nothing else of the launcher moves."""
+    cfg = config_file(tmp_path / "sparkserve.yaml", {
+        "profile": "long-800k",
+        "nodes": [{"name": "spark-a", "host": "10.0.0.1", "fabric_ip": HOST_IP[0], "user": "ubuntu"},
+                  {"name": "spark-b", "host": "10.0.0.2", "fabric_ip": HOST_IP[1], "user": "ubuntu"}],
+        "fabric": {"interface": "enp1s0f1np1", "hca": "rocep1s0f1", "gid_index": 3, "master_port": 29521},
+        "model": {"target": TARGET}, "drafter": {"path": DRAFTER},
+    })
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKSERVE_") or k == "SPARKSERVE_IMAGE_FACTS"}
+    p = subprocess.run([sys.executable, "-m", "sparkserve", "render", "--json", "-c", str(cfg)], capture_output=True,
+                       text=True, timeout=120, env={**env, "PYTHONPATH": str(REPO)}, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    plan = json.loads(p.stdout)
+    diffs = {(k, r): (c, o) for k, r, c, o in differences(plan)}
+    for flag, value in CARD_800K.items():
+        assert diffs.pop((f"arg {flag}", 0)) == (card_args(0)[flag], value)
+        assert diffs.pop((f"arg {flag}", 1)) == (card_args(1)[flag], value)
+    assert {k for k, _r in diffs} <= set(EXPLAINED)

@@ -144,7 +144,7 @@ def test_gates_from_log_drafter_without_mask_file(env: dict[str, str], tmp_path:
     drafter = tmp_path / "drafter"
     drafter.mkdir()
     cfg = tmp_path / "sparkserve.yaml"
-    text = default_yaml_text().replace("/models/GLM-5.3-Flash-DFlash2-E", str(drafter))
+    text = default_yaml_text().replace("/models/GLM-5.3-Flash-DFlash2-G", str(drafter))
     assert str(drafter) in text
     cfg.write_text(text)
     p = sparkserve(

@@ -15,7 +15,7 @@ def test_offline_checks_the_config_and_names_each_model_it_did_not_read(tmp_path
         {"name": "b", "host": "192.0.2.2", "fabric_ip": "10.0.0.2"}]})
     p = cli("validate", "-c", str(cfg), "--offline", "--parser", "list", env=clean_env(tmp_path))
     assert p.returncode == 0, p.stderr
-    assert "drafter not read: /models/GLM-5.3-Flash-DFlash2-E is not on this machine (--offline)" in p.stdout
+    assert "drafter not read: /models/GLM-5.3-Flash-DFlash2-G is not on this machine (--offline)" in p.stdout
     assert "target not read: /models/GLM-5.3-Flash-W4A16-MTP is not on this machine (--offline)" in p.stdout
     assert "argv ok" in p.stdout
 

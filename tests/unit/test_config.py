@@ -41,7 +41,7 @@ def test_embedded_default_is_the_model_cards_production_state() -> None:
     assert (c.gates.pool_tokens, c.gates.mask_token_id) == (366749, 154856)
     assert c.image.ref == "ghcr.io/canada-quant/vllm-glm53-flash-sm121:v2-w4a16-dflash2e"
     assert str(c.model.target).endswith("GLM-5.3-Flash-W4A16-MTP")
-    assert str(c.drafter.path).endswith("GLM-5.3-Flash-DFlash2-E")
+    assert str(c.drafter.path).endswith("GLM-5.3-Flash-DFlash2-G")  # the launcher@1c142c9 default (-F, -E drop-in)
 
 
 def test_init_text_is_commented_and_names_the_hosts_to_fill_in() -> None:

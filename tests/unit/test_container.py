@@ -107,11 +107,12 @@ def test_docker_run_argv_carries_the_whole_spec(tmp_path: Path) -> None:
     assert argv[:3] == ["docker", "run", "-d"] and _value(argv, "--name") == "sparkserve-r1-spark-b"
     for flag in ("--network=host", "--ipc=host", "--gpus"):
         assert flag in argv
-    # the card's --memory=118g and --ulimit core=0; no --shm-size (docker ignores it under --ipc=host)
-    assert "--shm-size" not in argv and _value(argv, "--memory") == "118g"
+    # the card's --memory=118g, --shm-size 32g beside --ipc host (launcher@1c142c9; docker ignores it under host
+    # IPC), and --ulimit core=0
+    assert _value(argv, "--shm-size") == "32g" and _value(argv, "--memory") == "118g"
     assert [argv[i + 1] for i, a in enumerate(argv) if a == "--ulimit"] == ["memlock=-1:-1", "core=0:0"]
     sdk = s.docker_sdk_kwargs()["host_config"]
-    assert sdk["mem_limit"] == 118 * 2**30 and sdk["shm_size"] is None
+    assert sdk["mem_limit"] == 118 * 2**30 and sdk["shm_size"] == 32 * 2**30
     assert {"name": "core", "soft": 0, "hard": 0} in sdk["ulimits"]
     assert _value(argv, "--cap-add") == "IPC_LOCK" and _value(argv, "--device") == "/dev/infiniband"
     assert f"{LABEL_FINGERPRINT}={cfg.fingerprint()}" in argv and _value(argv, "--restart") == "no"

@@ -107,8 +107,10 @@ def test_the_config_written_after_a_swap_keeps_its_layout(tmp_path: Path) -> Non
     diff = [ln for ln in difflib.unified_diff(DEFAULT.read_text().splitlines(), f.read_text().splitlines(),
                                               lineterm="", n=0) if ln[:1] in "+-" and ln[:3] not in ("+++", "---")]
     assert diff == [
-        "-  path: /models/GLM-5.3-Flash-DFlash2-E   # host path, same on every node, mounted read-only",
-        "+  path: /models/new-0123456789ab          # host path, same on every node, mounted read-only",
+        "-  path: /models/GLM-5.3-Flash-DFlash2-G   # host path, same on every node, mounted read-only (-F, -E: "
+        "drop-in)",
+        "+  path: /models/new-0123456789ab          # host path, same on every node, mounted read-only (-F, -E: "
+        "drop-in)",
         "+  source: /home/me/new",
     ], diff
     assert "  - name: spark-a" in f.read_text()  # the nodes: list keeps its indentation

@@ -19,6 +19,11 @@ In the rig image it is installed as ``vllm`` (and ``ray``). As a plain host proc
 
 Boot takes ~2-4 s; the head logs ``Application startup complete.`` (stderr) when the API is up.
 
+``--speculative-config '{"method":"mtp","num_speculative_tokens":3}'`` (no ``model``) drafts with the target's own
+MTP layers, as vLLM 0.33.0 does (``SpeculativeConfig`` takes the target as the draft model; ``MTPSpeculator``
+logs ``Capturing model for speculator...``): no drafter directory, no mask line, the ``SSEMU_ACCEPTANCE``
+profile cut to K.
+
 Ray executor: ``ray start --head --node-ip-address=IP --port=6379 --block`` on the head, ``ray start
 --address=IP:6379 --node-ip-address=IP2 --block`` on the others (both silent), then ``vllm serve …
 --distributed-executor-backend ray`` in the head's container: it waits for one GPU per rank and logs every
@@ -153,7 +158,8 @@ AT = {
     "tc_load": "backends.py:310", "aot_save": "decorators.py:752", "aot_load": "decorators.py:326",
     "tc_total": "monitor.py:62", "warmup": "monitor.py:91", "kv_reserved": "gpu_worker.py:676",
     "kv_avail": "gpu_worker.py:772", "cg_profiling": "gpu_worker.py:787", "kv_size": "kv_cache_utils.py:1147",
-    "spec_capture": "speculator.py:170", "graphs": "model_runner.py:1163", "cg_pool": "gpu_worker.py:1003",
+    "spec_capture": "speculator.py:170", "spec_capture_ar": "speculator.py:110",
+    "graphs": "model_runner.py:1163", "cg_pool": "gpu_worker.py:1003",
     "jit": "jit_monitor.py:84", "init_engine": "core.py:405", "init_engine_eager": "core.py:412",
     "tasks": "entry.py:135", "chat_fmt": "hf.py:736", "starting": "entry.py:139", "routes": "launcher.py:188",
     "route": "launcher.py:197", "stats": "loggers.py:335", "spec": "metrics.py:120",
@@ -914,7 +920,12 @@ class Emulator:
         self.worker_names = {r: "Worker" for r in self.ranks}
         self.target_cfg = read_json(Path(self.model) / "config.json")
         self.spec = self._spec_config()
-        self.drafter_path = Path(self.spec.get("model") or "") if self.spec else None
+        # method mtp without a model drafts with the target's own MTP layers: vLLM's SpeculativeConfig takes the
+        # target model as the draft model (vllm/config/speculative.py, __post_init__); no drafter directory
+        self.mtp = self.spec.get("method") == "mtp"
+        if self.mtp and not self.spec.get("model"):
+            self.spec["model"] = self.model
+        self.drafter_path = Path(self.spec.get("model") or "") if self.spec and not self.mtp else None
         self.drafter_cfg = read_json(self.drafter_path / "config.json") if self.drafter_path else {}
         self.k = int(self.spec.get("num_speculative_tokens") or 0) if self.spec else 0
         self.eager = bool(a.enforce_eager)
@@ -1108,7 +1119,7 @@ class Emulator:
             emit("INFO", key, (KV_DTYPE_HEAD_MSG if key == "kvdtype_head" else KV_DTYPE_MSG) % self.kv_dtype)
         if self.nnodes > 1:
             emit("INFO", "dp_infer", f"Inferred data_parallel_rank 0 from node_rank {self.node_rank}")
-        if self.spec:
+        if self.spec and not self.mtp:  # mtp: the target's own layers, no second model config
             emit("INFO", "arch", f"Resolved architecture: {self.draft_arch}")
             dlen = int(self.drafter_cfg.get("max_position_embeddings") or 32768)
             emit("INFO", "maxlen", f"Using max model len {dlen}")
@@ -1464,10 +1475,16 @@ class Emulator:
             self.bar(rank, tqdm_text("Capturing CUDA graphs (FULL)", 2 if profile_only else n, 0.06))
         if self.spec:
             name = "DFlash2" if self.dflash2 else "DFlash"
-            self.wk(rank, "INFO", "spec_capture", f"Capturing model for {name} speculator...")
+            if self.mtp:  # vLLM 0.33.0 MTPSpeculator (a TargetDependentARSpeculator) names no method; its bar is
+                # the EAGLE/MTP-style decode capture (vllm-facts.md 2.4)
+                self.wk(rank, "INFO", "spec_capture_ar", "Capturing model for speculator...")
+                self.bar(rank, tqdm_text("Capturing decode CUDA graphs (FULL)", len(decode), 0.03))
+            else:
+                self.wk(rank, "INFO", "spec_capture", f"Capturing model for {name} speculator...")
             if self.k_rule_wedge() and not profile_only:
                 raise Wedged()
-            self.bar(rank, tqdm_text(f"Capturing {name.lower()} CUDA graphs (FULL)", len(decode), 0.03))
+            if not self.mtp:
+                self.bar(rank, tqdm_text(f"Capturing {name.lower()} CUDA graphs (FULL)", len(decode), 0.03))
         self.pause(0.1)
         secs = max(1, round(time.monotonic() - t))
         self.wk(rank, "INFO", "graphs", f"Graph capturing finished in {secs:.0f} secs, took 0.12 GiB")
