@@ -10,8 +10,9 @@ What the directory holds:
 * ``metrics.txt`` — ``/metrics`` as scraped now (or the last good scrape, said so, when it does not answer);
 * ``<node>.memory.txt`` — the node's meminfo; ``<node>.kernel.txt`` — the kernel lines seen this run;
 * ``<node>.<rank>.log`` — the rank's last log lines; ``<node>.<rank>.<pid>.pyspy.txt`` — ``py-spy dump`` of
-  each of the rank's Python processes (through the host: the node's py-spy reads the processes, in a
-  container or not).
+  each of the rank's Python processes: docker — from a helper container in the rank's PID namespace, with
+  sparkserve's own py-spy binary (operate/pyspy.py; pids as the rank's namespace numbers them); process — by
+  the node program, with the py-spy it finds (``supervise.pyspy``, serve.vllm's venv, sparkserve's own).
 
 It is journalled (``supervise_events``, kind ``incident``) with the same JSON.
 """
@@ -30,13 +31,14 @@ from platformdirs import user_state_dir
 
 from sparkserve.config import Config
 from sparkserve.journal import record
-from sparkserve.nodes.base import Node
+from sparkserve.nodes.base import Node, NodeError
 from sparkserve.nodes.engine import ManagedContainer
 from sparkserve.nodes.parallel import on_all
 from sparkserve.nodes.process_remote import MARKER_ENV
 from sparkserve.nodes.runtime import engine_for
 from sparkserve.operate.checks import Verdict
 from sparkserve.operate.nodefacts import host_facts
+from sparkserve.operate.pyspy import binary_for, dump_in_container, local_pyspy, node_arch
 
 LOG_LINES = 300
 
@@ -65,17 +67,54 @@ def _safe(name: str) -> str:
 
 
 def pyspy_candidates(cfg: Config, node: Node) -> list[str]:
-    """Where py-spy may be on a node: ``supervise.pyspy``, next to ``serve.vllm`` (its venv), and — on this
-    machine — next to sparkserve's own Python."""
-    import sys
-
+    """Where py-spy may be on a node (process runtime): ``supervise.pyspy``, next to ``serve.vllm`` (its venv),
+    sparkserve's own copy under the run dir (:func:`ship_pyspy`), and — on this machine — the py-spy installed
+    beside sparkserve itself."""
     out = [cfg.supervise.pyspy]
     v = cfg.serve.vllm
     if "/" in v:
         base = v.rstrip("/")
         out += [f"{base}/bin/py-spy", f"{os.path.dirname(base)}/py-spy"]
+    out.append(f"{cfg.process.run_dir.rstrip('/')}/{SHIPPED}")
+    if node.rsync_remote() is None and (mine := local_pyspy()) is not None:
+        out.append(str(mine))
+    return out
+
+
+SHIPPED = ".sparkserve/py-spy"
+
+
+def ship_pyspy(cfg: Config, node: Node) -> str | None:
+    """A remote process-runtime node: sparkserve's own py-spy copied under the run dir (same architecture
+    only). None when it cannot be; the dump then says py-spy was not found."""
     if node.rsync_remote() is None:
-        out.append(str(Path(sys.executable).parent / "py-spy"))
+        return None
+    arch = node_arch(node)
+    data = binary_for(arch)[0] if arch else None
+    if data is None:
+        return None
+    dest = f"{cfg.process.run_dir.rstrip('/')}/{SHIPPED}"
+    try:
+        node.makedirs(os.path.dirname(dest))
+        node.write_bytes(dest, data, mode=0o755)
+    except (OSError, NodeError):
+        return None
+    return dest
+
+
+def container_dumps(cfg: Config, node: Node, ranks: list[ManagedContainer]) -> dict[str, dict[str, str]]:
+    """docker runtime: each rank's stacks from a helper container in its PID namespace (operate/pyspy.py)."""
+    arch = node_arch(node)
+    data, why = binary_for(arch) if arch else (None, "uname -m did not answer")
+    out: dict[str, dict[str, str]] = {}
+    for r in ranks:
+        if data is None:
+            out[r.name] = {"-": f"no py-spy for this node: {why}"}
+            continue
+        try:
+            out[r.name] = dump_in_container(node, r.id, data) or {"-": "(no Python process in the rank)"}
+        except Exception as e:  # noqa: BLE001 - forensics take what they can get, and say why not
+            out[r.name] = {"-": f"py-spy helper container failed: {type(e).__name__}: {e}"}
     return out
 
 
@@ -126,6 +165,10 @@ def open_incident(cfg: Config, nodes: dict[str, Node], verdicts: list[Verdict], 
                 logs[r.name] = eng.log_tail(r.id, LOG_LINES)
             except Exception as e:  # noqa: BLE001 - forensics take what they can get
                 logs[r.name] = [f"(log not readable: {type(e).__name__}: {e})"]
+        if cfg.runtime == "docker":
+            facts = host_facts(node, meminfo=cfg.supervise.meminfo_path, kmsg=None, timeout=90.0)
+            return {"logs": logs, "facts": facts, "docker": container_dumps(cfg, node, mine)}
+        ship_pyspy(cfg, node)
         facts = host_facts(node, meminfo=cfg.supervise.meminfo_path, kmsg=None,
                            ranks=rank_selectors(cfg, node, mine), dump=True,
                            pyspy=pyspy_candidates(cfg, node), timeout=90.0)
@@ -147,6 +190,12 @@ def open_incident(cfg: Config, nodes: dict[str, Node], verdicts: list[Verdict], 
             name = f"{_safe(node_name)}.{_safe(rank)}.log"
             write(name, "\n".join(lines) + "\n")
             logs_index[f"{node_name}/{rank}"] = name
+        for rank, texts in g.get("docker", {}).items():
+            for pid, text in texts.items():
+                name = f"{_safe(node_name)}.{_safe(rank)}.{_safe(pid)}.pyspy.txt"
+                write(name, text)
+                pyspy_index[f"{node_name}/{rank}/{pid}"] = name
+                pyspy_ok = pyspy_ok or "Thread " in text
         for rank, pids in f.pids.items():
             if not pids:  # a rank whose processes are all gone (a kill -9): say so where its stacks would be
                 name = f"{_safe(node_name)}.{_safe(rank)}.pyspy.txt"
