@@ -153,22 +153,27 @@ def status_cmd(
     """What runs where: every node's containers, the drafter serving, the API.
 
     Shows since when the stack serves, the model, the drafter serving (path, digest, and whether it is the
-    config's), the image and the endpoint. Exit 1 when the stack is not fully up; 3 when a node cannot be
-    reached (the others are still shown)."""
+    config's), the image and the endpoint, and the supervisor's last verdict when one runs for this deployment
+    (asked at supervise.listen: phase, last round, failing checks, last incident). Exit 1 when the stack is not
+    fully up or the supervisor reports a failure; 3 when a node cannot be reached (the others are still shown)."""
     from sparkserve.deploy.stack import STATUS_LEFT, unreachable_error
 
     cfg = config_from(config, accept_new=accept_new)
     if watch is not None:
         _watch(cfg, watch, json_out)
         return
+    from sparkserve.operate.supervisor_view import supervisor_view, view_lines
+
     st, serving = _status_once(cfg)
+    sup = supervisor_view(cfg)
     if json_out:
-        emit_json({**st.to_json(), "serving": serving.to_json() if serving else None})
+        emit_json({**st.to_json(), "serving": serving.to_json() if serving else None, "supervisor": sup})
     else:
         _print_status(cfg, st, serving)
+        print("\n".join(view_lines(sup)))
     if st.unreachable:
         raise unreachable_error(st.unreachable, STATUS_LEFT)
-    if not st.ok:
+    if not st.ok or sup.get("failing_now"):
         raise typer.Exit(1)
 
 

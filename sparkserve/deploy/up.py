@@ -255,9 +255,11 @@ def _preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_draf
           for s in build_plan(cfg).specs}
     with ThreadPoolExecutor(max_workers=6) as pool:
         f_valid = pool.submit(timed("preflight: validate", validate_inputs), cfg, nodes) if validate else None
-        f_checks = pool.submit(timed("preflight: node checks", check_all), cfg, nodes, None, check_ports=True, mkdirs=rw, fabric_out=fabric,
+        f_checks = pool.submit(timed("preflight: node checks", check_all), cfg, nodes, None, check_ports=True,
+                               mkdirs=rw, fabric_out=fabric,
                                manifest_out=cached, lean=True)
-        f_image = pool.submit(timed("preflight: engine identity", ensure_same_engine), cfg, [nodes[n.name] for n in cfg.nodes])
+        f_image = pool.submit(timed("preflight: engine identity", ensure_same_engine), cfg,
+                              [nodes[n.name] for n in cfg.nodes])
         # docker: after the image question, so each node's questions share one connection (each more
         # connection starts another `docker system dial-stdio` on the node)
         f_existing = pool.submit(timed("preflight: running ranks", after), f_image if cfg.runtime == "docker" else None,

@@ -23,6 +23,7 @@ architecture gets sparkserve's binary copied under the run dir.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import platform
@@ -155,10 +156,8 @@ def dump_in_container(node: Node, rank_id: str, binary: bytes, *, timeout: float
         got = json.loads(out.splitlines()[-1])
         return {str(k): str(v) for k, v in got.items()}
     finally:
-        try:
+        with contextlib.suppress(Exception):  # a helper already gone is what we want
             helper.remove(force=True)
-        except Exception:  # noqa: BLE001 - a helper already gone is what we want
-            pass
 
 
 def forensics_ready(cfg: Any, node: Node) -> tuple[bool, str]:
