@@ -20,7 +20,6 @@ It is journalled (``supervise_events``, kind ``incident``) with the same JSON.
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -31,14 +30,14 @@ from platformdirs import user_state_dir
 
 from sparkserve.config import Config
 from sparkserve.journal import record
-from sparkserve.nodes.base import Node, NodeError
+from sparkserve.nodes.base import Node
 from sparkserve.nodes.engine import ManagedContainer
 from sparkserve.nodes.parallel import on_all
 from sparkserve.nodes.process_remote import MARKER_ENV
 from sparkserve.nodes.runtime import engine_for
 from sparkserve.operate.checks import Verdict
 from sparkserve.operate.nodefacts import host_facts
-from sparkserve.operate.pyspy import binary_for, dump_in_container, local_pyspy, node_arch
+from sparkserve.operate.pyspy import container_dumps, pyspy_candidates, ship_pyspy
 
 LOG_LINES = 300
 
@@ -64,58 +63,6 @@ def incidents_root(cfg: Config) -> Path:
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80]
-
-
-def pyspy_candidates(cfg: Config, node: Node) -> list[str]:
-    """Where py-spy may be on a node (process runtime): ``supervise.pyspy``, next to ``serve.vllm`` (its venv),
-    sparkserve's own copy under the run dir (:func:`ship_pyspy`), and — on this machine — the py-spy installed
-    beside sparkserve itself."""
-    out = [cfg.supervise.pyspy]
-    v = cfg.serve.vllm
-    if "/" in v:
-        base = v.rstrip("/")
-        out += [f"{base}/bin/py-spy", f"{os.path.dirname(base)}/py-spy"]
-    out.append(f"{cfg.process.run_dir.rstrip('/')}/{SHIPPED}")
-    if node.rsync_remote() is None and (mine := local_pyspy()) is not None:
-        out.append(str(mine))
-    return out
-
-
-SHIPPED = ".sparkserve/py-spy"
-
-
-def ship_pyspy(cfg: Config, node: Node) -> str | None:
-    """A remote process-runtime node: sparkserve's own py-spy copied under the run dir (same architecture
-    only). None when it cannot be; the dump then says py-spy was not found."""
-    if node.rsync_remote() is None:
-        return None
-    arch = node_arch(node)
-    data = binary_for(arch)[0] if arch else None
-    if data is None:
-        return None
-    dest = f"{cfg.process.run_dir.rstrip('/')}/{SHIPPED}"
-    try:
-        node.makedirs(os.path.dirname(dest))
-        node.write_bytes(dest, data, mode=0o755)
-    except (OSError, NodeError):
-        return None
-    return dest
-
-
-def container_dumps(cfg: Config, node: Node, ranks: list[ManagedContainer]) -> dict[str, dict[str, str]]:
-    """docker runtime: each rank's stacks from a helper container in its PID namespace (operate/pyspy.py)."""
-    arch = node_arch(node)
-    data, why = binary_for(arch) if arch else (None, "uname -m did not answer")
-    out: dict[str, dict[str, str]] = {}
-    for r in ranks:
-        if data is None:
-            out[r.name] = {"-": f"no py-spy for this node: {why}"}
-            continue
-        try:
-            out[r.name] = dump_in_container(node, r.id, data) or {"-": "(no Python process in the rank)"}
-        except Exception as e:  # noqa: BLE001 - forensics take what they can get, and say why not
-            out[r.name] = {"-": f"py-spy helper container failed: {type(e).__name__}: {e}"}
-    return out
 
 
 def rank_selectors(cfg: Config, node: Node, ranks: list[ManagedContainer]) -> dict[str, dict[str, Any]]:

@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
+import os
 import platform
 import shutil
 import sys
@@ -36,7 +37,8 @@ from typing import Any
 
 from platformdirs import user_cache_dir
 
-from sparkserve.nodes.base import Node
+from sparkserve.nodes.base import Node, NodeError
+from sparkserve.nodes.engine import ManagedContainer
 
 IN_CONTAINER = "/.sparkserve-py-spy"
 HELPER_TIMEOUT_S = 60.0
@@ -160,6 +162,58 @@ def dump_in_container(node: Node, rank_id: str, binary: bytes, *, timeout: float
             helper.remove(force=True)
 
 
+def pyspy_candidates(cfg: Any, node: Node) -> list[str]:
+    """Where py-spy may be on a node (process runtime): ``supervise.pyspy``, next to ``serve.vllm`` (its venv),
+    sparkserve's own copy under the run dir (:func:`ship_pyspy`), and — on this machine — the py-spy installed
+    beside sparkserve itself."""
+    out = [cfg.supervise.pyspy]
+    v = cfg.serve.vllm
+    if "/" in v:
+        base = v.rstrip("/")
+        out += [f"{base}/bin/py-spy", f"{os.path.dirname(base)}/py-spy"]
+    out.append(f"{cfg.process.run_dir.rstrip('/')}/{SHIPPED}")
+    if node.rsync_remote() is None and (mine := local_pyspy()) is not None:
+        out.append(str(mine))
+    return out
+
+
+SHIPPED = ".sparkserve/py-spy"
+
+
+def ship_pyspy(cfg: Any, node: Node) -> str | None:
+    """A remote process-runtime node: sparkserve's own py-spy copied under the run dir (same architecture
+    only). None when it cannot be; the dump then says py-spy was not found."""
+    if node.rsync_remote() is None:
+        return None
+    arch = node_arch(node)
+    data = binary_for(arch)[0] if arch else None
+    if data is None:
+        return None
+    dest = f"{cfg.process.run_dir.rstrip('/')}/{SHIPPED}"
+    try:
+        node.makedirs(os.path.dirname(dest))
+        node.write_bytes(dest, data, mode=0o755)
+    except (OSError, NodeError):
+        return None
+    return dest
+
+
+def container_dumps(cfg: Any, node: Node, ranks: list[ManagedContainer]) -> dict[str, dict[str, str]]:
+    """docker runtime: each rank's stacks from a helper container in its PID namespace (operate/pyspy.py)."""
+    arch = node_arch(node)
+    data, why = binary_for(arch) if arch else (None, "uname -m did not answer")
+    out: dict[str, dict[str, str]] = {}
+    for r in ranks:
+        if data is None:
+            out[r.name] = {"-": f"no py-spy for this node: {why}"}
+            continue
+        try:
+            out[r.name] = dump_in_container(node, r.id, data) or {"-": "(no Python process in the rank)"}
+        except Exception as e:  # noqa: BLE001 - forensics take what they can get, and say why not
+            out[r.name] = {"-": f"py-spy helper container failed: {type(e).__name__}: {e}"}
+    return out
+
+
 def forensics_ready(cfg: Any, node: Node) -> tuple[bool, str]:
     """Whether an incident on ``node`` will hold Python stacks, and why not (``sparkserve doctor``)."""
     arch = node_arch(node)
@@ -171,8 +225,6 @@ def forensics_ready(cfg: Any, node: Node) -> tuple[bool, str]:
             return False, where
         return True, (f"py-spy ({where}, {arch}) runs in a helper container in each rank's PID namespace "
                       "with CAP_SYS_PTRACE (the rank itself is unchanged)")
-    from sparkserve.operate.incident import pyspy_candidates
-
     q = json.dumps(pyspy_candidates(cfg, node))
     res = node.run(["python3", "-I", "-S", "-c", "import json, os, shutil, sys\n"
                     "print(next((shutil.which(os.path.expanduser(c)) for c in json.loads(sys.argv[1]) "
