@@ -40,6 +40,7 @@ class _Fx:
         self.s = s
         self.sup = _Supervised(s)
         self.core: tuple[int, str] | None = None
+        self.cfg: Path | None = None
 
     def config(self) -> Path:
         import yaml
@@ -92,6 +93,9 @@ class _Fx:
         shutil.copytree(inc, s.results / "incident-sigstop", dirs_exist_ok=True)
 
     def status(self) -> None:
+        if self.cfg is None or self.core is None:
+            self.s.say("forensics-status", "not run: no frozen EngineCore under a supervisor", ok=False)
+            return
         p, took = self.s.run("forensics-status", [sys.executable, "-m", "sparkserve", "status", "-c", str(self.cfg),
                                                   "--json"], timeout=60)
         try:
@@ -106,6 +110,9 @@ class _Fx:
                    ok=ok, supervisor=sup)
 
     def gates(self) -> None:
+        if self.cfg is None or self.core is None:
+            self.s.say("forensics-gates", "not run: no frozen EngineCore", ok=False)
+            return
         p, took = self.s.run("forensics-gates", [sys.executable, "-m", "sparkserve", "gates", "-c", str(self.cfg),
                                                  "--json"], timeout=120)
         try:
@@ -135,5 +142,5 @@ class _Fx:
 
 def steps(s: Any) -> list[tuple[str, Callable[[], None], int]]:
     h = _Fx(s)
-    return [("forensics-sigstop", h.sigstop, 150), ("forensics-status", h.status, 30),
+    return [("forensics-sigstop", h.sigstop, 100), ("forensics-status", h.status, 30),
             ("forensics-gates", h.gates, 40), ("forensics-cont", h.cont, 30)]

@@ -9,8 +9,8 @@ One supervisor process runs throughout (default settings; its own port and incid
 so that a false alarm under load could not restart the stack mid-measurement — it changes nothing a healthy
 round does). For an A trial it is stopped with SIGSTOP (it does nothing: no canary, no scrape, no node
 program); for a B trial it is resumed with SIGCONT and the trial starts once it has completed a round. A trial:
-64 completions of 256 tokens (``ignore_eos``) from 16 concurrent clients; tok/s = completion tokens / wall.
-One warm-up trial first (not counted), then ``PAIRS`` pairs. Figures: per-pair ratio B/A, its median and
+48 completions of 256 tokens (``ignore_eos``) from 16 concurrent clients; tok/s = completion tokens / wall.
+One warm-up trial first (not counted), then 5 to ``PAIRS`` pairs (as many as the call's deadline leaves room for). Figures: per-pair ratio B/A, its median and
 spread (min–max), the means' ratio; the supervisor's RSS and its CPU seconds per wall second during B trials.
 
 Device time: ~12 s a trial on a tiny model: ~150 s.
@@ -31,8 +31,9 @@ from typing import Any
 
 from part_supervise import _free_port, _Supervised
 
-PAIRS = 6
-CONC, REQUESTS, MAX_TOKENS = 16, 64, 256
+PAIRS = 6  # at most; at least MIN_PAIRS, as many as the call's deadline leaves room for
+MIN_PAIRS = 5
+CONC, REQUESTS, MAX_TOKENS = 16, 48, 256
 
 
 class _Cost:
@@ -98,14 +99,16 @@ class _Cost:
             return
         assert h.proc is not None
         proc = psutil.Process(h.proc.pid)
-        self.trial()  # warm-up
+        _, _, w = self.trial()  # warm-up, and how long a trial takes
+        room = (self.s.args.deadline - time.time() - 45) if self.s.args.deadline else 1e9
+        pairs = max(MIN_PAIRS, min(PAIRS, int(room / (2 * w + 8))))
         a: list[float] = []
         b: list[float] = []
         errs = 0
         cpu_s = wall_b = 0.0
         rss = 0
         rounds_b = 0
-        for _ in range(PAIRS):
+        for _ in range(pairs):
             os.kill(h.proc.pid, signal.SIGSTOP)
             time.sleep(0.5)
             tps, e, _ = self.trial()
@@ -134,7 +137,7 @@ class _Cost:
         effect = 1 - med
         verdict = ("the spread between pairs is larger than the effect" if spread[1] - spread[0] > abs(effect) else
                    "the effect is larger than the spread between pairs")
-        s.say("supcost", f"c{CONC} x {REQUESTS} x {MAX_TOKENS} tok, {PAIRS} pairs A (no supervisor) B (supervisor): "
+        s.say("supcost", f"c{CONC} x {REQUESTS} x {MAX_TOKENS} tok, {pairs} pairs A (no supervisor) B (supervisor): "
               f"A {', '.join(f'{x:.0f}' for x in a)} tok/s; B {', '.join(f'{x:.0f}' for x in b)} tok/s; B/A median "
               f"{med:.4f} (min {spread[0]:.4f}, max {spread[1]:.4f}), means' ratio {mean_ratio:.4f}, A's CV "
               f"{cv_a:.3f}: {verdict}; supervisor: RSS {rss / 2**20:.0f} MiB, CPU {cpu_s / wall_b * 100:.1f} % of "
@@ -147,4 +150,4 @@ class _Cost:
 
 def steps(s: Any) -> list[tuple[str, Callable[[], None], int]]:
     h = _Cost(s)
-    return [("supcost", h.run, 300)]
+    return [("supcost", h.run, 200)]
