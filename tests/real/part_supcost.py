@@ -10,7 +10,8 @@ so that a false alarm under load could not restart the stack mid-measurement —
 round does). For an A trial it is stopped with SIGSTOP (it does nothing: no canary, no scrape, no node
 program); for a B trial it is resumed with SIGCONT and the trial starts once it has completed a round. A trial:
 48 completions of 256 tokens (``ignore_eos``) from 16 concurrent clients; tok/s = completion tokens / wall.
-One warm-up trial first (not counted), then 5 to ``PAIRS`` pairs (as many as the call's deadline leaves room for). Figures: per-pair ratio B/A, its median and
+One warm-up trial first (not counted), then 5 to ``PAIRS`` pairs
+(as many as the call's deadline leaves room for). Figures: per-pair ratio B/A, its median and
 spread (min–max), the means' ratio; the supervisor's RSS and its CPU seconds per wall second during B trials.
 
 Device time: ~12 s a trial on a tiny model: ~150 s.
