@@ -275,7 +275,7 @@ def doctor_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: 
                    "--drift", help="also diff every node's host (kernel, driver, CX-7 firmware, iommu, swappiness, "
                                    "earlyoom, /dev/shm, NCCL) against the last boot whose gates passed")] = False,
                ) -> None:
-    """ssh, docker, disk, UMA memory headroom, ports, stale containers, paths, CX-7 fabric — every node.
+    """ssh, docker, disk, UMA memory headroom, ports, stale containers, paths, CX-7 fabric, forensics — every node.
 
     Every node it can reach is checked in full; the others are reported. Exit 1 when a check fails; 3 when
     a node (its ssh or its docker) cannot be reached. --json prints one document in every case."""
@@ -289,6 +289,9 @@ def doctor_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: 
             cfg = resolve_target(cfg, nodes)
         hosts: dict = {}
         checks = check_all(cfg, nodes, None, check_ports=True, unreachable=unreachable, host_out=hosts, storage=True)
+        from sparkserve.operate.pyspy import forensics_checks
+
+        checks += forensics_checks(cfg, nodes)  # will an incident hold Python stacks on each node?
         if drift:
             checks += drift_checks(cfg, hosts)
     out = as_json(checks)

@@ -236,3 +236,19 @@ def forensics_ready(cfg: Any, node: Node) -> tuple[bool, str]:
     if data is not None and node.rsync_remote() is not None:
         return True, f"no py-spy on the node; sparkserve copies its own ({where}) under process.run_dir at an incident"
     return False, f"no py-spy on the node ({', '.join(json.loads(q))}) and none to copy: {where}"
+
+
+def forensics_checks(cfg: Any, nodes: dict[str, Node]) -> list[Any]:
+    """`doctor`'s "forensics" row per reachable node: ok when an incident will hold Python stacks, warn (and
+    why not) otherwise — a missing py-spy never refuses a boot."""
+    from sparkserve.deploy.doctor import Check
+    from sparkserve.nodes.parallel import on_all
+
+    def one(node: Node) -> tuple[bool, str]:
+        try:
+            return forensics_ready(cfg, node)
+        except Exception as e:  # noqa: BLE001 - a doctor row, never a crash
+            return False, f"{type(e).__name__}: {e}"
+
+    got = on_all(list(nodes.values()), one, name=lambda n: n.name)
+    return [Check(name, "forensics", "ok" if ok else "warn", why) for name, (ok, why) in got.items()]
