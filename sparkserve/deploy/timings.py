@@ -56,7 +56,8 @@ def spans() -> list[dict[str, Any]]:
 def report() -> str:
     """The spans in start order: start offset, seconds, name (spans of one parallel step overlap)."""
     wall = time.monotonic() - _t0
-    rows = sorted(spans(), key=lambda r: r["start_s"])
+    with _lock:
+        rows = sorted(_spans, key=lambda r: r[1])
     lines = [f"timings: {wall:.2f}s in all (spans that start together ran side by side)"]
-    lines += [f"  +{r['start_s']:6.2f}s {r['seconds']:7.2f}s  {r['span']}" for r in rows]
+    lines += [f"  +{start:6.2f}s {took:7.2f}s  {name}" for name, start, took in rows]
     return "\n".join(lines)
