@@ -195,10 +195,13 @@ def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool,
             return UpResult("unchanged", plan.api_url, plan.served_name, fp, found.image_id, found.drafter.digest,
                             time.monotonic() - t0, containers=running, sync=found.drafter.summary, gates=gates)
         _make_cache_dirs(cfg, nodes, plan)
-        status = _clear_the_way(cfg, nodes, found, say)
-        found.hosts = memory_before_start(cfg, nodes, say)
-        return _boot(cfg, nodes, plan, found, status=status, t0=t0, run_gates=run_gates, say=say,
-                     on_update=on_update)
+        with span("clear the way"):
+            status = _clear_the_way(cfg, nodes, found, say)
+        with span("memory before start"):
+            found.hosts = memory_before_start(cfg, nodes, say)
+        with span("boot (start, wait, parity, gates, settle)"):
+            return _boot(cfg, nodes, plan, found, status=status, t0=t0, run_gates=run_gates, say=say,
+                         on_update=on_update)
 
 
 def _learn_dialect(cfg: Config, nodes: dict[str, Node], image_id: str, say: Reporter) -> None:
