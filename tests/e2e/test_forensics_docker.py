@@ -53,6 +53,10 @@ def test_paused_head_incident_holds_python_stacks_status_fails_and_gates_name_th
     p = e2e.cli("up", cfg=cfg)
     assert p.returncode == 0, p.stderr
     head = e2e.rig.head.name
+    doc = e2e.json("doctor", cfg=cfg)  # every node: forensics will work, and how
+    rows = {c["node"]: c for c in doc["checks"] if c["name"] == "forensics"}
+    assert set(rows) == {n.name for n in e2e.rig.nodes}
+    assert all(r["status"] == "ok" and "helper container" in r["detail"] for r in rows.values()), rows
     ranks = e2e.managed(head)
     assert len(ranks) == 1
     rank = ranks[0]

@@ -198,3 +198,26 @@ def test_timings_report_each_span_from_any_thread_in_start_order() -> None:
     assert rows[0]["seconds"] >= 0.05 and rows[1]["seconds"] >= rows[0]["seconds"]
     report = timings.report().splitlines()
     assert report[0].startswith("timings: ") and report[1].endswith("preflight")
+
+
+# -- doctor: will an incident hold stacks? ------------------------------------------------------------------------
+
+
+def test_doctor_forensics_row_finds_the_py_spy_beside_sparkserve(tmp_path: Path) -> None:
+    import platform
+
+    from sparkserve.nodes.local import LocalNode
+    from sparkserve.operate.pyspy import arch_cache_dir, binary_for, forensics_checks, local_pyspy
+
+    mine = local_pyspy()
+    assert mine is not None and mine.is_file()  # a dependency of sparkserve: installed beside it
+    node = LocalNode("n0")
+    for runtime, want in (("process", f"py-spy at {mine}"), ("docker", "helper container")):
+        cfg = load_config(config_file(tmp_path / f"{runtime}.yaml", {
+            "runtime": runtime, "supervise": {"pyspy": "/nonexistent/py-spy"},
+            "process": {"run_dir": str(tmp_path / "run")}}))
+        (row,) = forensics_checks(cfg, {"n0": node})
+        assert (row.node, row.name, row.status) == ("n0", "forensics", "ok") and want in row.detail, row
+    other = "aarch64" if platform.machine() != "aarch64" else "x86_64"
+    data, why = binary_for(other)
+    assert data is None and str(arch_cache_dir(other)) in why and f"manylinux2014_{other}" in why
