@@ -36,6 +36,8 @@ def up_cmd(
     config_drafter: Annotated[bool, typer.Option(
         "--config-drafter", help="boot the config file's drafter, not one `swap-drafter --no-write` left active "
                                  "(and forget that one)")] = False,
+    timings: Annotated[bool, typer.Option("--timings", help="print where the time went (each pre-flight question, "
+                                                             "the boot's steps) on stderr at the end")] = False,
 ) -> None:
     """Preflight, sync the drafter, start every rank (followers, then head), wait, check parity and gates.
 
@@ -44,10 +46,24 @@ def up_cmd(
     now when the journal holds no verdict for it; a failure stops it, exit 1). After the gates, every rank
     is watched for gates.settle_s before "serving" (a rank dying then: exit 3). A drafter that
     `swap-drafter --no-write` left active for this config is kept, and `up` says so."""
-    from sparkserve.deploy.active_drafter import forget, kept_drafter
-    from sparkserve.nodes.factory import open_nodes
+    from sparkserve.deploy import timings as tm
 
-    cfg = config_from(config, accept_new=accept_new, check=True)
+    tm.reset()
+    try:
+        _up_run(config, json_out, no_gates, accept_new, break_lock, config_drafter)
+    finally:
+        if timings:
+            print(tm.report(), file=sys.stderr)
+
+
+def _up_run(config: Path | None, json_out: bool, no_gates: bool, accept_new: bool, break_lock: bool,
+            config_drafter: bool) -> None:
+    from sparkserve.deploy.active_drafter import forget, kept_drafter
+    from sparkserve.deploy.timings import span
+    from sparkserve.nodes.factory import closing_nodes, connect_nodes
+
+    with span("config"):
+        cfg = config_from(config, accept_new=accept_new, check=True)
     with Progress(enabled=not json_out) as p:
         if config_drafter:
             forget(cfg)
@@ -58,13 +74,16 @@ def up_cmd(
                 p.say(f"drafter: keeping {kept.path} ({kept.digest[:12]}), which `swap-drafter --no-write` left "
                       f"active at {kept.time[:19]}; the config names {cfg.drafter.path} (`up --config-drafter` "
                       "boots that one)")
-        with open_nodes(run_cfg, meanwhile=_import_up) as nodes:
+        with span("connect"):
+            nodes = connect_nodes(run_cfg, meanwhile=_import_up)
+        with closing_nodes(nodes):
             from sparkserve.deploy.hf_models import resolve_target
             from sparkserve.deploy.sync import progress_to
             from sparkserve.deploy.up import up
 
             with progress_to(p.copy):
-                run_cfg = resolve_target(run_cfg, nodes)  # org/name[@rev]: the same snapshot on every node
+                with span("model"):
+                    run_cfg = resolve_target(run_cfg, nodes)  # org/name[@rev]: the same snapshot on every node
                 if str(run_cfg.model.target) != str(cfg.model.target):
                     p.say(f"model: {cfg.model.target} is {run_cfg.model.target} on every node")
                 result = up(run_cfg, nodes, run_gates=not no_gates, break_lock=break_lock, say=p.say,
@@ -134,22 +153,27 @@ def status_cmd(
     """What runs where: every node's containers, the drafter serving, the API.
 
     Shows since when the stack serves, the model, the drafter serving (path, digest, and whether it is the
-    config's), the image and the endpoint. Exit 1 when the stack is not fully up; 3 when a node cannot be
-    reached (the others are still shown)."""
+    config's), the image and the endpoint, and the supervisor's last verdict when one runs for this deployment
+    (asked at supervise.listen: phase, last round, failing checks, last incident). Exit 1 when the stack is not
+    fully up or the supervisor reports a failure; 3 when a node cannot be reached (the others are still shown)."""
     from sparkserve.deploy.stack import STATUS_LEFT, unreachable_error
 
     cfg = config_from(config, accept_new=accept_new)
     if watch is not None:
         _watch(cfg, watch, json_out)
         return
+    from sparkserve.operate.supervisor_view import supervisor_view, view_lines
+
     st, serving = _status_once(cfg)
+    sup = supervisor_view(cfg)
     if json_out:
-        emit_json({**st.to_json(), "serving": serving.to_json() if serving else None})
+        emit_json({**st.to_json(), "serving": serving.to_json() if serving else None, "supervisor": sup})
     else:
         _print_status(cfg, st, serving)
+        print("\n".join(view_lines(sup)))
     if st.unreachable:
         raise unreachable_error(st.unreachable, STATUS_LEFT)
-    if not st.ok:
+    if not st.ok or sup.get("failing_now"):
         raise typer.Exit(1)
 
 
@@ -251,7 +275,7 @@ def doctor_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: 
                    "--drift", help="also diff every node's host (kernel, driver, CX-7 firmware, iommu, swappiness, "
                                    "earlyoom, /dev/shm, NCCL) against the last boot whose gates passed")] = False,
                ) -> None:
-    """ssh, docker, disk, UMA memory headroom, ports, stale containers, paths, CX-7 fabric — every node.
+    """ssh, docker, disk, UMA memory headroom, ports, stale containers, paths, CX-7 fabric, forensics — every node.
 
     Every node it can reach is checked in full; the others are reported. Exit 1 when a check fails; 3 when
     a node (its ssh or its docker) cannot be reached. --json prints one document in every case."""
@@ -265,6 +289,9 @@ def doctor_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: 
             cfg = resolve_target(cfg, nodes)
         hosts: dict = {}
         checks = check_all(cfg, nodes, None, check_ports=True, unreachable=unreachable, host_out=hosts, storage=True)
+        from sparkserve.operate.pyspy import forensics_checks
+
+        checks += forensics_checks(cfg, nodes)  # will an incident hold Python stacks on each node?
         if drift:
             checks += drift_checks(cfg, hosts)
     out = as_json(checks)

@@ -7,7 +7,8 @@ the image lock, the drafter's manifest and the target's file list on the head, e
 versions (sparkserve, vLLM, the image), the journal's tail, and the last saved logs of every rank.
 
 Secrets never leave the machine: every value under a key that names a secret (api key, token, password,
-secret, credential) and the API key sparkserve would send are collected first, and *every* member of the
+secret, credential), every secret part of each alert URL (plan/alert_urls.py) and the API key sparkserve would
+send are collected first, and *every* member of the
 tarball is scrubbed of each of them, whatever part it came from. ``redact_hosts`` also replaces every node's
 host name and address, and every other IPv4 address, with a stable placeholder (``host-1``, ``ip-1``, …).
 
@@ -30,6 +31,7 @@ from sparkserve import __version__
 from sparkserve.config import Config, resolve_api_key
 from sparkserve.errors import SparkserveError
 from sparkserve.nodes.base import Node
+from sparkserve.plan.alert_urls import url_secrets
 
 REDACTED = "<redacted>"
 #: A key whose value is a secret, wherever it is in the config (or serve.env).
@@ -67,7 +69,8 @@ class Bundle:
 
 
 def secret_values(data: Any, cfg: Config | None) -> set[str]:
-    """Every value in ``data`` (the config file's YAML) under a secret-looking key, and the API key."""
+    """Every value in ``data`` (the config file's YAML) under a secret-looking key, every secret part of each
+    ``supervise.alert_urls`` URL, and the API key."""
     found: set[str] = set()
 
     def walk(x: Any, key: str = "") -> None:
@@ -81,6 +84,11 @@ def secret_values(data: Any, cfg: Config | None) -> set[str]:
             found.add(str(x))
 
     walk(data)
+    sup = data.get("supervise") if isinstance(data, Mapping) else None
+    urls = list(sup.get("alert_urls") or []) if isinstance(sup, Mapping) else []
+    if cfg is not None:
+        urls += cfg.supervise.alert_urls
+    found |= url_secrets(str(u) for u in urls)  # alert URLs: every token, password and webhook part of each
     if cfg is not None:
         try:
             key = resolve_api_key(cfg)

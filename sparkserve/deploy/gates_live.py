@@ -19,6 +19,7 @@ from sparkserve.deploy.hostfacts import kernel_faults
 from sparkserve.deploy.stack import boot_id, managed_on_all  # noqa: F401 - boot_id: gates_live.boot_id
 from sparkserve.deploy.sync import remote_manifest
 from sparkserve.deploy.wait import _stamp
+from sparkserve.deploy.wedge import wedge_probe
 from sparkserve.errors import RemoteFailure, SparkserveError
 from sparkserve.journal import lookup, record
 from sparkserve.journal.history import GATES_SMOKE_CELL
@@ -49,6 +50,9 @@ def run_smoke(cfg: Config, plan: Plan, *, progress: bool = False) -> tuple[Smoke
     """The smoke cell against the head's API: what the smoke gate judges, and the raw bench result.
     ``progress``: bench's live bar on stderr (a terminal)."""
     cell = smoke_cell(cfg)
+    wedged = wedge_probe(cfg, plan)  # a wedged engine fails at once, within the supervisor's stall bound
+    if wedged is not None:
+        return wedged, {}
     res = run_cell(plan.api_url, plan.served_name, cell, builtin_prompts(), node=plan.head.node,
                    api_key=resolve_api_key(cfg), deadline_s=cfg.gates.smoke.request_timeout_s,
                    stall_timeout_s=min(60.0, cfg.gates.smoke.request_timeout_s), progress=progress)

@@ -35,6 +35,7 @@ from sparkserve.deploy.probe import probe_node
 from sparkserve.deploy.stack import managed_on_all
 from sparkserve.deploy.sync import RemoteState
 from sparkserve.deploy.teardown import Reporter, explain_failure, interrupted, interrupted_what, quiet, teardown
+from sparkserve.deploy.timings import span, timed
 from sparkserve.deploy.wait import NodeView, daemons_answer, served_models, wait_ready, wait_running, watch_alive
 from sparkserve.deploy.watchdog import watchdog_floors
 from sparkserve.errors import BadInput, CheckRefused, GateFailed, RemoteFailure, SparkserveError
@@ -174,7 +175,8 @@ def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool,
     docker_nodes = nodes if cfg.runtime == "docker" else {}
     # each node's docker connection opens (read-only) while the lock is taken
     with docker_opening(docker_nodes), lock.held(nodes[cfg.head.name], what="up", break_lock=break_lock):
-        found = _preflight(cfg, nodes, validate=validate, copy_drafter=copy_drafter, say=say)
+        with span("preflight"):
+            found = _preflight(cfg, nodes, validate=validate, copy_drafter=copy_drafter, say=say)
         fp = deploy_fingerprint(cfg, found.image_id, found.drafter.digest)
         # the image ID keys the caches and picks the image's own dialect facts; a setting that dialect
         # cannot express is refused here, before any container starts (exit 2)
@@ -185,16 +187,21 @@ def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool,
         refuse_inexpressible(cfg, dialect)
         plan = build_plan(cfg, fabric_env=fabric_envs(found.fabric), fingerprint=fp, api_key=resolve_api_key(cfg),
                           image_id=image_id, dialect=dialect)
-        running = _healthy_existing(cfg, plan, found.existing)
+        with span("already up?"):
+            running = _healthy_existing(cfg, plan, found.existing)
         if running is not None:
-            gates = _keep(cfg, nodes, plan, running, say, run_gates=run_gates)
+            with span("keep (parity, gate verdict)"):
+                gates = _keep(cfg, nodes, plan, running, say, run_gates=run_gates)
             return UpResult("unchanged", plan.api_url, plan.served_name, fp, found.image_id, found.drafter.digest,
                             time.monotonic() - t0, containers=running, sync=found.drafter.summary, gates=gates)
         _make_cache_dirs(cfg, nodes, plan)
-        status = _clear_the_way(cfg, nodes, found, say)
-        found.hosts = memory_before_start(cfg, nodes, say)
-        return _boot(cfg, nodes, plan, found, status=status, t0=t0, run_gates=run_gates, say=say,
-                     on_update=on_update)
+        with span("clear the way"):
+            status = _clear_the_way(cfg, nodes, found, say)
+        with span("memory before start"):
+            found.hosts = memory_before_start(cfg, nodes, say)
+        with span("boot (start, wait, parity, gates, settle)"):
+            return _boot(cfg, nodes, plan, found, status=status, t0=t0, run_gates=run_gates, say=say,
+                         on_update=on_update)
 
 
 def _learn_dialect(cfg: Config, nodes: dict[str, Node], image_id: str, say: Reporter) -> None:
@@ -250,13 +257,16 @@ def _preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_draf
     rw = {s.node: [m.source.rsplit("/", 1)[0] for m in s.mounts if m.target == CACHE_MOUNT]
           for s in build_plan(cfg).specs}
     with ThreadPoolExecutor(max_workers=6) as pool:
-        f_valid = pool.submit(validate_inputs, cfg, nodes) if validate else None
-        f_checks = pool.submit(check_all, cfg, nodes, None, check_ports=True, mkdirs=rw, fabric_out=fabric,
+        f_valid = pool.submit(timed("preflight: validate", validate_inputs), cfg, nodes) if validate else None
+        f_checks = pool.submit(timed("preflight: node checks", check_all), cfg, nodes, None, check_ports=True,
+                               mkdirs=rw, fabric_out=fabric,
                                manifest_out=cached, lean=True)
-        f_image = pool.submit(ensure_same_engine, cfg, [nodes[n.name] for n in cfg.nodes])
+        f_image = pool.submit(timed("preflight: engine identity", ensure_same_engine), cfg,
+                              [nodes[n.name] for n in cfg.nodes])
         # docker: after the image question, so each node's questions share one connection (each more
         # connection starts another `docker system dial-stdio` on the node)
-        f_existing = pool.submit(after, f_image if cfg.runtime == "docker" else None, managed_on_all, nodes, cfg)
+        f_existing = pool.submit(timed("preflight: running ranks", after), f_image if cfg.runtime == "docker" else None,
+                                 managed_on_all, nodes, cfg)
         if f_valid is not None:
             f_valid.result()  # BadInput (exit 2): nothing was started
         checks = f_checks.result()
@@ -270,7 +280,8 @@ def _preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_draf
         existing = f_existing.result()
     # Hashing the drafter on a node whose cache missed comes after validation: a wrong drafter must not cost
     # a full read of its weights before its exit 2.
-    drafter = sync_drafter(cfg, nodes, say, None if cached is None else all_cached(cfg, cached))
+    with span("preflight: drafter"):
+        drafter = sync_drafter(cfg, nodes, say, None if cached is None else all_cached(cfg, cached))
     return _Found(checks, fabric, image_id, existing, drafter)
 
 

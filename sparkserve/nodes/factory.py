@@ -151,6 +151,15 @@ def open_nodes(cfg: Config, *, names: list[str] | None = None,
 
 
 @contextlib.contextmanager
+def closing_nodes(nodes: dict[str, Node]) -> Iterator[dict[str, Node]]:
+    """Nodes already connected, closed after the block (`up --timings` times the connection on its own)."""
+    try:
+        yield nodes
+    finally:
+        close_nodes(nodes)
+
+
+@contextlib.contextmanager
 def docker_opening(nodes: dict[str, Node]) -> Iterator[None]:
     """Each node's docker connection opened in the background while the block runs (it asks the daemon its
     version, nothing more): what the block asks docker later finds it open. A node whose docker does not

@@ -24,7 +24,10 @@ Verbs (each answers one JSON object on stdout):
 * ``parity`` — the running engine's argv (``/proc/<pid>/cmdline``) and a sha256 per value of the env
   sparkserve set (``/proc/<pid>/environ``; the login env and names in ``skip`` left out): values never
   leave the node.
-* ``identity`` — the executable's path, the sha256 of its bytes and of its ``--version`` output.
+* ``identity`` — the executable's path, the sha256 of its bytes and of its ``--version`` output. The output is
+  cached in ``<root>/.engine-identity.json``, keyed by the executable's bytes and the size + mtime of every
+  ``vllm-*.dist-info/RECORD`` it may import (its venv; the dirs a launcher script names): a pip install changes
+  RECORD, so a new vLLM is asked again. No RECORD found: ``--version`` every time.
 
 The manifest (``rank<R>.json``) holds id, fingerprint, rank, role, node, name, labels, pid, pgid, process
 start time (clock ticks since boot, and as UTC), argv, the **names** of the env sparkserve set (never values:
@@ -197,16 +200,47 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
         if not exe or not os.access(exe, os.X_OK) or os.path.isdir(exe):
             return {"error": f"{q['exe']}: no such executable on this node"}
         with open(exe, "rb") as f:
-            digest = hashlib.sha256(f.read()).hexdigest()
-        try:
-            ver = subprocess.run([exe, "--version"], capture_output=True, timeout=q.get("timeout_s", 120),
-                                 stdin=subprocess.DEVNULL)
-            version = ver.stdout.decode(errors="replace").strip().splitlines()[-1:] if ver.returncode == 0 else []
-        except (OSError, subprocess.TimeoutExpired):
-            version = []
-        v = version[0] if version else ""
+            body = f.read()
+        digest = hashlib.sha256(body).hexdigest()
+        # `--version` imports vLLM (~20 s on a GPU machine): its answer is kept beside the run dir, keyed by the
+        # executable's bytes and the size and mtime of every vllm dist-info RECORD it may import (its venv, the
+        # dirs a launcher script names); none found: no key, `--version` every time
+        dirs = {os.path.dirname(os.path.dirname(os.path.realpath(exe)))}
+        if len(body) < 65536 and b"\0" not in body:
+            for tok in body.decode(errors="replace").replace("=", " ").replace(":", " ").replace("'", " ").replace(
+                    '"', " ").replace("!", " ").split():
+                if tok.startswith("/") and os.path.exists(tok):
+                    dirs |= {tok if os.path.isdir(tok) else os.path.dirname(tok),
+                             os.path.dirname(os.path.dirname(os.path.realpath(tok)))}
+        records = sorted({r for d in dirs for pat in ("vllm-*.dist-info/RECORD",
+                                                      "lib/python3*/site-packages/vllm-*.dist-info/RECORD")
+                          for r in glob.glob(os.path.join(d, pat))})
+        key = None
+        if records:
+            stats = [(r, os.stat(r).st_size, os.stat(r).st_mtime_ns) for r in records]
+            key = hashlib.sha256(json.dumps([digest, os.path.realpath(exe), stats]).encode()).hexdigest()
+        cache_path = os.path.join(root, ".engine-identity.json")
+        cache = (read_json(cache_path) or {}) if key else {}
+        v = cache.get(key) if key else None
+        cached = v is not None
+        if v is None:
+            try:
+                ver = subprocess.run([exe, "--version"], capture_output=True, timeout=q.get("timeout_s", 120),
+                                     stdin=subprocess.DEVNULL)
+                version = ver.stdout.decode(errors="replace").strip().splitlines()[-1:] if ver.returncode == 0 else []
+            except (OSError, subprocess.TimeoutExpired):
+                version = []
+            v = version[0] if version else ""
+            if key and v:
+                with contextlib.suppress(OSError):
+                    os.makedirs(root, mode=0o700, exist_ok=True)
+                    tmp = f"{cache_path}.{os.getpid()}"
+                    with open(tmp, "w") as f:
+                        json.dump({key: v, **dict(list(cache.items())[-7:])}, f)
+                    os.replace(tmp, cache_path)
         both = hashlib.sha256(f"{digest}\0{v}".encode()).hexdigest()
-        return {"path": os.path.realpath(exe), "sha256": digest, "version": v, "id": f"sha256:{both}"}
+        return {"path": os.path.realpath(exe), "sha256": digest, "version": v, "id": f"sha256:{both}",
+                "cached": cached, "records": records}
     if verb == "start":
         base = base_of(q["id"])
         old = read_json(base + ".json")

@@ -271,6 +271,9 @@ def _smoke(smoke: SmokeResult | None, ex: Expectations) -> Verdict:
     )
     want = ex.smoke_prompts if ex.smoke_prompts is not None else smoke.requests
     problems = []
+    if smoke.stalled_s is not None:  # the wedge probe: the engine generated nothing; the cell did not run
+        return Verdict("smoke", False, expected, observed, f"no progress for {smoke.stalled_s:g} s: the engine "
+                       "generated nothing (a wedge, not the client)", evidence)
     if smoke.stream_errors:
         problems.append(f"{smoke.stream_errors} stream error(s)")
     if smoke.incomplete:

@@ -10,8 +10,9 @@ What the directory holds:
 * ``metrics.txt`` — ``/metrics`` as scraped now (or the last good scrape, said so, when it does not answer);
 * ``<node>.memory.txt`` — the node's meminfo; ``<node>.kernel.txt`` — the kernel lines seen this run;
 * ``<node>.<rank>.log`` — the rank's last log lines; ``<node>.<rank>.<pid>.pyspy.txt`` — ``py-spy dump`` of
-  each of the rank's Python processes (through the host: the node's py-spy reads the processes, in a
-  container or not).
+  each of the rank's Python processes: docker — from a helper container in the rank's PID namespace, with
+  sparkserve's own py-spy binary (operate/pyspy.py; pids as the rank's namespace numbers them); process — by
+  the node program, with the py-spy it finds (``supervise.pyspy``, serve.vllm's venv, sparkserve's own).
 
 It is journalled (``supervise_events``, kind ``incident``) with the same JSON.
 """
@@ -19,7 +20,6 @@ It is journalled (``supervise_events``, kind ``incident``) with the same JSON.
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -37,6 +37,7 @@ from sparkserve.nodes.process_remote import MARKER_ENV
 from sparkserve.nodes.runtime import engine_for
 from sparkserve.operate.checks import Verdict
 from sparkserve.operate.nodefacts import host_facts
+from sparkserve.operate.pyspy import container_dumps, pyspy_candidates, ship_pyspy
 
 LOG_LINES = 300
 
@@ -62,21 +63,6 @@ def incidents_root(cfg: Config) -> Path:
 
 def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", name)[:80]
-
-
-def pyspy_candidates(cfg: Config, node: Node) -> list[str]:
-    """Where py-spy may be on a node: ``supervise.pyspy``, next to ``serve.vllm`` (its venv), and — on this
-    machine — next to sparkserve's own Python."""
-    import sys
-
-    out = [cfg.supervise.pyspy]
-    v = cfg.serve.vllm
-    if "/" in v:
-        base = v.rstrip("/")
-        out += [f"{base}/bin/py-spy", f"{os.path.dirname(base)}/py-spy"]
-    if node.rsync_remote() is None:
-        out.append(str(Path(sys.executable).parent / "py-spy"))
-    return out
 
 
 def rank_selectors(cfg: Config, node: Node, ranks: list[ManagedContainer]) -> dict[str, dict[str, Any]]:
@@ -126,6 +112,10 @@ def open_incident(cfg: Config, nodes: dict[str, Node], verdicts: list[Verdict], 
                 logs[r.name] = eng.log_tail(r.id, LOG_LINES)
             except Exception as e:  # noqa: BLE001 - forensics take what they can get
                 logs[r.name] = [f"(log not readable: {type(e).__name__}: {e})"]
+        if cfg.runtime == "docker":
+            facts = host_facts(node, meminfo=cfg.supervise.meminfo_path, kmsg=None, timeout=90.0)
+            return {"logs": logs, "facts": facts, "docker": container_dumps(cfg, node, mine)}
+        ship_pyspy(cfg, node)
         facts = host_facts(node, meminfo=cfg.supervise.meminfo_path, kmsg=None,
                            ranks=rank_selectors(cfg, node, mine), dump=True,
                            pyspy=pyspy_candidates(cfg, node), timeout=90.0)
@@ -147,6 +137,12 @@ def open_incident(cfg: Config, nodes: dict[str, Node], verdicts: list[Verdict], 
             name = f"{_safe(node_name)}.{_safe(rank)}.log"
             write(name, "\n".join(lines) + "\n")
             logs_index[f"{node_name}/{rank}"] = name
+        for rank, texts in g.get("docker", {}).items():
+            for pid, text in texts.items():
+                name = f"{_safe(node_name)}.{_safe(rank)}.{_safe(pid)}.pyspy.txt"
+                write(name, text)
+                pyspy_index[f"{node_name}/{rank}/{pid}"] = name
+                pyspy_ok = pyspy_ok or "Thread " in text
         for rank, pids in f.pids.items():
             if not pids:  # a rank whose processes are all gone (a kill -9): say so where its stacks would be
                 name = f"{_safe(node_name)}.{_safe(rank)}.pyspy.txt"

@@ -108,17 +108,24 @@ def marked(marker):
     return sorted(found)
 
 kids = None
+def tree(roots):
+    global kids
+    kids = kids if kids is not None else children()
+    todo, seen = list(roots), set()
+    while todo:
+        p = todo.pop()
+        if p not in seen:
+            seen.add(p)
+            todo += kids.get(p, [])
+    return sorted(seen)
+
 for rid, how in (q.get("ranks") or {}).items():
     if how.get("marker"):
-        out["pids"][rid] = marked(how["marker"])
+        # the marked processes and their descendants: a process that retitles itself (vLLM's EngineCore,
+        # setproctitle) overwrites the environ block /proc/<pid>/environ reads, so its marker is gone
+        out["pids"][rid] = tree(marked(how["marker"]))
     elif how.get("root_pid"):
-        kids = kids if kids is not None else children()
-        todo, seen = [int(how["root_pid"])], []
-        while todo:
-            p = todo.pop()
-            seen.append(p)
-            todo += kids.get(p, [])
-        out["pids"][rid] = sorted(seen)
+        out["pids"][rid] = tree([int(how["root_pid"])])
 
 def pyspy():
     for c in q.get("pyspy") or []:

@@ -65,8 +65,7 @@ class _Supervised:
         port = _free_port()
         data["supervise"] = {"listen": f"127.0.0.1:{port}", "incidents_dir": str(self.s.work / "incidents"),
                              "max_restarts": 2, "backoff_s": 1, "backoff_max_s": 4, **supervise}
-        if self.s.real and self.s.args.site:  # pip --target put py-spy's program in the carried site's bin/
-            data["supervise"]["pyspy"] = str(Path(self.s.args.site) / "bin" / "py-spy")
+        # no supervise.pyspy: sparkserve finds the py-spy installed beside itself (the carried site's bin/)
         data.setdefault("container", {})["stop_timeout_s"] = 10
         self.n += 1
         path = self.s.work / f"sparkserve-supervise-{self.n}.yaml"

@@ -16,7 +16,8 @@ from sparkserve.observe.gate_report import CARD_GATES, EXTRA_GATES, GATE_NAMES, 
 
 INSTALL = REPO / "docs" / "getting-started" / "install.md"
 # the card's README (canada-quant/vllm-glm53-flash-sm121 README.md@00d42fa): "TL;DR" and "Prerequisites"
-CARD_TARGET, CARD_DRAFTER = "canada-quant/GLM-5.3-Flash-W4A16-MTP", "canada-quant/GLM-5.3-Flash-DFlash2-G"  # -G: issue 35
+# the drafter: -G, the card's Spark drafter of record and its launcher's default (issue 35)
+CARD_TARGET, CARD_DRAFTER = "canada-quant/GLM-5.3-Flash-W4A16-MTP", "canada-quant/GLM-5.3-Flash-DFlash2-G"
 CARD_SIZES = ("~178 GiB", "~6.2 GB", "~21 GB", "~200 GiB per node")
 
 
