@@ -434,6 +434,17 @@ def _daemon_verdict(eng: Runtime, container: str) -> str:
         st = eng.state(container)
     except SparkserveError:
         return "ok"  # the gates' own verdict stands
+    return "restarted" if daemon_fault(eng, container, st) else "ok"
+
+
+def daemon_fault(eng: Runtime, container: str, st: ContainerState) -> str | None:
+    """Why a stopped rank is its node's docker daemon's doing, not the engine's (None: the engine's own, or it
+    runs). Asked before a stopped container is blamed anywhere (the boot watch, the settle window, the gates,
+    supervise)."""
+    if st.running:
+        return None
+    if not eng.daemon_answers(watch_s=_daemon_watch_s(st)):
+        return "the node's docker daemon stopped answering, and the rank's container was stopped with it"
     if stopped_by_signal(st) and eng.restarted_since(container, st.started_at):
-        return "restarted"
-    return "ok"
+        return "the node's docker daemon restarted since the rank's container started, and stopped that container"
+    return None

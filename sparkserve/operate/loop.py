@@ -27,7 +27,8 @@ import httpx
 
 from sparkserve.config import Config, resolve_api_key
 from sparkserve.deploy.stack import managed_where_reachable
-from sparkserve.errors import GateFailed, SparkserveError
+from sparkserve.deploy.wait import daemon_fault
+from sparkserve.errors import GateFailed, RemoteFailure, SparkserveError
 from sparkserve.journal import lookup, record
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.engine import ManagedContainer, NoSuchContainer
@@ -164,6 +165,8 @@ class Supervisor:
                     self.rounds_since_list = RELIST_ROUNDS  # gone: list again next round
                     out.append((c, False, None, []))
                     continue
+                if (why := daemon_fault(eng, c.id, st)) is not None:  # the node's docker, not the rank (issue 29)
+                    raise RemoteFailure(f"{node}: docker", f"{why} ({c.name})", node=node, step="docker")
                 lines: list[str] = []
                 if self.s.log_follow:
                     since = self.log_marks.get(c.id, self.watch_from)

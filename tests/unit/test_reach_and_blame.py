@@ -222,3 +222,31 @@ def test_an_oom_killed_rank_is_the_engines_own_exit_even_with_a_restarted_daemon
     with pytest.raises(BootFailure) as e:
         wait_running(plan, {follower: follower}, {follower: "0123456789abcdef"})  # type: ignore[dict-item]
     assert e.value.step == "boot" and "exit code 137, OOM-killed" in e.value.what
+
+
+def test_daemon_fault_is_asked_before_any_stopped_rank_is_blamed() -> None:
+    """The one question every watcher asks (boot watch, settle, gates, supervise): the daemon gone, the daemon
+    restarted under the rank, or the engine's own exit (an OOM kill, exit 1, a rank killed with the daemon up)."""
+    from sparkserve.deploy.wait import daemon_fault
+
+    class Eng:
+        def __init__(self, answers: bool, restarted: bool) -> None:
+            self.answers, self.restarted, self.asked = answers, restarted, []
+
+        def daemon_answers(self, *, watch_s: float = 0.0) -> bool:
+            self.asked.append(watch_s)
+            return self.answers
+
+        def restarted_since(self, cid: str, started_at: str) -> bool:
+            return self.restarted
+
+    def st(code: int | None, oom: bool = False, running: bool = False) -> ContainerState:
+        return ContainerState("running" if running else "exited", running, code, oom, "", "2026-12-01T09:53:40Z", "")
+
+    assert daemon_fault(Eng(True, True), "c", st(None, running=True)) is None
+    assert "stopped answering" in (daemon_fault(Eng(False, False), "c", st(1)) or "")
+    assert "restarted since" in (daemon_fault(Eng(True, True), "c", st(137)) or "")
+    assert daemon_fault(Eng(True, True), "c", st(137, oom=True)) is None  # the OOM killer: the engine's own
+    assert daemon_fault(Eng(True, True), "c", st(1)) is None  # an engine error exit: the daemon only pinged
+    e = Eng(True, False)
+    assert daemon_fault(e, "c", st(143)) is None and e.asked == [2.0]  # a signal exit: the daemon watched first
