@@ -36,6 +36,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 from sparkserve.errors import BadInput
+from sparkserve.router_config import RouterConfig, router_rules
 from sparkserve.units import parse_size
 
 DEFAULT_CONFIG_NAME = "sparkserve.yaml"
@@ -477,6 +478,8 @@ class Config(BaseSettings):
     )
 
     nodes: list[NodeConfig] = Field(min_length=1)
+    replicas: int = Field(default=1, ge=1, description="copies of the stack behind vllm-router: `nodes` split in "
+                          "order into this many equal groups, each one TP x EP stack (docs: replicas)")
     runtime: Literal["docker", "process"] = Field(
         default="docker", description="docker: each rank in a container; process: `serve.vllm serve` as a host "
         "process in its own session on the node")
@@ -495,6 +498,8 @@ class Config(BaseSettings):
     host: HostConfig = Field(default_factory=HostConfig, exclude=True)
     # how the stack is watched, not what runs: excluded from the dump, so not part of the deployment fingerprint
     supervise: SuperviseConfig = Field(default_factory=SuperviseConfig, exclude=True)
+    # where the replicas' router runs and how it balances: not what any replica runs (not in the fingerprint)
+    router: RouterConfig = Field(default_factory=RouterConfig, exclude=True)
 
     @classmethod
     def settings_customise_sources(
@@ -528,6 +533,17 @@ class Config(BaseSettings):
                              "ray needs runtime: docker")
         return self
 
+    @model_validator(mode="after")
+    def _replicas_split(self) -> Config:
+        local = {p for n in self.nodes if n.local for p in (self.serve.port, self.fabric.master_port)}
+        listen = self.supervise.listen.rpartition(":")[2]
+        if listen.isdigit():
+            local.add(int(listen))
+        bad = router_rules(self.router, replicas=self.replicas, nodes=len(self.nodes), local_ports=local)
+        if bad:
+            raise ValueError(bad)
+        return self
+
     def _same_host_ok(self, i: int, j: int) -> bool:
         # two nodes may share an SSH address only when their ports differ (the rig: one address each anyway)
         return self.nodes[i].port != self.nodes[j].port
@@ -549,6 +565,8 @@ class Config(BaseSettings):
             for key in ("runtime", "process"):
                 data.pop(key, None)
             data["serve"].pop("vllm", None)
+        if data.get("replicas") == 1:  # one stack: its fingerprint is what it was before replicas existed
+            data.pop("replicas")
         if data["serve"].get("vllm_version") is None:  # the default (the image decides): not in the fingerprint
             data["serve"].pop("vllm_version")
         return data
