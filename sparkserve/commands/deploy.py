@@ -67,6 +67,11 @@ def up_cmd(
                 run_cfg = resolve_target(run_cfg, nodes)  # org/name[@rev]: the same snapshot on every node
                 if str(run_cfg.model.target) != str(cfg.model.target):
                     p.say(f"model: {cfg.model.target} is {run_cfg.model.target} on every node")
+                if run_cfg.replicas > 1:  # N stacks behind vllm-router (commands/replicas.py prints and exits)
+                    from sparkserve.commands.replicas import up_fleet
+
+                    return up_fleet(run_cfg, nodes, p, json_out=json_out, run_gates=not no_gates,
+                                    break_lock=break_lock)
                 result = up(run_cfg, nodes, run_gates=not no_gates, break_lock=break_lock, say=p.say,
                             on_update=p.boot)
     if json_out:
@@ -111,6 +116,11 @@ def down_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: Ac
     from sparkserve.nodes.factory import open_reachable
 
     cfg = config_from(config, accept_new=accept_new)
+    if cfg.replicas > 1:  # the router first, then every replica
+        from sparkserve.commands.replicas import down_fleet
+
+        with Progress(enabled=not json_out) as p:
+            return down_fleet(cfg, p, json_out=json_out, break_lock=break_lock)
     with Progress(enabled=not json_out) as p, open_reachable(cfg) as (nodes, unreachable):
         result = down(cfg, nodes, unreachable=unreachable, break_lock=break_lock, say=p.say)
     if json_out:
@@ -139,6 +149,10 @@ def status_cmd(
     from sparkserve.deploy.stack import STATUS_LEFT, unreachable_error
 
     cfg = config_from(config, accept_new=accept_new)
+    if cfg.replicas > 1:  # replicas: [...] and router: {url, policy, workers} (--watch: one replica at a time)
+        from sparkserve.commands.replicas import status_fleet
+
+        return status_fleet(cfg, json_out=json_out)
     if watch is not None:
         _watch(cfg, watch, json_out)
         return
@@ -313,6 +327,9 @@ def swap_drafter_cmd(
     from sparkserve.nodes.factory import open_nodes
 
     cfg = config_from(config, accept_new=accept_new)
+    from sparkserve.commands.replicas import refuse
+
+    refuse(cfg, "swap-drafter")
     with Progress(enabled=not json_out) as p, open_nodes(cfg) as nodes, progress_to(p.copy):
         result = swap_drafter(resolve_target(cfg, nodes), nodes, path, break_lock=break_lock, say=p.say)
     kept = None
