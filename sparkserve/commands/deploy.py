@@ -318,6 +318,8 @@ def swap_drafter_cmd(
 
     After a swap the config file names the new drafter (drafter.path on the nodes, drafter.source here),
     comments kept — or, with --no-write or no config file, the journal does and `up` keeps it.
+    With replicas: N it rolls: one replica at a time out of the router, drained, swapped, gated, back in; the
+    first that fails rolls back and stops the rollout, named.
     Exit 0 swapped · 1 swap failed, rolled back (the previous drafter serves) · 2 bad drafter (nothing
     changed) · 4 ROLLBACK FAILED: nothing runs on any node."""
     from sparkserve.deploy.active_drafter import remember, write_config_drafter
@@ -327,11 +329,11 @@ def swap_drafter_cmd(
     from sparkserve.nodes.factory import open_nodes
 
     cfg = config_from(config, accept_new=accept_new)
-    from sparkserve.commands.replicas import refuse
+    from sparkserve.deploy.rolling import rolling_swap
 
-    refuse(cfg, "swap-drafter")
+    swap = rolling_swap if cfg.replicas > 1 else swap_drafter  # replicas: one at a time behind the router
     with Progress(enabled=not json_out) as p, open_nodes(cfg) as nodes, progress_to(p.copy):
-        result = swap_drafter(resolve_target(cfg, nodes), nodes, path, break_lock=break_lock, say=p.say)
+        result = swap(resolve_target(cfg, nodes), nodes, path, break_lock=break_lock, say=p.say)
     kept = None
     if result.ok and result.drafter_path and result.drafter_digest and not result.unchanged:
         source = path.expanduser().resolve()

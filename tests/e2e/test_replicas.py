@@ -1,0 +1,247 @@
+"""`replicas: 2` on four rig nodes behind the real vllm-router 0.1.17: `up` serves through the router and its gate
+reached both replicas, `status --json` names the router and both workers, kill -9 of one replica's head under
+load leaves the endpoint answering (failed requests counted, streaming and non-streaming apart), `down` stops the
+router first and leaves nothing on the four nodes.
+
+A separate four-node rig (its own SSRIG_DIR, addresses 127.0.0.40-43, port 2225, node root /srv/spark-e4) is
+brought up for this module and removed after it; the session's two-node rig is not touched (as test_three_nodes).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import docker
+import httpx
+import pytest
+import rig as riglib
+from e2e_support import E2E, free_port
+
+pytestmark = pytest.mark.rig
+
+RIG_PY = Path(riglib.__file__).resolve()
+
+
+def rigcmd(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(RIG_PY), *args], capture_output=True, text=True, env=env, timeout=900)
+
+
+@pytest.fixture(scope="module")
+def rig4(rig_exclusive, _module_state):
+    d = Path(tempfile.mkdtemp(prefix="ssrig4-", dir="/var/tmp"))
+    env = {**os.environ, "SSRIG_DIR": str(d), "SSRIG_NODE_ROOT": "/srv/spark-e4", "SSRIG_IP_BASE": "40",
+           "SSRIG_SSH_PORT": "2225", "SSRIG_CACHE": str(rig_exclusive.dir / "cache")}
+    try:
+        p = rigcmd(env, "up", "--nodes", "4")
+        if p.returncode != 0:
+            pytest.fail(f"the four-node rig cannot come up: {p.stderr.strip()[-2000:]}", pytrace=False)
+        handle = riglib.RigHandle.from_info(json.loads((d / "rig.json").read_text()))
+        clients = {n.name: docker.DockerClient(base_url=n.docker_url, version="1.41", timeout=120)
+                   for n in handle.nodes}
+        yield handle, clients
+        for c in clients.values():
+            c.close()
+    finally:
+        p = rigcmd(env, "down", "--purge")
+        shutil.rmtree(d, ignore_errors=True)
+    assert p.returncode == 0, p.stderr
+
+
+@pytest.fixture
+def e4(rig4, _module_state, tmp_path):
+    handle, clients = rig4
+    h = E2E(handle, clients, _module_state, tmp_path)
+    h.clean()
+    yield h
+    h.clean()
+
+
+def _config(e: E2E, **over: object) -> Path:
+    port = free_port("127.0.0.1")
+    base = {"replicas": 2, "router": {"port": port, "metrics_port": free_port("127.0.0.1")},
+            # ~1 s per 250-token request: streams are in flight when a head dies
+            "serve": {"env": {"SSEMU_TOKEN_RATE": "250"}}}
+    return e.config({**base, **over})
+
+
+class Load:
+    """Requests through the router from two threads, one streaming and one not, until stopped; each outcome
+    judged at the client (a stream cut on a dying replica arrives as HTTP 200 without ``data: [DONE]``)."""
+
+    def __init__(self, url: str, model: str) -> None:
+        self.url, self.model = url, model
+        self.stop = threading.Event()
+        self.done = {"stream": 0, "plain": 0}
+        self.failed: dict[str, list[str]] = {"stream": [], "plain": []}
+        self.threads = [threading.Thread(target=self._run, args=(k,), daemon=True) for k in ("stream", "plain")]
+
+    def __enter__(self) -> Load:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(60)
+
+    def _one(self, kind: str, i: int) -> str | None:
+        body = {"model": self.model, "max_tokens": 250, "messages": [{"role": "user", "content": f"{kind} {i}"}],
+                "stream": kind == "stream"}
+        try:
+            with httpx.Client(trust_env=False, timeout=60) as c:
+                if kind == "stream":
+                    with c.stream("POST", self.url + "/v1/chat/completions", json=body) as r:
+                        text = "".join(r.iter_text())
+                    if r.status_code != 200:
+                        return f"HTTP {r.status_code}"
+                    return None if "data: [DONE]" in text else "cut: no [DONE]"
+                r = c.post(self.url + "/v1/chat/completions", json=body)
+                ok = r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("length", "stop")
+                return None if ok else f"HTTP {r.status_code} {r.text[:80]}"
+        except (httpx.HTTPError, ValueError, KeyError) as ex:
+            return f"{type(ex).__name__}: {ex}"
+
+    def _run(self, kind: str) -> None:
+        i = 0
+        while not self.stop.is_set():
+            why = self._one(kind, i)
+            (self.failed[kind].append(why) if why else None)
+            self.done[kind] += 1
+            i += 1
+
+
+def test_two_replicas_up_status_kill_one_head_under_load_down(e4) -> None:
+    assert [n.host for n in e4.rig.nodes] == ["127.0.0.40", "127.0.0.41", "127.0.0.42", "127.0.0.43"]
+    cfg = _config(e4)
+    doc = e4.json("render", cfg=cfg)
+    assert [r["nodes"] for r in doc["replicas"]] == [["node-a", "node-b"], ["node-c", "node-d"]]
+
+    p = e4.cli("up", cfg=cfg, timeout=600)
+    assert p.returncode == 0, p.stderr
+    assert "serving 2 of 2 replicas" in p.stdout and "router gate" in p.stdout, p.stdout
+    for n, rank in (("node-a", "0"), ("node-b", "1"), ("node-c", "0"), ("node-d", "1")):
+        (c,) = e4.managed(n)
+        assert c.status == "running" and c.labels["io.sparkserve.rank"] == rank
+
+    st = e4.json("status", cfg=cfg)
+    assert st["ok"] is True and st["serving"] == 2 and st["of"] == 2
+    router = st["router"]
+    assert router["url"].startswith("http://127.0.0.1:") and router["running"] and router["policy"] == "round_robin"
+    assert sorted(w["replica"] for w in router["workers"]) == [1, 2]
+    assert [r["api_url"].rsplit(":", 1)[0] for r in st["replicas"]] == ["http://127.0.0.40", "http://127.0.0.42"]
+    assert all(r["gates"] == "passed" and r["in_router"] for r in st["replicas"])
+    pid = router["pid"]
+
+    # kill -9 of replica 2's head engine while requests flow through the router
+    model = e4.load(cfg).model.served_name
+    with Load(router["url"], model) as load:
+        time.sleep(4)
+        before = dict(load.done)
+        e4.kill_rank("node-c")
+        time.sleep(12)
+    after_kill = {k: load.done[k] - before[k] for k in before}
+    print(f"\nkill -9 of replica 2's head under load: {json.dumps(load.done)} requests, failed: "
+          f"non-streaming {len(load.failed['plain'])}, streaming {len(load.failed['stream'])} "
+          f"({load.failed['stream'][:3]}); after the kill {json.dumps(after_kill)} more completed")
+    assert load.failed["plain"] == [], load.failed  # the router re-sends a non-streamed request elsewhere
+    assert len(load.failed["stream"]) <= 1, load.failed  # at most the one stream in flight on the dead head
+    assert min(after_kill.values()) >= 5  # the endpoint kept answering
+    st = e4.json("status", cfg=cfg, code=1)  # replica 2 is down: not ok
+    assert [r["serving"] for r in st["replicas"]] == [True, False] and st["router"]["running"]
+
+    p = e4.cli("down", cfg=cfg)
+    assert p.returncode == 0, p.stderr
+    assert f"router pid {pid} stopped" in p.stdout
+    assert e4.leftovers() == {}
+    assert not Path(f"/proc/{pid}").exists() or Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] == "Z"
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(router["url"] + "/liveness", timeout=2)
+
+
+E2E_DIR = "/srv/spark/e2e"
+
+
+def _mounts(e: E2E) -> dict[str, str]:
+    out = {}
+    for n in e.rig.nodes:
+        (c,) = [c for c in e.managed(n.name) if c.status == "running"]
+        (src,) = [m["Source"] for m in c.attrs["Mounts"] if m["Source"].startswith(E2E_DIR)]
+        out[n.name] = src
+    return out
+
+
+@pytest.fixture
+def fleet(e4):
+    """Two replicas up whose drafter is a private copy at /srv/spark/e2e/drafter on every node."""
+    for n in e4.rig.nodes:
+        shutil.rmtree(e4.node_path(n.name, E2E_DIR), ignore_errors=True)
+        shutil.copytree(e4.node_path(n.name, e4.rig.models["drafter"]), e4.node_path(n.name, f"{E2E_DIR}/drafter"))
+    cfg = _config(e4, drafter={"path": f"{E2E_DIR}/drafter"})
+    p = e4.cli("up", cfg=cfg, timeout=600)
+    assert p.returncode == 0, p.stderr
+    yield cfg
+    p = e4.cli("down", cfg=cfg)
+    assert p.returncode == 0, p.stderr
+    assert e4.leftovers() == {}
+    for n in e4.rig.nodes:
+        shutil.rmtree(e4.node_path(n.name, E2E_DIR), ignore_errors=True)
+
+
+def _drafter(e: E2E, tmp_path: Path, name: str) -> Path:
+    d = tmp_path / name
+    shutil.copytree(e.node_path("node-a", e.rig.models["drafter"]), d)
+    w = d / "model.safetensors"
+    data = bytearray(w.read_bytes())
+    data[-1] ^= 0x01  # new weights, same shape: a different digest
+    w.write_bytes(bytes(data))
+    return d
+
+
+def test_rolling_swap_under_continuous_requests_drops_none(e4, fleet, tmp_path) -> None:
+    st = e4.json("status", cfg=fleet)
+    url, model = st["router"]["url"], e4.load(fleet).model.served_name
+    new = _drafter(e4, tmp_path, "dflash2-next")
+    with Load(url, model) as load:
+        time.sleep(2)
+        p = e4.cli("swap-drafter", str(new), cfg=fleet, timeout=600)
+        time.sleep(2)
+    print(f"\nrolling swap under load: {json.dumps(load.done)} requests through the router, failed: non-streaming "
+          f"{len(load.failed['plain'])}, streaming {len(load.failed['stream'])}")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "swapped on all 2 replicas" in p.stdout
+    err = p.stderr
+    # one at a time: replica 1 is back in the router before replica 2 leaves it
+    assert err.index("replica 1: back in the router") < err.index("replica 2: out of the router"), err
+    assert load.failed == {"stream": [], "plain": []}
+    assert min(load.done.values()) >= 5
+    mounts = _mounts(e4)
+    assert len(set(mounts.values())) == 1 and next(iter(mounts.values())).startswith(f"{E2E_DIR}/dflash2-next-")
+    st = e4.json("status", cfg=fleet)
+    assert st["ok"] is True and st["serving"] == 2
+
+
+def test_a_replica_that_fails_its_swap_rolls_back_and_stops_the_rollout(e4, fleet, tmp_path) -> None:
+    st = e4.json("status", cfg=fleet)
+    url, model = st["router"]["url"], e4.load(fleet).model.served_name
+    broken = _drafter(e4, tmp_path, "dflash2-broken")
+    (broken / "ssemu-faults").write_text("crash_boot@rank=1\n")  # the emulator reads faults from the drafter dir
+    mounts = _mounts(e4)
+    with Load(url, model) as load:
+        time.sleep(2)
+        p = e4.cli("swap-drafter", str(broken), cfg=fleet, timeout=600)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "rolling swap stopped at replica 1" in p.stdout and "rolled back" in p.stdout, p.stdout
+    assert "replica 2: out of the router" not in p.stderr  # the rollout stopped there
+    assert _mounts(e4) == mounts  # replica 1 back on its drafter, replica 2 never touched
+    assert load.failed == {"stream": [], "plain": []}
+    st = e4.json("status", cfg=fleet)
+    assert st["ok"] is True and st["serving"] == 2
