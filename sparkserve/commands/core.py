@@ -203,7 +203,10 @@ def render(
     """The exact per-node container spec (docker run) — or the launcher script. Nothing runs."""
     cfg = load_config(config)
     if launcher:
+        from sparkserve.commands.replicas import refuse
         from sparkserve.plan.launcher import render_launcher
+
+        refuse(cfg, "render --launcher")
 
         text = render_launcher(cfg)
         if output:
@@ -279,6 +282,9 @@ def _render_replicas(cfg: Config, as_json: bool) -> Any:
 def plan(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """What `sparkserve up` would do with this config, step by step. Nothing runs."""
     cfg = load_config(config)
+    from sparkserve.commands.replicas import refuse
+
+    refuse(cfg, "plan")
     p = _display_plan(cfg)
     from sparkserve.deploy.up import planned_steps
 

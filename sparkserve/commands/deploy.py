@@ -47,7 +47,7 @@ def up_cmd(
     from sparkserve.deploy.active_drafter import forget, kept_drafter
     from sparkserve.nodes.factory import open_nodes
 
-    cfg = config_from(config, accept_new=accept_new, check=True)
+    cfg = config_from(config, accept_new=accept_new, check=True, replicas=True)
     with Progress(enabled=not json_out) as p:
         if config_drafter:
             forget(cfg)
@@ -115,7 +115,7 @@ def down_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: Ac
     from sparkserve.deploy.stack import DOWN_LEFT, down, unreachable_error
     from sparkserve.nodes.factory import open_reachable
 
-    cfg = config_from(config, accept_new=accept_new)
+    cfg = config_from(config, accept_new=accept_new, replicas=True)
     if cfg.replicas > 1:  # the router first, then every replica
         from sparkserve.commands.replicas import down_fleet
 
@@ -148,7 +148,7 @@ def status_cmd(
     reached (the others are still shown)."""
     from sparkserve.deploy.stack import STATUS_LEFT, unreachable_error
 
-    cfg = config_from(config, accept_new=accept_new)
+    cfg = config_from(config, accept_new=accept_new, replicas=True)
     if cfg.replicas > 1:  # replicas: [...] and router: {url, policy, workers} (--watch: one replica at a time)
         from sparkserve.commands.replicas import status_fleet
 
@@ -328,7 +328,7 @@ def swap_drafter_cmd(
     from sparkserve.deploy.sync import progress_to
     from sparkserve.nodes.factory import open_nodes
 
-    cfg = config_from(config, accept_new=accept_new)
+    cfg = config_from(config, accept_new=accept_new, replicas=True)
     from sparkserve.deploy.rolling import rolling_swap
 
     swap = rolling_swap if cfg.replicas > 1 else swap_drafter  # replicas: one at a time behind the router

@@ -37,7 +37,7 @@ REQUIRED_FLAGS = ("--worker-urls", "--retry-max-retries", "--cb-failure-threshol
 
 
 def state_dir() -> Path:
-    return Path(os.environ.get("SPARKSERVE_ROUTER_STATE") or Path(user_state_dir("sparkserve")) / "router")
+    return Path(os.environ.get("SSROUTER_STATE") or Path(user_state_dir("sparkserve")) / "router")
 
 
 def router_executable(name: str) -> str:

@@ -68,8 +68,9 @@ def _config(e: E2E, **over: object) -> Path:
     port = free_port("127.0.0.1")
     base = {"replicas": 2, "router": {"port": port, "metrics_port": free_port("127.0.0.1")},
             # ~1 s per 250-token request: streams are in flight when a head dies
-            "serve": {"env": {"SSEMU_TOKEN_RATE": "250"}}}
-    return e.config({**base, **over})
+            "serve": {"tensor_parallel_size": 2}}  # the rig's yaml spans all four nodes with TP 4
+    cfg = e.config({**base, **over})
+    return e.derive(cfg, {"serve": {"env": {"SSEMU_TOKEN_RATE": "250"}}})  # added to the e2e's emulator env
 
 
 class Load:

@@ -121,3 +121,11 @@ def test_the_router_argv_is_what_vllm_router_0_1_17_parses(tmp_path: Path) -> No
     assert (args.health_check_interval_secs, args.health_failure_threshold, args.prometheus_port) == (3, 2, 29000)
     assert args.api_key is None  # never a key in an argv
     assert router_url(cfg) == "http://127.0.0.1:30000"
+
+
+@pytest.mark.parametrize("argv", [("plan",), ("gates",), ("doctor",), ("render", "--launcher")])
+def test_commands_that_do_not_know_replicas_refuse_them_before_any_node(tmp_path: Path, argv: tuple[str, ...]) -> None:
+    """Exit 2, one line, nothing reached (the hosts are unroutable 10.0.0.x: a connection would time out)."""
+    p = cli(*argv, "-c", str(_cfg(tmp_path, 4, 2)), env=clean_env(tmp_path), timeout=60)
+    assert p.returncode == 2, p.stderr
+    assert p.stderr.startswith("error: replicas: ") and "not replica-aware yet" in p.stderr, p.stderr

@@ -29,9 +29,9 @@ def _free() -> int:
 
 @pytest.fixture
 def state(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setenv("SPARKSERVE_ROUTER_STATE", str(tmp_path / "router"))
+    monkeypatch.setenv("SSROUTER_STATE", str(tmp_path / "router"))
     for k in list(os.environ):
-        if k.startswith("SPARKSERVE_") and k != "SPARKSERVE_ROUTER_STATE":
+        if k.startswith("SPARKSERVE_"):
             monkeypatch.delenv(k)
     return tmp_path / "router"
 
