@@ -539,7 +539,8 @@ class Config(BaseSettings):
         listen = self.supervise.listen.rpartition(":")[2]
         if listen.isdigit():
             local.add(int(listen))
-        bad = router_rules(self.router, replicas=self.replicas, nodes=len(self.nodes), local_ports=local)
+        bad = router_rules(self.router, replicas=self.replicas, nodes=len(self.nodes), local_ports=local,
+                           serve_host=self.serve.host, first_head=(self.nodes[0].host, self.nodes[0].fabric_ip))
         if bad:
             raise ValueError(bad)
         return self

@@ -109,10 +109,15 @@ class RouterConfig(BaseModel):
         return ipaddress.ip_address(self.bind).is_loopback
 
 
-def router_rules(router: RouterConfig, *, replicas: int, nodes: int, local_ports: set[int]) -> str | None:
+WILDCARDS = (None, "0.0.0.0", "::")
+
+
+def router_rules(router: RouterConfig, *, replicas: int, nodes: int, local_ports: set[int],
+                 serve_host: str | None = None, first_head: tuple[str, str] = ("", "")) -> str | None:
     """The first rule the section breaks against the rest of the config, as ``@field: what`` (config.py's
     model-level error form), or None. ``local_ports``: the ports this control machine already serves for
-    sparkserve (a node with ``local: true``: its API and rendezvous ports; the supervise exporter)."""
+    sparkserve (a node with ``local: true``: its API and rendezvous ports; the supervise exporter);
+    ``first_head``: the first node's (host, fabric_ip), the only specific serve.host a fleet may name."""
     if replicas < 1:
         return f"@replicas: {replicas} must be at least 1"
     if nodes % replicas:
@@ -120,6 +125,9 @@ def router_rules(router: RouterConfig, *, replicas: int, nodes: int, local_ports
                 "stack of the same node count)")
     if router.port == router.metrics_port:
         return f"@router.metrics_port: {router.metrics_port} is also router.port"
+    if replicas > 1 and serve_host not in WILDCARDS and serve_host not in first_head:
+        return (f"@serve.host: {serve_host} is one address, but each replica's head binds its own API: leave it "
+                "unset (every address) or name the first head's address (each replica then binds its own head's)")
     if replicas > 1:
         for port, what in ((router.port, "router.port"), (router.metrics_port, "router.metrics_port")):
             if port in local_ports:

@@ -43,7 +43,11 @@ def replica_config(cfg: Config, index: int) -> Config:
     """Replica ``index`` (from 1): the config with its node group only (``nodes`` in order, equal groups)."""
     size = len(cfg.nodes) // cfg.replicas
     group = cfg.nodes[(index - 1) * size: index * size]
-    return cfg.model_copy(update={"nodes": group, "replicas": 1})
+    first, head = cfg.nodes[0], group[0]
+    # serve.host naming the first head's address means "the head's": each replica binds its own head's
+    host = {first.host: head.host, first.fabric_ip: head.fabric_ip}.get(cfg.serve.host or "", cfg.serve.host)
+    serve = cfg.serve.model_copy(update={"host": host})
+    return cfg.model_copy(update={"nodes": group, "replicas": 1, "serve": serve})
 
 
 def replicas_of(cfg: Config, *, api_key: str | None = None) -> list[Replica]:

@@ -60,6 +60,7 @@ def test_one_replica_keeps_the_fingerprint_it_had_before_replicas_existed(tmp_pa
     (4, 2, {"router": {"policy": "power_of_two"}}, "router.policy", "/get_load"),
     (4, 2, {"router": {"host": "spark-1"}}, "router.host", "only `local`"),
     (4, 2, {"router": {"retries": 0}}, "router.retries", "greater than or equal to 1"),
+    (4, 2, {"serve": {"host": "10.0.0.3"}}, "serve.host", "each replica's head binds its own API"),
 ])
 def test_validate_refuses_with_one_line_and_exit_2(tmp_path: Path, n: int, replicas: int, over: dict[str, Any],
                                                    field: str, what: str) -> None:
@@ -129,3 +130,10 @@ def test_commands_that_do_not_know_replicas_refuse_them_before_any_node(tmp_path
     p = cli(*argv, "-c", str(_cfg(tmp_path, 4, 2)), env=clean_env(tmp_path), timeout=60)
     assert p.returncode == 2, p.stderr
     assert p.stderr.startswith("error: replicas: ") and "not replica-aware yet" in p.stderr, p.stderr
+
+
+def test_serve_host_naming_the_first_head_means_each_replica_s_own_head(tmp_path: Path) -> None:
+    for first, want in (("10.0.0.1", ["10.0.0.1", "10.0.0.3"]), ("192.168.200.1", ["192.168.200.1", "192.168.200.3"])):
+        reps = replicas_of(load_config(_cfg(tmp_path, 4, 2, serve={"host": first})))
+        assert [r.cfg.serve.host for r in reps] == want
+        assert [build_plan(r.cfg).api_host for r in reps] == want
