@@ -246,3 +246,30 @@ def test_a_replica_that_fails_its_swap_rolls_back_and_stops_the_rollout(e4, flee
     assert load.failed == {"stream": [], "plain": []}
     st = e4.json("status", cfg=fleet)
     assert st["ok"] is True and st["serving"] == 2
+
+
+def test_a_replica_that_fails_is_left_out_named_and_the_endpoint_serves(e4, tmp_path) -> None:
+    """Replica 2's pair holds a drafter whose emulator crashes rank 1 at boot (its own copy on node-c and node-d):
+    replica 2 fails and is torn down, replica 1 serves alone through the router, `up` says 1 of 2 and exits with
+    replica 2's failure's code (3: a boot failure)."""
+    for n in e4.rig.nodes:
+        shutil.rmtree(e4.node_path(n.name, E2E_DIR), ignore_errors=True)
+        d = e4.node_path(n.name, f"{E2E_DIR}/drafter")
+        shutil.copytree(e4.node_path(n.name, e4.rig.models["drafter"]), d)
+        if n.name in ("node-c", "node-d"):
+            (d / "ssemu-faults").write_text("crash_boot@rank=1\n")
+    try:
+        cfg = _config(e4, drafter={"path": f"{E2E_DIR}/drafter"})
+        p = e4.cli("up", cfg=cfg, timeout=600)
+        assert p.returncode == 3, p.stdout + p.stderr
+        assert "serving 1 of 2 replicas" in p.stdout and "replica 2 (node-c, node-d) " in p.stdout
+        assert "LEFT OUT" in p.stdout and "node-d" in p.stdout
+        assert not e4.managed("node-c") and not e4.managed("node-d")  # torn down by its own `up`
+        st = e4.json("status", cfg=cfg, code=1)
+        assert [w["replica"] for w in st["router"]["workers"]] == [1] and st["serving"] == 1
+        p = e4.cli("down", cfg=cfg)
+        assert p.returncode == 0, p.stderr
+        assert e4.leftovers() == {}
+    finally:
+        for n in e4.rig.nodes:
+            shutil.rmtree(e4.node_path(n.name, E2E_DIR), ignore_errors=True)
