@@ -10,49 +10,21 @@ brought up for this module and removed after it; the session's two-node rig is n
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
-import tempfile
-import threading
 import time
 from pathlib import Path
 
-import docker
 import httpx
 import pytest
-import rig as riglib
-from e2e_support import E2E, free_port
+from e2e_support import E2E
+from replicas_support import Load, fleet_config, own_rig
 
 pytestmark = pytest.mark.rig
-
-RIG_PY = Path(riglib.__file__).resolve()
-
-
-def rigcmd(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(RIG_PY), *args], capture_output=True, text=True, env=env, timeout=900)
 
 
 @pytest.fixture(scope="module")
 def rig4(rig_exclusive, _module_state):
-    d = Path(tempfile.mkdtemp(prefix="ssrig4-", dir="/var/tmp"))
-    env = {**os.environ, "SSRIG_DIR": str(d), "SSRIG_NODE_ROOT": "/srv/spark-e4", "SSRIG_IP_BASE": "40",
-           "SSRIG_SSH_PORT": "2225", "SSRIG_CACHE": str(rig_exclusive.dir / "cache")}
-    try:
-        p = rigcmd(env, "up", "--nodes", "4")
-        if p.returncode != 0:
-            pytest.fail(f"the four-node rig cannot come up: {p.stderr.strip()[-2000:]}", pytrace=False)
-        handle = riglib.RigHandle.from_info(json.loads((d / "rig.json").read_text()))
-        clients = {n.name: docker.DockerClient(base_url=n.docker_url, version="1.41", timeout=120)
-                   for n in handle.nodes}
-        yield handle, clients
-        for c in clients.values():
-            c.close()
-    finally:
-        p = rigcmd(env, "down", "--purge")
-        shutil.rmtree(d, ignore_errors=True)
-    assert p.returncode == 0, p.stderr
+    yield from own_rig(rig_exclusive, nodes=4, ip_base=40, ssh_port=2225, root="/srv/spark-e4")
 
 
 @pytest.fixture
@@ -65,63 +37,7 @@ def e4(rig4, _module_state, tmp_path):
 
 
 def _config(e: E2E, **over: object) -> Path:
-    port = free_port("127.0.0.1")
-    base = {"replicas": 2, "router": {"port": port, "metrics_port": free_port("127.0.0.1")},
-            # ~1 s per 250-token request: streams are in flight when a head dies
-            "serve": {"tensor_parallel_size": 2}}  # the rig's yaml spans all four nodes with TP 4
-    cfg = e.config({**base, **over})
-    return e.derive(cfg, {"serve": {"env": {"SSEMU_TOKEN_RATE": "250"}}})  # added to the e2e's emulator env
-
-
-class Load:
-    """Requests through the router from two threads, one streaming and one not, until stopped; each outcome
-    judged at the client (a stream cut on a dying replica arrives as HTTP 200 without ``data: [DONE]``)."""
-
-    def __init__(self, url: str, model: str, per_kind: int = 3) -> None:
-        self.url, self.model = url, model
-        self.stop = threading.Event()
-        self.lock = threading.Lock()
-        self.done = {"stream": 0, "plain": 0}
-        self.failed: dict[str, list[str]] = {"stream": [], "plain": []}
-        self.threads = [threading.Thread(target=self._run, args=(k,), daemon=True)
-                        for k in ("stream", "plain") for _ in range(per_kind)]
-
-    def __enter__(self) -> Load:
-        for t in self.threads:
-            t.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop.set()
-        for t in self.threads:
-            t.join(60)
-
-    def _one(self, kind: str, i: int) -> str | None:
-        body = {"model": self.model, "max_tokens": 250, "messages": [{"role": "user", "content": f"{kind} {i}"}],
-                "stream": kind == "stream"}
-        try:
-            with httpx.Client(trust_env=False, timeout=60) as c:
-                if kind == "stream":
-                    with c.stream("POST", self.url + "/v1/chat/completions", json=body) as r:
-                        text = "".join(r.iter_text())
-                    if r.status_code != 200:
-                        return f"HTTP {r.status_code}"
-                    return None if "data: [DONE]" in text else "cut: no [DONE]"
-                r = c.post(self.url + "/v1/chat/completions", json=body)
-                ok = r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("length", "stop")
-                return None if ok else f"HTTP {r.status_code} {r.text[:80]}"
-        except (httpx.HTTPError, ValueError, KeyError) as ex:
-            return f"{type(ex).__name__}: {ex}"
-
-    def _run(self, kind: str) -> None:
-        i = 0
-        while not self.stop.is_set():
-            why = self._one(kind, i)
-            with self.lock:
-                if why:
-                    self.failed[kind].append(why)
-                self.done[kind] += 1
-            i += 1
+    return fleet_config(e, 2, **over)
 
 
 def test_two_replicas_up_status_kill_one_head_under_load_down(e4) -> None:
