@@ -353,8 +353,8 @@ def swap_drafter_cmd(
     elif result.unchanged:
         print(result.message)
     elif result.ok:
-        print(f"swapped: {cfg.model.served_name} now drafts with {result.drafter_path} "
-              f"({(result.drafter_digest or '')[:12]})")
+        print(result.message if cfg.replicas > 1 else f"swapped: {cfg.model.served_name} now drafts with "
+              f"{result.drafter_path} ({(result.drafter_digest or '')[:12]})")
         print(kept)
     else:
         print(result.message)

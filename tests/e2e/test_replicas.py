@@ -74,8 +74,10 @@ def test_two_replicas_up_status_kill_one_head_under_load_down(e4) -> None:
           f"non-streaming {len(load.failed['plain'])}, streaming {len(load.failed['stream'])} "
           f"({load.failed['stream'][:3]}); after the kill {json.dumps(after_kill)} more completed")
     assert load.failed["plain"] == [], load.failed  # the router re-sends a non-streamed request elsewhere
-    # a stream in flight on the dying head is cut (HTTP 200, no [DONE]): at most one per streaming client
-    assert all(x == "cut: no [DONE]" for x in load.failed["stream"]) and len(load.failed["stream"]) <= 3, load.failed
+    # a stream in flight on the dying head is cut (HTTP 200, then the chunked body ends early or without [DONE]):
+    # at most one per streaming client
+    cut = ("cut: no [DONE]", "RemoteProtocolError: peer closed connection without sending complete message body")
+    assert all(x.startswith(cut) for x in load.failed["stream"]) and len(load.failed["stream"]) <= 3, load.failed
     assert min(after_kill.values()) >= 5  # the endpoint kept answering
     st = e4.json("status", cfg=cfg, code=1)  # replica 2 is down: not ok
     assert [r["serving"] for r in st["replicas"]] == [True, False] and st["router"]["running"]
