@@ -112,3 +112,42 @@ class Load:
                     self.failed[kind].append(why)
                 self.done[kind] += 1
             i += 1
+
+
+def routers_on(port: int) -> list[int]:
+    """Pids of vllm-router processes on this machine listening on ``port`` (their argv says so)."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if not d.name.isdigit():
+            continue
+        try:
+            argv = (d / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if any(a.endswith(b"vllm-router") for a in argv[:2]) and str(port).encode() in argv:
+            out.append(int(d.name))
+    return out
+
+
+def interrupt_at(e: E2E, cfg: Path, marker: str, sig: int, *, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``sparkserve up -c CFG``; ``sig`` once stderr shows ``marker``; the finished process (stderr whole)."""
+    proc = e.popen("up", cfg=cfg)
+    guard = threading.Timer(timeout, proc.kill)
+    guard.start()
+    seen: list[str] = []
+    try:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            seen.append(line)
+            if marker in line:
+                break
+        else:
+            pytest.fail(f"{marker!r} never appeared; exit {proc.wait()}:\n{''.join(seen)}")
+        proc.send_signal(sig)
+        out, err = proc.communicate()
+    finally:
+        guard.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, "".join(seen) + err)

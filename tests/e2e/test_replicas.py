@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import json
 import shutil
+import signal
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 from e2e_support import E2E
-from replicas_support import Load, fleet_config, own_rig
+from replicas_support import Load, fleet_config, interrupt_at, own_rig, routers_on
 
 pytestmark = pytest.mark.rig
 
@@ -202,3 +203,15 @@ def test_a_replica_that_fails_is_left_out_named_and_the_endpoint_serves(e4, tmp_
     finally:
         for n in e4.rig.nodes:
             shutil.rmtree(_host(e4, n.name, E2E_DIR), ignore_errors=True)
+
+
+@pytest.mark.parametrize(("phase", "env", "marker"), [
+    ("boot", {"SSEMU_BOOT_SECONDS": "60"}, "replica 2: waiting for the head to serve"),
+    ("router", {}, "router: starting vllm-router"),
+])
+def test_up_interrupted_leaves_nothing_on_any_node_and_no_router(e4, phase: str, env: dict, marker: str) -> None:
+    cfg = _config(e4, serve={"env": env})
+    port = e4.load(cfg).router.port
+    p = interrupt_at(e4, cfg, marker, signal.SIGTERM)
+    e4.assert_explained(p, code=3, node=None, step="interrupted (SIGTERM)")
+    assert e4.leftovers() == {} and routers_on(port) == []
