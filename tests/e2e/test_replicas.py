@@ -10,6 +10,7 @@ brought up for this module and removed after it; the session's two-node rig is n
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import time
@@ -215,3 +216,18 @@ def test_up_interrupted_leaves_nothing_on_any_node_and_no_router(e4, phase: str,
     p = interrupt_at(e4, cfg, marker, signal.SIGTERM)
     e4.assert_explained(p, code=3, node=None, step="interrupted (SIGTERM)")
     assert e4.leftovers() == {} and routers_on(port) == []
+
+
+def test_up_again_keeps_the_replicas_and_the_router_and_restarts_a_dead_router(e4) -> None:
+    cfg = _config(e4)
+    first = e4.json("up", cfg=cfg, timeout=600)
+    ids = e4.running_ids()
+    again = e4.json("up", cfg=cfg, timeout=600)
+    assert [r["status"] for r in again["replicas"]] == ["unchanged", "unchanged"] and e4.running_ids() == ids
+    assert again["router"]["pid"] == first["router"]["pid"]  # the same router, kept
+    os.kill(first["router"]["pid"], signal.SIGKILL)  # the router dies: the replicas are untouched
+    third = e4.json("up", cfg=cfg, timeout=600)
+    assert third["router"]["pid"] != first["router"]["pid"] and third["serving"] == 2 and e4.running_ids() == ids
+    assert third["router_gate"]["ok"] and routers_on(e4.load(cfg).router.port) == [third["router"]["pid"]]
+    assert e4.json("down", cfg=cfg)["router"]["pid"] == third["router"]["pid"]
+    assert e4.leftovers() == {} and routers_on(e4.load(cfg).router.port) == []
