@@ -59,8 +59,8 @@ def fleet_config(e: E2E, replicas: int, **over: object) -> Path:
     request (so streams are in flight when a head dies)."""
     base = {"replicas": replicas, "router": {"port": free_port("127.0.0.1"), "metrics_port": free_port("127.0.0.1")},
             "serve": {"tensor_parallel_size": 2}}  # the rig's yaml spans every node with one TP
-    cfg = e.config({**base, **over})
-    return e.derive(cfg, {"serve": {"env": {"SSEMU_TOKEN_RATE": "250"}}})  # added to the e2e's emulator env
+    cfg = e.derive(e.config(base), {"serve": {"env": {"SSEMU_TOKEN_RATE": "250"}}})  # added to the emulator env
+    return e.derive(cfg, dict(over)) if over else cfg  # deep-merged
 
 
 class Load:
@@ -115,17 +115,27 @@ class Load:
 
 
 def routers_on(port: int) -> list[int]:
-    """Pids of vllm-router processes on this machine listening on ``port`` (their argv says so)."""
+    """Pids of the processes listening on TCP ``port`` on this machine (vllm-router retitles itself
+    "vllm::router", so its argv cannot tell): the listening socket's inode, then who holds it."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            rows = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for row in rows:
+            f = row.split()
+            if f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f"socket:[{f[9]}]")
     out = []
     for d in Path("/proc").iterdir():
         if not d.name.isdigit():
             continue
         try:
-            argv = (d / "cmdline").read_bytes().split(b"\0")
+            if any(os.readlink(fd) in inodes for fd in (d / "fd").iterdir()):
+                out.append(int(d.name))
         except OSError:
             continue
-        if any(a.endswith(b"vllm-router") for a in argv[:2]) and str(port).encode() in argv:
-            out.append(int(d.name))
     return out
 
 
