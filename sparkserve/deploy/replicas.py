@@ -179,7 +179,7 @@ def _router_up(cfg: Config, exe: str, passed: list[Replica], say: Reporter) -> d
     argv = router_argv(cfg, [r.api_url for r in passed], exe=exe)
     url = router_url(cfg)
     have = running(cfg.router.port)
-    if have is not None and have.argv == argv and sorted(RouterAPI(url).urls()) == sorted(r.api_url for r in passed):
+    if have is not None and have.argv == argv and _workers_are(url, [r.api_url for r in passed]):
         say(f"router: already running at {url} (pid {have.pid}) with these replicas; kept")
         proc: RouterProcess = have
     else:
@@ -190,6 +190,14 @@ def _router_up(cfg: Config, exe: str, passed: list[Replica], say: Reporter) -> d
         proc = start_router(argv, port=cfg.router.port, url=url)
     return {"url": url, "policy": cfg.router.policy, "pid": proc.pid, "argv": argv, "log": proc.log,
             "workers": [r.api_url for r in passed]}
+
+
+def _workers_are(url: str, want: list[str]) -> bool:
+    """The router answers and holds exactly ``want`` (a router that does not answer is replaced, not kept)."""
+    try:
+        return sorted(RouterAPI(url).urls()) == sorted(want)
+    except RemoteFailure:
+        return False
 
 
 def _router_gate(cfg: Config, passed: list[Replica], say: Reporter) -> RouterGate:
