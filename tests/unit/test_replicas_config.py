@@ -137,3 +137,21 @@ def test_serve_host_naming_the_first_head_means_each_replica_s_own_head(tmp_path
         reps = replicas_of(load_config(_cfg(tmp_path, 4, 2, serve={"host": first})))
         assert [r.cfg.serve.host for r in reps] == want
         assert [build_plan(r.cfg).api_host for r in reps] == want
+
+
+def test_partial_serving_exits_with_the_failed_replica_s_own_code() -> None:
+    from sparkserve.deploy.replicas import FleetUp, ReplicaOutcome
+    from sparkserve.deploy.up import UpResult
+    from sparkserve.errors import GateFailed, RemoteFailure
+
+    ok = ReplicaOutcome(1, ["a", "b"], "http://a:8000", result=UpResult("started", "http://a:8000", "m", "f" * 64,
+                                                                         "sha256:x", "d", 1.0))
+    gate = ReplicaOutcome(2, ["c", "d"], "http://c:8000", error=GateFailed("gates", "smoke failed after boot"))
+    boot = ReplicaOutcome(3, ["e", "f"], "http://e:8000", error=RemoteFailure("f: boot", "rank 1 exited", node="f"))
+    assert FleetUp([ok]).exit_code == 0
+    assert FleetUp([ok, gate, boot]).exit_code == 1 and FleetUp([ok, boot, gate]).exit_code == 3
+    doc = FleetUp([ok, boot]).to_json()
+    assert (doc["serving"], doc["of"], doc["exit_code"]) == (1, 2, 3)
+    assert doc["replicas"][1] == {"replica": 3, "nodes": ["e", "f"], "api_url": "http://e:8000",
+                                  "ok": False, "status": "failed", "gates": "failed", "fingerprint": None,
+                                  "error": "error: f: boot: rank 1 exited", "exit_code": 3}
