@@ -125,3 +125,21 @@ def test_a_router_that_cannot_bind_is_named_and_stopped(tmp_path: Path, state: P
                          url="http://127.0.0.1:1", timeout_s=30)
     assert e.value.step == "router"
     assert recorded(cfg.router.port) is None  # nothing recorded, nothing left running
+
+
+def test_the_client_s_key_reaches_every_replica_and_none_is_in_the_router_s_argv(tmp_path: Path, state: Path) -> None:
+    """With serve.api_key_env set, every replica checks the key itself: the router forwards the client's own
+    Authorization header (replicas-facts §1.6); a request without it is refused by the replica, through the
+    router; the key is never in the router's argv."""
+    with FakeVllm(FakeState(model="m", api_key="s3cret")) as a, FakeVllm(FakeState(model="m", api_key="s3cret")) as b:
+        cfg = _cfg(tmp_path)
+        url = router_url(cfg)
+        argv = router_argv(cfg, [a.url, b.url], exe=router_executable("vllm-router"))
+        assert not any("s3cret" in x for x in argv) and "--api-key" not in argv
+        start_router(argv, port=cfg.router.port, url=url)
+        try:
+            assert router_gate(url, {1: a.url, 2: b.url}, model="m", api_key="s3cret").ok
+            refused = one_request(url, "m", None, "no key")
+            assert refused is not None and refused.startswith("HTTP 401"), refused
+        finally:
+            stop_router(cfg.router.port)
