@@ -16,6 +16,7 @@ or its gate, or Ctrl-C, stops the router and every replica this run started: not
 from __future__ import annotations
 
 import signal
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_all
 from dataclasses import dataclass, field
@@ -125,7 +126,8 @@ def up_replicas(cfg: Config, nodes: dict[str, Node], *, run_gates: bool = True, 
             raise type(first)(first.where, f"no replica serves: {first.what}",
                               details=[o.error.line() for o in outcomes if o.error is not None][1:] + first.details)
         try:
-            fleet.router = _router_up(cfg, exe, passed, say)
+            rebooted = [r for r, o in zip(reps, outcomes, strict=True) if o.result and o.result.status != "unchanged"]
+            fleet.router = _router_up(cfg, exe, passed, say, rebooted=rebooted)
             if run_gates:
                 fleet.gate = _router_gate(cfg, passed, say)
         except BaseException as e:
@@ -173,23 +175,47 @@ def _boot_all(reps: list[Replica], nodes: dict[str, Node], *, run_gates: bool, b
     return outcomes
 
 
-def _router_up(cfg: Config, exe: str, passed: list[Replica], say: Reporter) -> dict[str, Any]:
+def _router_up(cfg: Config, exe: str, passed: list[Replica], say: Reporter, *,
+               rebooted: list[Replica]) -> dict[str, Any]:
     """The router with exactly ``passed`` as its workers: one already running with this very argv is kept (an
-    `up` run again changes nothing); any other recorded on this port is stopped first."""
+    `up` run again changes nothing), and each replica this run booted again is removed from it and added back
+    (a fresh worker: no open breaker, no failed health checks left from its dead predecessor); any other router
+    recorded on this port is stopped first. Returns once the router holds every replica as healthy."""
     argv = router_argv(cfg, [r.api_url for r in passed], exe=exe)
     url = router_url(cfg)
     have = running(cfg.router.port)
     if have is not None and have.argv == argv and _workers_are(url, [r.api_url for r in passed]):
         say(f"router: already running at {url} (pid {have.pid}) with these replicas; kept")
         proc: RouterProcess = have
+        api = RouterAPI(url)
+        for r in rebooted:
+            api.remove_worker(r.api_url)
+            api.add_worker(r.api_url)
+            say(f"router: {r.name} booted again: re-added as a fresh worker")
     else:
         if stop_router(cfg.router.port) is not None:
             say("router: stopped the one running with other settings or replicas")
         say(f"router: starting vllm-router ({cfg.router.policy}) at {url} with "
             + ", ".join(f"{r.name} {r.api_url}" for r in passed))
         proc = start_router(argv, port=cfg.router.port, url=url)
+    _until_healthy(url, [r.api_url for r in passed], timeout_s=cfg.router.health.interval_s * 3 + 10.0)
     return {"url": url, "policy": cfg.router.policy, "pid": proc.pid, "argv": argv, "log": proc.log,
             "workers": [r.api_url for r in passed]}
+
+
+def _until_healthy(url: str, want: list[str], *, timeout_s: float) -> None:
+    """Until the router's own health checks hold every one of ``want`` healthy; RemoteFailure (step "router")
+    naming those still unhealthy after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        workers = {str(w.get("url")): bool(w.get("is_healthy")) for w in RouterAPI(url).workers()}
+        sick = [u for u in want if not workers.get(u)]
+        if not sick:
+            return
+        if time.monotonic() > deadline:
+            raise RemoteFailure("router", f"{', '.join(sick)} not healthy in the router after {timeout_s:g}s",
+                                step="router")
+        time.sleep(0.5)
 
 
 def _workers_are(url: str, want: list[str]) -> bool:

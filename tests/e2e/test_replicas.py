@@ -84,6 +84,19 @@ def test_two_replicas_up_status_kill_one_head_under_load_down(e4) -> None:
     st = e4.json("status", cfg=cfg, code=1)  # replica 2 is down: not ok
     assert [r["serving"] for r in st["replicas"]] == [True, False] and st["router"]["running"]
 
+    # `up` again brings replica 2 back (replica 1 untouched, the router kept) while requests keep flowing
+    ids = {k: v for k, v in e4.running_ids().items() if k in ("node-a", "node-b")}
+    with Load(router["url"], model) as load:
+        t0 = time.monotonic()
+        again = e4.json("up", cfg=cfg, timeout=600)
+        took = time.monotonic() - t0
+    print(f"replica 2 serves again {took:.1f}s after `up` started; meanwhile {json.dumps(load.done)} requests, "
+          f"failed {load.failed}")
+    assert [r["status"] for r in again["replicas"]] == ["unchanged", "replaced"] and again["exit_code"] == 0
+    assert again["router"]["pid"] == pid and again["router_gate"]["ok"]
+    assert {k: v for k, v in e4.running_ids().items() if k in ("node-a", "node-b")} == ids
+    assert load.failed == {"stream": [], "plain": []}
+
     p = e4.cli("down", cfg=cfg)
     assert p.returncode == 0, p.stderr
     assert f"router pid {pid} stopped" in p.stdout
