@@ -149,9 +149,11 @@ def status_cmd(
     from sparkserve.deploy.stack import STATUS_LEFT, unreachable_error
 
     cfg = config_from(config, accept_new=accept_new, replicas=True)
-    if cfg.replicas > 1:  # replicas: [...] and router: {url, policy, workers} (--watch: one replica at a time)
-        from sparkserve.commands.replicas import status_fleet
+    if cfg.replicas > 1:  # replicas: [...] and router: {url, policy, workers}
+        from sparkserve.commands.replicas import refuse, status_fleet
 
+        if watch is not None:
+            refuse(cfg, "status --watch")
         return status_fleet(cfg, json_out=json_out)
     if watch is not None:
         _watch(cfg, watch, json_out)
