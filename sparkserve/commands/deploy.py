@@ -274,13 +274,18 @@ def doctor_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: 
     from sparkserve.deploy.doctor import as_json, check_all, drift_checks, unreachable_checks
     from sparkserve.deploy.hf_models import is_hf_target, resolve_target
     from sparkserve.nodes.factory import open_reachable
+    from sparkserve.plan.replicas import replicas_of
 
-    cfg = config_from(config, accept_new=accept_new)
+    cfg = config_from(config, accept_new=accept_new, replicas=True)
     with open_reachable(cfg) as (nodes, unreachable):
         if is_hf_target(cfg) and not unreachable:
             cfg = resolve_target(cfg, nodes)
         hosts: dict = {}
-        checks = check_all(cfg, nodes, None, check_ports=True, unreachable=unreachable, host_out=hosts, storage=True)
+        checks = []
+        for r in replicas_of(cfg):  # each replica is one stack (its head, its ports, its copies compared)
+            checks += check_all(r.cfg, {k: v for k, v in nodes.items() if k in r.nodes}, None, check_ports=True,
+                                unreachable={k: v for k, v in unreachable.items() if k in r.nodes}, host_out=hosts,
+                                storage=True)
         if drift:
             checks += drift_checks(cfg, hosts)
     out = as_json(checks)

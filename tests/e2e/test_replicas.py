@@ -235,6 +235,12 @@ def test_up_again_keeps_the_replicas_and_the_router_and_restarts_a_dead_router(e
     cfg = _config(e4)
     first = e4.json("up", cfg=cfg, timeout=600)
     ids = e4.running_ids()
+    # doctor, one replica at a time: each head's ports are its own running replica's, not a FAIL
+    d = e4.json("doctor", cfg=cfg)
+    assert d["ok"] is True, d
+    ports = [c for c in d["checks"] if c["name"].startswith("port ")]
+    assert {"node-a", "node-c"} <= {c["node"] for c in ports} and all(c["status"] == "ok" for c in ports), ports
+    assert {c["node"] for c in d["checks"]} >= {"node-a", "node-b", "node-c", "node-d"}
     again = e4.json("up", cfg=cfg, timeout=600)
     assert [r["status"] for r in again["replicas"]] == ["unchanged", "unchanged"] and e4.running_ids() == ids
     assert again["router"]["pid"] == first["router"]["pid"]  # the same router, kept

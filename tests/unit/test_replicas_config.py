@@ -124,7 +124,7 @@ def test_the_router_argv_is_what_vllm_router_0_1_17_parses(tmp_path: Path) -> No
     assert router_url(cfg) == "http://127.0.0.1:30000"
 
 
-@pytest.mark.parametrize("argv", [("plan",), ("gates",), ("doctor",), ("render", "--launcher"),
+@pytest.mark.parametrize("argv", [("plan",), ("gates",), ("logs",), ("render", "--launcher"),
                                   ("status", "--watch", "2")])
 def test_commands_that_do_not_know_replicas_refuse_them_before_any_node(tmp_path: Path, argv: tuple[str, ...]) -> None:
     """Exit 2, one line, nothing reached (the hosts are unroutable 10.0.0.x: a connection would time out)."""
