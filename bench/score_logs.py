@@ -5,8 +5,11 @@
 Each log in the corpus is analysed alone, as ``sparkserve logs analyze FILE --json`` does (the same function,
 in-process), and compared with the verdicts a person wrote in ``expected.json`` by reading the log:
 ``kv_cache_tokens`` (first value), ``graphs``, ``ready``, ``spec_method``, ``mask_embedding_loaded`` and ``fault``
-(faults[0]'s text holds one of the given substrings; null = no fault at all). Exit 1 when the reader crashed on
-any log, 0 otherwise — the score itself is judged by tests/unit/test_public_logs.py.
+(faults[0]'s text holds one of the given substrings; null = no fault at all), and where a verdict gives it
+``rank_graphs`` (each rank's ``graphs``); a field left out is not scored. A log
+may name the kinds of reading it exercises (``"kinds": [1, 4]``, :data:`KINDS`: issue 32's six kinds); the figures
+and misses are then also printed per kind. Exit 1 when the reader crashed on any log, 0 otherwise — the score
+itself is judged by tests/unit/test_public_logs.py.
 """
 
 from __future__ import annotations
@@ -22,7 +25,16 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "tests/fixtures/logs/public"
-FIELDS = ("kv_cache_tokens", "graphs", "ready", "spec_method", "mask_embedding_loaded", "fault")
+FIELDS = ("kv_cache_tokens", "graphs", "ready", "spec_method", "mask_embedding_loaded", "fault", "rank_graphs")
+#: The kinds of reading issue 32 named (each seen misread in more than one held-out log).
+KINDS = {
+    1: "ready false on a fatal start-up failure",
+    2: "per-request errors are no engine fault",
+    3: "NCCL's own lines are evidence, the watchdog is the fault",
+    4: "the exception, not the frame; a cut EngineCore traceback is a fault",
+    5: "KV and graphs behind prefixes",
+    6: "output-handler and busy-loop deaths while serving",
+}
 
 
 @dataclass
@@ -33,6 +45,16 @@ class Score:
     misses: list[tuple[str, str, Any, Any]] = field(default_factory=list)  # (log, field, expected, observed)
     crashes: dict[str, str] = field(default_factory=dict)
     total: dict[str, int] = field(default_factory=dict)
+    kinds: dict[str, list[int]] = field(default_factory=dict)  # log → the kinds of reading it exercises
+    scored: list[tuple[str, str]] = field(default_factory=list)  # every (log, field) scored
+
+    def per_kind(self) -> dict[int, tuple[int, int]]:
+        """Kind → (right, total) over the scored fields of the logs that name it."""
+        out: dict[int, tuple[int, int]] = {}
+        for k in KINDS:
+            pairs = [(n, f) for n, f in self.scored if k in self.kinds.get(n, [])]
+            out[k] = (sum(1 for p in pairs if p in self.right), len(pairs))
+        return out
 
     def per_field(self) -> dict[str, tuple[int, int]]:
         return {f: (sum(1 for _, g in self.right if g == f), self.total.get(f, 0)) for f in FIELDS}
@@ -53,6 +75,7 @@ def observed(analysis_json: dict[str, Any]) -> dict[str, Any]:
         "spec_method": analysis_json["spec"]["method"],
         "mask_embedding_loaded": analysis_json["spec"]["mask_embedding_loaded"],
         "fault": faults[0]["text"] if faults else None,
+        "rank_graphs": {r: st["graphs"] for r, st in analysis_json["ranks"].items()},
     }
 
 
@@ -77,6 +100,7 @@ def score(corpus: Path = CORPUS) -> Score:
     expected: dict[str, dict[str, Any]] = json.loads((corpus / "expected.json").read_text())
     result = Score()
     for name, verdicts in expected.items():
+        result.kinds[name] = list(verdicts.get("kinds", []))
         try:
             got = observed(analyze_one(corpus / name))
         except Exception:  # a crash on any log is what this bench exists to catch
@@ -86,6 +110,7 @@ def score(corpus: Path = CORPUS) -> Score:
             if f not in verdicts:
                 continue
             result.total[f] = result.total.get(f, 0) + 1
+            result.scored.append((name, f))
             if got is not None and field_right(f, verdicts[f], got[f]):
                 result.right.add((name, f))
             else:
@@ -98,9 +123,12 @@ def _print(s: Score) -> None:
         print(f"{f:24} {right:3}/{total:<3} {100 * right / total if total else 0:5.1f} %")
     total = sum(s.total.values())
     print(f"{'all fields':24} {len(s.right):3}/{total:<3} {100 * s.fraction():5.1f} %   crashes: {len(s.crashes)}")
+    for k, (right, n) in s.per_kind().items():
+        print(f"kind {k} {KINDS[k][:46]:46} {right:3}/{n:<3} {100 * right / n if n else 0:5.1f} %")
     for name, f, want, got in s.misses:
         shown = got if not isinstance(got, str) else got[:160]
-        print(f"MISS {name} {f}: expected {want!r}, got {shown!r}")
+        kinds = ",".join(str(k) for k in s.kinds.get(name, [])) or "-"
+        print(f"MISS [kind {kinds}] {name} {f}: expected {want!r}, got {shown!r}")
     for name, tb in s.crashes.items():
         print(f"CRASH {name}\n{tb}")
 
@@ -116,9 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         print(json.dumps({
             "per_field": {f: {"right": r, "total": t} for f, (r, t) in s.per_field().items()},
+            "per_kind": {str(k): {"right": r, "total": t} for k, (r, t) in s.per_kind().items()},
             "fraction": s.fraction(),
             "right": sorted(f"{n}:{f}" for n, f in s.right),
-            "misses": [{"log": n, "field": f, "expected": w, "observed": g} for n, f, w, g in s.misses],
+            "misses": [{"log": n, "field": f, "expected": w, "observed": g, "kinds": s.kinds.get(n, [])}
+                       for n, f, w, g in s.misses],
             "crashes": sorted(s.crashes),
         }, indent=1))
     else:

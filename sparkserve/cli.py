@@ -20,11 +20,10 @@ import typer
 from typer import _click
 from typer.core import TyperCommand, TyperGroup
 
-from sparkserve import __version__
+from sparkserve import __version__, interrupts
 from sparkserve.commands import _index
 from sparkserve.commands.jsonschema import JSON_SCHEMA
 from sparkserve.errors import SparkserveError
-from sparkserve.nodes import interrupts
 
 #: The exit code of a run ended by Ctrl-C, SIGTERM or SIGHUP (after it cleaned up what it started).
 INTERRUPTED_EXIT = 3

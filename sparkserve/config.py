@@ -99,11 +99,14 @@ class CUDAGraphMode(enum.StrEnum):
 
 
 class NodeConfig(Strict):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$", description="the node's name in every message, "
+                      "container name and journal row")
     host: str = Field(min_length=1, description="SSH address of the node (management network)")
     fabric_ip: str = Field(description="this node's ConnectX-7 IPv4: VLLM_HOST_IP and, on the head, --master-addr")
-    user: str = "root"
-    port: int = Field(default=22, ge=1, le=65535)
+    user: str = Field(default="root", description="SSH login user (default: ~/.ssh/config's User for this host, else "
+                      "root)")
+    port: int = Field(default=22, ge=1, le=65535, description="SSH port (default: ~/.ssh/config's Port for this host, "
+                      "else 22)")
     gpus: int = Field(default=1, ge=1, description="GPUs on this node (1 on a DGX Spark)")
     local: bool = Field(default=False, description="run on this machine without SSH (sparkserve on the head)")
 
@@ -117,13 +120,19 @@ class NodeConfig(Strict):
 
 
 class SSHConfig(Strict):
-    known_hosts: Path = Path("~/.ssh/known_hosts")
-    identity_file: Path | None = Path("~/.ssh/id_ed25519")
+    known_hosts: Path = Field(default=Path("~/.ssh/known_hosts"), description="the known_hosts file host keys are "
+                              "verified against (plain or hashed entries; default: ~/.ssh/config's "
+                              "UserKnownHostsFile, else this file); an accepted new key is added here")
+    identity_file: Path | None = Field(default=Path("~/.ssh/id_ed25519"), description="a private key file to offer "
+                                       "first (unset: what `ssh` itself offers — ~/.ssh/config's IdentityFile, the "
+                                       "ssh-agent, OpenSSH's default key files); set and missing: refused")
     accept_new_host_keys: bool = Field(
         default=False, description="add unknown host keys to known_hosts (off: unknown keys are refused)"
     )
-    connect_timeout_s: float = Field(default=10.0, gt=0)
-    keepalive_s: int = Field(default=15, ge=0)
+    connect_timeout_s: float = Field(default=10.0, gt=0, description="seconds a node's SSH connection may take to "
+                                     "open before the node is unreachable")
+    keepalive_s: int = Field(default=15, ge=0, description="SSH keepalive interval in seconds (0: off); also "
+                             "ServerAliveInterval for rsync")
     # how nodes are reached, not what runs: excluded from the dump, so not part of the deployment fingerprint
     config_file: Path | None = Field(default=Path("~/.ssh/config"), exclude=True, description="OpenSSH client "
                                      "config: Host aliases, HostName, User, Port, IdentityFile, ProxyJump (null: none)")
@@ -141,7 +150,9 @@ class SSHConfig(Strict):
 class FabricConfig(Strict):
     interface: str = Field(default="auto", description="CX-7 netdev (e.g. enp1s0f1np1) or auto")
     hca: str = Field(default="auto", description="comma-separated RDMA devices for NCCL_IB_HCA, or auto")
-    gid_index: int | Literal["auto"] = "auto"
+    gid_index: int | Literal["auto"] = Field(default="auto", description="NCCL_IB_GID_INDEX, or auto: one HCA, its "
+                                             "RoCE v2 IPv4 entry read on each node; several, unset (NCCL picks per "
+                                             "HCA)")
     master_port: int = Field(default=29521, ge=1024, le=65535, description="torch.distributed rendezvous "
                              "port on the head (the card's launcher: 29521)")
     sysfs_root: Path = Field(default=Path("/sys"), description="where to read /sys/class/{net,infiniband}")
@@ -166,7 +177,8 @@ class FabricConfig(Strict):
 
 
 class ImageConfig(Strict):
-    ref: str = Field(min_length=1)
+    ref: str = Field(min_length=1, description="the image every rank runs (tag, or tag@sha256:digest); the same "
+                     "content fingerprint is required on every node (`image ship` copies it)")
 
 
 def _host_path(v: Path) -> Path:
@@ -202,7 +214,8 @@ ModelTarget = Annotated[Path, AfterValidator(_model_target)]
 class ModelConfig(Strict):
     target: ModelTarget = Field(description="host path of the target model (a Hugging Face cache snapshot "
                                 "path works), same on every node, mounted ro; or org/name[@revision]")
-    served_name: str = Field(min_length=1)
+    served_name: str = Field(min_length=1, description="--served-model-name: the `model` the API serves and every "
+                             "request names")
 
     @field_validator("served_name")
     @classmethod
@@ -226,8 +239,11 @@ class DrafterConfig(Strict):
 
 
 class CompilationConfig(Strict):
-    cudagraph_mode: CUDAGraphMode = CUDAGraphMode.FULL_AND_PIECEWISE
-    cudagraph_capture_sizes: list[int] = Field(default_factory=lambda: [1, 2, 4, 8, 16, 24, 32])
+    cudagraph_mode: CUDAGraphMode = Field(default=CUDAGraphMode.FULL_AND_PIECEWISE, description="--compilation-config "
+                                          "cudagraph_mode; the graphs gate checks it on every rank")
+    cudagraph_capture_sizes: list[int] = Field(
+        default_factory=lambda: [1, 2, 4, 8, 16, 24, 32],
+        description="--compilation-config cudagraph_capture_sizes: the batch sizes captured (ascending, no repeats)")
 
     @field_validator("cudagraph_capture_sizes")
     @classmethod
@@ -242,29 +258,39 @@ class CompilationConfig(Strict):
 
 
 class ServeConfig(Strict):
-    executor: Literal["mp", "ray"] = "mp"
-    tensor_parallel_size: int = Field(default=2, ge=1)
-    enable_expert_parallel: bool = True
-    max_model_len: int = Field(default=262144, ge=1)
-    max_num_seqs: int | None = Field(default=6, ge=1)
+    executor: Literal["mp", "ray"] = Field(default="mp", description="--distributed-executor-backend across nodes: mp "
+                                           "(vLLM's own multi-node, the card's) or ray")
+    tensor_parallel_size: int = Field(default=2, ge=1, description="--tensor-parallel-size: must equal the number of "
+                                      "nodes × nodes[].gpus")
+    enable_expert_parallel: bool = Field(default=True, description="--enable-expert-parallel")
+    max_model_len: int = Field(default=262144, ge=1, description="--max-model-len: the context length in tokens")
+    max_num_seqs: int | None = Field(default=6, ge=1, description="--max-num-seqs: requests in flight at once (null: "
+                                     "vLLM's default)")
     block_size: int | None = Field(default=2304, ge=1, description="--block-size (the card: 2304; the engine "
                                    "raises it to 4608 for mamba-page alignment)")
-    kv_cache_dtype: str = "fp8_e4m3"
-    gpu_memory_utilization: float = 0.795
+    kv_cache_dtype: str = Field(default="fp8_e4m3", description="--kv-cache-dtype (one of the values vLLM 0.33 "
+                                "accepts)")
+    gpu_memory_utilization: float = Field(default=0.795, description="--gpu-memory-utilization: the share of unified "
+                                          "memory vLLM may take, in (0, 0.95]; above 0.85 validate warns")
     # 8053063680 = 7.5 GiB, the card's "8 GiB" (its 366,749-token pool): rendered as the exact integer
-    kv_cache_memory_bytes: ByteSize | None = 8053063680
-    trust_remote_code: bool = True
+    kv_cache_memory_bytes: ByteSize | None = Field(default=8053063680, description="the KV cache per GPU in bytes (or "
+                                                   "`8GiB`), with the image's flag (the card's fork: "
+                                                   "--kv-cache-memory; vLLM 0.33: --kv-cache-memory-bytes); it fixes "
+                                                   "the pool gates.pool_tokens expects (null: sized by "
+                                                   "gpu_memory_utilization)")
+    trust_remote_code: bool = Field(default=True, description="--trust-remote-code")
     tool_call_parser: str | None = Field(default="glm47", description="--tool-call-parser (with "
                                          "--enable-auto-tool-choice when enable_auto_tool_choice)")
-    enable_auto_tool_choice: bool = True
+    enable_auto_tool_choice: bool = Field(default=True, description="--enable-auto-tool-choice (with tool_call_parser)")
     reasoning_parser: str | None = Field(default="glm45", description="--reasoning-parser")
     default_chat_template_kwargs: dict[str, Any] | None = Field(
         default_factory=lambda: {"enable_thinking": True}, description="--default-chat-template-kwargs (JSON)")
     compilation: CompilationConfig = Field(default_factory=CompilationConfig)
-    enforce_eager: bool = False
-    attention_backend: str | None = None
+    enforce_eager: bool = Field(default=False, description="--enforce-eager: no CUDA graphs (the launcher's EAGER=1); "
+                                "the graphs gate fails on it")
+    attention_backend: str | None = Field(default=None, description="--attention-backend (null: vLLM picks)")
     host: str | None = Field(default=None, description="API bind address on the head (None = all)")
-    port: int = Field(default=8000, ge=1, le=65535)
+    port: int = Field(default=8000, ge=1, le=65535, description="--port: the API port on the head")
     api_key_env: str | None = Field(default=None, description="name of an env var holding the API key")
     api_key_file: Path | None = Field(default=None, description="file holding the API key")
     env: dict[str, str] = Field(
@@ -272,7 +298,8 @@ class ServeConfig(Strict):
         description="extra environment for every rank (the default: the card's image/GPU-specific variables)",
     )
     extra_args: list[str] = Field(default_factory=list, description="extra vllm serve arguments, verbatim")
-    ready_timeout_s: float = Field(default=3600.0, gt=0)
+    ready_timeout_s: float = Field(default=3600.0, gt=0, description="seconds `up` waits for the head to serve before "
+                                   "it stops every rank (a cold boot JIT-compiles kernels)")
     vllm: str = Field(default="vllm", min_length=1, description="runtime: process only — the executable run as "
                       "`<vllm> serve …` on every node (a name looked up on the node's PATH, or a path), or a "
                       "venv directory (then <dir>/bin/vllm)")
@@ -332,21 +359,29 @@ class ServeConfig(Strict):
 
 
 class SpeculativeConfig(Strict):
-    method: Literal["dflash"] = "dflash"
-    num_speculative_tokens: int = Field(default=7, ge=1)
-    attention_backend: str | None = None
+    method: Literal["dflash"] = Field(default="dflash", description="the --speculative-config method: dflash, for "
+                                      "DFlash and DFlash2 drafters")
+    num_speculative_tokens: int = Field(default=7, ge=1, description="K, the tokens drafted per step: the drafter "
+                                        "card's block_size - 1; more is refused, fewer boots with a warning")
+    attention_backend: str | None = Field(default=None, description="the drafter's attention_backend in "
+                                          "--speculative-config (null: vLLM picks)")
 
 
 class SmokeCell(Strict):
-    prompts: int = Field(default=20, ge=1)
-    concurrency: int = Field(default=1, ge=1)
-    max_tokens: int = Field(default=512, ge=1)
-    request_timeout_s: float = Field(default=120.0, gt=0)
+    prompts: int = Field(default=20, ge=1, description="requests in the smoke cell")
+    concurrency: int = Field(default=1, ge=1, description="smoke requests in flight at once")
+    max_tokens: int = Field(default=512, ge=1, description="max_tokens of each smoke request")
+    request_timeout_s: float = Field(default=120.0, gt=0, description="the deadline of each smoke request; one past "
+                                     "it fails the smoke gate")
 
 
 class GatesConfig(Strict):
-    pool_tokens: int | None = Field(default=366749, ge=1)
-    mask_token_id: int | None = 154856
+    pool_tokens: int | None = Field(default=366749, ge=1, description="the KV pool every rank must report (`KV cache "
+                                    "size: N tokens`: the card's 8-GiB discriminator); null: the pool banked for this "
+                                    "deployment (`gates --bank`), else any")
+    mask_token_id: int | None = Field(default=154856, description="the id the mask gate expects in the mask-loader "
+                                      "line, checked against the drafter's config by validate; null: the gate is "
+                                      "required only for a drafter with mask_embedding.pt")
     smoke: SmokeCell = Field(default_factory=SmokeCell)
     # how long `up` watches, not what runs: excluded from the dump, so not part of the deployment fingerprint
     settle_s: float = Field(default=3.0, ge=0, exclude=True, description="after the gates pass, `up` keeps "
@@ -367,15 +402,18 @@ CacheRoot = Annotated[str, AfterValidator(_run_dir)]
 class ContainerConfig(Strict):
     """How each rank's container is run. The rig turns GPUs and RDMA devices off."""
 
-    name_prefix: str = Field(default="sparkserve", pattern=r"^[a-z0-9][a-z0-9_.-]*$")
-    gpus: Literal["all", "none"] = "all"
-    rdma_devices: list[str] = Field(default_factory=lambda: ["/dev/infiniband"])
+    name_prefix: str = Field(default="sparkserve", pattern=r"^[a-z0-9][a-z0-9_.-]*$", description="container names: "
+                             "{prefix}-r{rank}-{node}")
+    gpus: Literal["all", "none"] = Field(default="all", description="--gpus all, or none (the rig: no GPU)")
+    rdma_devices: list[str] = Field(default_factory=lambda: ["/dev/infiniband"], description="devices passed with "
+                                    "--device (the RDMA devices NCCL needs; empty without RDMA)")
     shm_size: ByteSize | None = Field(default=None, description="ignored: the containers share the host's IPC "
                                       "namespace (--ipc=host), so /dev/shm is the host's and docker drops "
                                       "--shm-size; kept so older configs load (validate warns)")
     cache_root: CacheRoot = Field(default="~/.cache/sparkserve", description="JIT caches on each node (~/ = the "
                                   "node user's home), one directory per image ID")
-    stop_timeout_s: int = Field(default=30, ge=1)
+    stop_timeout_s: int = Field(default=30, ge=1, description="docker stop -t: seconds a rank has to exit before it "
+                                "is killed (never rm -f a GPU-active container on GB10)")
     memlock: int = Field(default=-1, ge=-1, description="RLIMIT_MEMLOCK bytes for RDMA (-1 = unlimited)")
     memory: ByteSize | None = Field(default=118 * 2**30, description="docker --memory (the card: 118g; null: no "
                                     "limit)")
@@ -397,14 +435,15 @@ class WatchdogConfig(Strict):
 
     memory_floor_bytes: ByteSize = Field(default=8 * 2**30, description="the hard floor: MemFree below it, after a "
                                          "drop and compaction, stops every rank")
-    enabled: bool = True
+    enabled: bool = Field(default=True, description="the unified-memory watchdog during every boot (false: off)")
     # how `up` watches, not what runs: excluded from the dump, so not part of the deployment fingerprint
     soft_floor_bytes: ByteSize = Field(default=12 * 2**30, exclude=True, description="MemFree below it: drop the "
                                        "page cache and compact (at most every drop_interval_s; never below the "
                                        "hard floor)")
     high_order_floor_bytes: ByteSize = Field(default=2 * 2**30, exclude=True, description="free memory in blocks "
                                              "of order >= 9 (/proc/buddyinfo) below it: compact")
-    drop_interval_s: float = Field(default=15.0, ge=0, exclude=True)
+    drop_interval_s: float = Field(default=15.0, ge=0, exclude=True, description="at least this many seconds between "
+                                   "two page-cache drops under the soft floor")
     drop_caches: bool = Field(default=True, exclude=True, description="before ranks start, `sync`, drop the page "
                               "cache and compact on every node (sudo -n; `doctor` prints the sudoers line)")
 
@@ -440,7 +479,7 @@ class SuperviseConfig(Strict):
     interval_s: float = Field(default=5.0, gt=0, description="one round of checks every N seconds")
     canary_deadline_s: float = Field(default=10.0, gt=0, description="a canary generation slower than this "
                                      "is a failed progress check")
-    canary_max_tokens: int = Field(default=4, ge=1, le=64)
+    canary_max_tokens: int = Field(default=4, ge=1, le=64, description="max_tokens of each canary generation")
     stall_s: float = Field(default=15.0, gt=0, description="requests running while the generation counters "
                            "stay frozen this long = wedged")
     confirm_rounds: int = Field(default=1, ge=1, description="rounds a fault must hold before recovery acts")
@@ -455,12 +494,14 @@ class SuperviseConfig(Strict):
                               "({node} = the node's name: a fake source for tests)")
     kmsg_path: str = Field(default="/dev/kmsg", description="each node's kernel log (NVRM / Xid lines); a "
                            "plain file is read as text ({node} as above)")
-    log_follow: bool = True
+    log_follow: bool = Field(default=True, description="read every rank's new log lines each round and judge them for "
+                             "fault lines (false: do not)")
     max_restarts: int = Field(default=3, ge=0, description="the give-up budget: restarts within budget_window_s")
-    budget_window_s: float = Field(default=1800.0, gt=0)
+    budget_window_s: float = Field(default=1800.0, gt=0, description="the window, in seconds, in which the give-up "
+                                   "budget counts restarts")
     backoff_s: float = Field(default=10.0, ge=0, description="the first wait before a restart; doubled each "
                              "time, up to backoff_max_s")
-    backoff_max_s: float = Field(default=300.0, ge=0)
+    backoff_max_s: float = Field(default=300.0, ge=0, description="the longest wait between two restarts, in seconds")
     recover: bool = Field(default=True, description="false: detect, keep forensics and alert, never restart")
     incidents_dir: str | None = Field(default=None, description="where incident dirs go (default: the "
                                       "state dir's supervise/incidents)")
@@ -477,7 +518,8 @@ class Config(BaseSettings):
         env_prefix=ENV_PREFIX, env_nested_delimiter="__", extra="forbid", validate_assignment=True
     )
 
-    nodes: list[NodeConfig] = Field(min_length=1)
+    nodes: list[NodeConfig] = Field(min_length=1, description="the Sparks, in order: the first is the head (API "
+                                    "server, node-rank 0), the others followers")
     replicas: int = Field(default=1, ge=1, description="copies of the stack behind vllm-router: `nodes` split in "
                           "order into this many equal groups, each one TP x EP stack (docs: replicas)")
     runtime: Literal["docker", "process"] = Field(

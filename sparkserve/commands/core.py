@@ -243,6 +243,8 @@ def render(
             if plan.runtime == "process":  # a host process in its own session: env + argv (secrets stay out)
                 out.append(_shell(["env", *(f"{k}={v}" for k, v in s.env.items()), *plan.process_argv(s)]))
             else:
+                if s.make_dirs:  # docker refuses a bind mount whose source does not exist
+                    out.append(_shell(["mkdir", "-p", "--", *s.make_dirs]))
                 out.append(_shell(s.docker_run_argv()))
             if s.exec_after_join:
                 out.append("# then, once every Ray worker has joined:")

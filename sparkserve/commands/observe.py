@@ -137,6 +137,10 @@ def _print_analysis(a: Analysis) -> None:
         )
     if a.artefacts:
         console.print(f"  ({len(a.artefacts)} shutdown artefact line(s) after a deliberate stop, not faults)")
+    if a.request_errors:  # requests answered with an error: the server went on (not engine faults)
+        log, e = a.request_errors[0]
+        console.print(f"  {len(a.request_errors)} request error(s), not faults; first {escape(log.file)}:{e.line}: "
+                      f"{escape(e.text)}", soft_wrap=True)
 
 
 def gates_cmd(
@@ -152,12 +156,13 @@ def gates_cmd(
     skip: Annotated[
         list[str] | None,
         typer.Option(
-            "--skip", help="a gate not to judge (repeatable): pool graphs mask smoke faults runner identity"
-        ),
+            "--skip", help="a gate not to judge (repeatable): pool graphs mask smoke faults runner signature "
+            "identity"),
     ] = None,
     accept_new: AcceptNew = False,
 ) -> None:
-    """The production gates across every node: pool, graphs, mask, smoke, faults, runner, identity."""
+    """The production gates on every node: the model card's five (pool, graphs, mask, smoke, faults) and
+    sparkserve's three more (runner, signature, identity)."""
     skips = list(skip or [])
     bad = [s for s in skips if s not in GATE_NAMES]
     if bad:

@@ -118,7 +118,11 @@ def _scope(s: str) -> Literal["user", "system"]:
 def service_install_cmd(config: ConfigOpt = None, scope: ScopeOpt = "user", unit_dir: UnitDirOpt = None,
                         no_start: Annotated[bool, typer.Option("--no-start", help="enable, do not start")] = False,
                         ) -> None:
-    """Write the unit for `supervise --up -c CONFIG`, reload systemd, enable and start it."""
+    """Write the unit for `supervise --up -c CONFIG`, reload systemd, enable and start it.
+
+    Either scope brings the stack back after a reboot: --scope system (with sudo) runs as the sudo caller,
+    after network-online.target and docker.service; --scope user waits for the nodes itself (`service wait`)
+    and needs lingering, which it turns on (or says it could not)."""
     from sparkserve.operate.service import install
 
     path = find_config_path(config)
@@ -149,7 +153,21 @@ def service_status_cmd(scope: ScopeOpt = "user", unit_dir: UnitDirOpt = None) ->
         raise typer.Exit(1)
 
 
+def service_wait_cmd(config: ConfigOpt = None, timeout: Annotated[float, typer.Option(
+        "--timeout", help="give up after this many seconds (exit 3)")] = 600.0) -> None:
+    """Wait until every node's SSH port (and a local node's docker API) answers: a user unit's ExecStartPre,
+    since a user manager cannot order itself after network-online.target or docker.service."""
+    from sparkserve.operate.service import wait_for_nodes
+
+    path = find_config_path(config)
+    if path is None:
+        raise BadInput("--config", "no config file (-c sparkserve.yaml)")
+    waited = wait_for_nodes(config_from(path, check=True), timeout_s=timeout, say=print)
+    print(f"service: every node answers (after {waited:.0f}s)")
+
+
 service_app.command("install")(service_install_cmd)
+service_app.command("wait")(service_wait_cmd)
 service_app.command("uninstall")(service_uninstall_cmd)
 service_app.command("status")(service_status_cmd)
 

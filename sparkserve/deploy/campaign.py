@@ -23,13 +23,13 @@ The campaign never writes the config file.
 
 from __future__ import annotations
 
-import asyncio
 import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sparkserve import interrupts
 from sparkserve.config import Config, resolve_api_key
 from sparkserve.deploy.drafter import sync_drafter
 from sparkserve.deploy.gates_live import boot_id
@@ -59,7 +59,6 @@ from sparkserve.measure.prompts import BUILTIN_NAME, PromptSet, builtin_prompts,
 from sparkserve.measure.records import CARD, FORCED, Sampling, sampling_for
 from sparkserve.measure.run import run_cell_outcomes_async, target_template
 from sparkserve.models.manifest import manifest
-from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node
 
 
@@ -426,10 +425,11 @@ def _one_slot(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec,
         cells_left[cs.name] -= 1
         t = time.monotonic()
         try:
-            result, outcomes = asyncio.run(run_cell_outcomes_async(
+            result, outcomes = interrupts.run_async(
+                run_cell_outcomes_async,
                 res.api_url, res.served_name, cs.cell(), prompt_set, sampling=sampling, node=cfg.head.name,
                 api_key=resolve_api_key(cfg), progress=progress, template=template,
-            ))
+            )
         except SparkserveError as e:
             if interrupted(e):
                 raise

@@ -14,8 +14,8 @@ import sys
 import time
 from collections.abc import Iterator
 
+from sparkserve import interrupts
 from sparkserve.errors import RemoteFailure
-from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node
 
 LOCK_DIR = "/tmp/sparkserve.deploy.lock"

@@ -19,7 +19,7 @@ Steps (two remote commands when something changed, one when nothing did):
    verification overlaps the transfer; after the copy it hashes whatever is left.
 4. The node's resulting manifest must equal the local one, file by file.
 
-An interrupt (Ctrl-C, SIGTERM, SIGHUP: :mod:`sparkserve.nodes.interrupts`) stops a copy within
+An interrupt (Ctrl-C, SIGTERM, SIGHUP: :mod:`sparkserve.interrupts`) stops a copy within
 ``STOP_POLL_S``: rsync and its ssh are ended, and the verifier, told to abort, deletes the temp files the
 copy left on the node; files already renamed into place are whole.
 """
@@ -41,9 +41,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from sparkserve import interrupts
 from sparkserve.deploy.sync_remote import remote_program, verify_program
 from sparkserve.models.manifest import FileEntry, Manifest, manifest
-from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node, NodeError
 from sparkserve.nodes.parallel import on_all
 

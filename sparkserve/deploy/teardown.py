@@ -1,7 +1,7 @@
 """Taking down what a run started: save every log first, stop (gracefully) and remove, head first.
 
 Cleanup must finish even when the operator presses Ctrl-C again (or SIGTERM/SIGHUP arrives:
-:mod:`sparkserve.nodes.interrupts`), and a failure during it must still read
+:mod:`sparkserve.interrupts`), and a failure during it must still read
 as the failure that caused it: :func:`explain_failure` turns whatever ended an `up` into the one error the
 operator sees, with where the saved logs are. Only containers labelled ``io.sparkserve.managed=1`` (the ids
 callers pass in come from that label) are ever stopped or removed.
@@ -19,9 +19,9 @@ from pathlib import Path
 
 from platformdirs import user_state_dir
 
+from sparkserve import interrupts
 from sparkserve.config import Config
 from sparkserve.errors import RemoteFailure, SparkserveError
-from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.parallel import on_all
 from sparkserve.nodes.runtime import engine_for

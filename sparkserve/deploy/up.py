@@ -23,6 +23,7 @@ from dataclasses import dataclass, field, fields
 from types import ModuleType
 from typing import Any
 
+from sparkserve import interrupts
 from sparkserve.config import Config, resolve_api_key
 from sparkserve.deploy import lock
 from sparkserve.deploy.doctor import Check, check_all, check_ports
@@ -34,11 +35,10 @@ from sparkserve.deploy.probe import probe_node
 from sparkserve.deploy.stack import managed_on_all
 from sparkserve.deploy.sync import RemoteState
 from sparkserve.deploy.teardown import Reporter, explain_failure, interrupted, interrupted_what, quiet, teardown
-from sparkserve.deploy.wait import NodeView, served_models, wait_ready, wait_running, watch_alive
+from sparkserve.deploy.wait import NodeView, daemons_answer, served_models, wait_ready, wait_running, watch_alive
 from sparkserve.deploy.watchdog import watchdog_floors
 from sparkserve.errors import BadInput, CheckRefused, GateFailed, RemoteFailure, SparkserveError
 from sparkserve.journal import record
-from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.engine import ManagedContainer
 from sparkserve.nodes.factory import docker_opening
@@ -437,7 +437,7 @@ def _start(plan: Plan, nodes: dict[str, Node], started: dict[str, list[str]], sa
             spec = spec.model_copy(update={"labels": {**spec.labels, LABEL_ENGINE_ID: image_id}})
             # a process rank's id is known before it starts: a start cut short is still torn down
             started.setdefault(node, []).append(rank_id(plan.fingerprint, spec.rank))
-        cid = engine_for(nodes[node], plan).run(spec, create_rw_mount_dirs=False)  # the preflight made them
+        cid = engine_for(nodes[node], plan).run(spec, make_dirs=False)  # the preflight made them
         if cid not in started.get(node, []):
             started.setdefault(node, []).append(cid)
         containers[node] = cid
@@ -470,10 +470,10 @@ def _gate(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str,
     try:
         report = gates_live().collect_and_judge(cfg, nodes, plan, containers, say=say)
     except SparkserveError:
-        _daemons_answer(cfg, nodes, plan, containers, "while the gates ran")
+        daemons_answer(cfg, nodes, plan, containers, "while the gates ran")
         raise
     if not report.ok:
-        _daemons_answer(cfg, nodes, plan, containers, "while the gates ran")
+        daemons_answer(cfg, nodes, plan, containers, "while the gates ran")
     for g in report.gates:
         say(f"gate {g.name}: {'skipped' if g.skipped else 'ok' if g.ok else 'FAIL'} — {g.reason}")
     if not report.ok:
@@ -481,21 +481,6 @@ def _gate(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str,
         raise GateFailed("gates", f"{', '.join(failed)} failed after boot; the stack was stopped",
                          details=_gate_lines(report))
     return report
-
-
-def _daemons_answer(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str, str], when: str) -> None:
-    """RemoteFailure (exit 3, step "docker") naming the first node whose docker daemon does not answer (runtime
-    docker only)."""
-    if plan.runtime != "docker":
-        return
-    names = [n.name for n in cfg.nodes if n.name in containers]
-    answers = on_all(names, lambda name: bool(getattr(engine_for(nodes[name], plan), "daemon_answers", lambda: True)()))
-    for name in names:
-        if not answers[name]:
-            rank = next((s.rank for s in plan.specs if s.node == name), "?")
-            raise RemoteFailure(f"{name}: docker", f"the node's docker daemon stopped answering {when}; rank {rank} "
-                                f"container {containers[name][:12]} may still be on the node — run `sparkserve down` "
-                                "once its docker is back", node=name, step="docker")
 
 
 def gates_live() -> ModuleType:

@@ -21,11 +21,11 @@ from datetime import datetime
 from typing import Literal
 from urllib.parse import SplitResult, urlsplit
 
-from sparkserve.config import API_KEY_ENV
+from sparkserve.config import API_KEY_ENV, Config
 from sparkserve.deploy.watchdog import Floors, Phase, phase_of_line
-from sparkserve.errors import RemoteFailure
+from sparkserve.errors import RemoteFailure, SparkserveError
 from sparkserve.nodes.base import Node, NodeError
-from sparkserve.nodes.engine import NoSuchContainer
+from sparkserve.nodes.engine import ContainerState, NoSuchContainer
 from sparkserve.nodes.parallel import on_all
 from sparkserve.nodes.runtime import Runtime, engine_for
 from sparkserve.observe.logpatterns import FATAL, PEER_LOST
@@ -46,6 +46,7 @@ class NodeView:
     stamps: list[str] = field(default_factory=list)  # docker's timestamp of each line of ``log``
     failure: BootFailure | None = None
     failed_at: float | None = None  # unix time of the failure (first fatal line, container exit)
+    when: str = "during the boot"  # the watch's phase, as a failure of the node's docker names it
 
 
 class BootFailure(RemoteFailure):
@@ -135,8 +136,12 @@ def _poll_node(view: NodeView, eng: Runtime, node: Node, floors: Floors | None) 
                 fatal_at = _stamp(stamp)
     if lines:
         view.last_line = lines[-1][-160:]
-    if not st.running and st.exit_code in STOPPED_BY_SIGNAL and not eng.daemon_answers(watch_s=DAEMON_WATCH_S):
+    if not st.running and not eng.daemon_answers(watch_s=_daemon_watch_s(st)):
         _daemon_gone(view, f"rank {view.rank}'s container was stopped with it", _stamp(st.finished_at))
+        return
+    if stopped_by_signal(st) and eng.restarted_since(view.container, st.started_at):
+        _daemon_gone(view, f"it restarted since rank {view.rank}'s container started, and stopped that container",
+                     _stamp(st.finished_at))
         return
     if not st.running:
         why = f"exit code {'unknown' if st.exit_code is None else st.exit_code}" + (
@@ -173,16 +178,29 @@ def headline(line: str, width: int = 240) -> str:
     return _clip(msg.strip(), width)
 
 
-# Exit codes of an engine that was told to stop (SIGTERM handled, or not): during a boot nobody but a
-# shutting-down docker daemon tells it, so only then is the daemon watched before the exit is believed.
-STOPPED_BY_SIGNAL = (0, 143)
+# Exit codes of an engine that was told to stop: SIGTERM handled (0) or not (143), or SIGKILL (137: a daemon's
+# shutdown after the stop timeout, or containerd going down with a killed dockerd). During a boot or the settle
+# window nobody but a failing docker daemon does that, so then the daemon is watched before the exit is believed;
+# any other exit is checked with one ping (the daemon is asked before the container is blamed). An OOM kill
+# (137 with OOMKilled) is the container's own.
+STOPPED_BY_SIGNAL = (0, 137, 143)
 DAEMON_WATCH_S = 2.0
+
+
+def stopped_by_signal(st: ContainerState) -> bool:
+    """A stopped container that something told to stop (not an OOM kill): its daemon is asked first."""
+    return not st.running and st.exit_code in STOPPED_BY_SIGNAL and not st.oom_killed
+
+
+def _daemon_watch_s(st: ContainerState) -> float:
+    """How long to watch the daemon before believing that a stopped container stopped on its own."""
+    return DAEMON_WATCH_S if stopped_by_signal(st) else 0.0
 
 
 def _daemon_gone(view: NodeView, why: str, at: float | None) -> None:
     """The node's docker daemon stopped answering: a failure of the node, not an exit of the engine. The
     container cannot be asked to stop while the daemon is gone, so the failure names it."""
-    what = (f"the node's docker daemon stopped answering during the boot ({why}); rank {view.rank} container "
+    what = (f"the node's docker daemon stopped answering {view.when} ({why}); rank {view.rank} container "
             f"{view.container[:12]} may still be on the node — run `sparkserve down` once its docker is back")
     view.failure = BootFailure(view.node, "docker", what, explain(view.log))
     view.failed_at = at if at is not None else time.time()
@@ -372,13 +390,50 @@ def watch_alive(plan: Plan, nodes: dict[str, Node], containers: dict[str, str], 
     dies or logs a fatal line just after them fails `up` too. Raises BootFailure at the step "settle"."""
     t0 = time.monotonic()
     views = _views(plan, containers)
+    for v in views:
+        v.when = "after the gates passed"
     engines = {name: engine_for(nodes[name], plan) for name in containers}
     while True:
         try:
             _poll_all(views, engines, nodes, None)
         except BootFailure as e:
+            if e.step == "docker":  # the node's docker, not the rank: its headline already says when
+                raise
             raise BootFailure(e.node or "?", "settle", f"{e.what}, {time.monotonic() - t0:.1f}s after the gates "
                               "passed", e.details) from None
         if time.monotonic() - t0 >= seconds:
             return
         time.sleep(poll_s)
+
+
+def daemons_answer(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[str, str], when: str) -> None:
+    """RemoteFailure (exit 3, step "docker") naming the first node whose docker daemon does not answer (runtime
+    docker only)."""
+    if plan.runtime != "docker":
+        return
+    names = [n.name for n in cfg.nodes if n.name in containers]
+    answers = on_all(names, lambda name: _daemon_verdict(engine_for(nodes[name], plan), containers[name]))
+    for name in names:
+        rank = next((s.rank for s in plan.specs if s.node == name), "?")
+        if answers[name] == "gone":
+            raise RemoteFailure(f"{name}: docker", f"the node's docker daemon stopped answering {when}; rank {rank} "
+                                f"container {containers[name][:12]} may still be on the node — run `sparkserve down` "
+                                "once its docker is back", node=name, step="docker")
+        if answers[name] == "restarted":
+            raise RemoteFailure(f"{name}: docker", f"the node's docker daemon stopped answering {when} (it restarted "
+                                f"since rank {rank}'s container {containers[name][:12]} started, and stopped that "
+                                "container)", node=name, step="docker")
+
+
+def _daemon_verdict(eng: Runtime, container: str) -> str:
+    """``gone`` (the node's docker does not answer), ``restarted`` (it answers, but restarted since the rank's
+    container started and stopped it: see Engine.restarted_since) or ``ok``."""
+    if not eng.daemon_answers():
+        return "gone"
+    try:
+        st = eng.state(container)
+    except SparkserveError:
+        return "ok"  # the gates' own verdict stands
+    if stopped_by_signal(st) and eng.restarted_since(container, st.started_at):
+        return "restarted"
+    return "ok"

@@ -41,6 +41,7 @@ import httpx
 from sparkserve import journal
 from sparkserve.config import Config, resolve_api_key
 from sparkserve.errors import BadInput, RemoteFailure
+from sparkserve.interrupts import run_async
 from sparkserve.measure.chat_template import ChatTemplate, TemplateError, load_chat_template
 from sparkserve.measure.client import CHAT_PATH, request_body, stream_request
 from sparkserve.measure.completions import CARD_DEADLINE_S, COMPLETIONS_PATH, card_body, complete_request
@@ -284,7 +285,7 @@ async def run_cell_outcomes_async(
 
 def run_cell(base_url: str, model: str, cell: Cell, prompt_set: PromptSet, **kw: Any) -> BenchResult:
     """Run one cell against a live server and return its record (keywords: see :func:`run_cell_async`)."""
-    return asyncio.run(run_cell_async(base_url, model, cell, prompt_set, **kw))
+    return run_async(run_cell_async, base_url, model, cell, prompt_set, **kw)
 
 
 def target_template(cfg: Config, path: Path | None) -> ChatTemplate:

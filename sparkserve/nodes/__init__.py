@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from sparkserve.nodes.local import LocalNode
     from sparkserve.nodes.ssh import SSHNode
 
-# re-exported lazily: `import sparkserve.nodes.interrupts` (every CLI start) must not import paramiko/docker
+# re-exported lazily: importing one nodes module (the CLI imports few) must not import paramiko/docker
 _WHERE = {"CommandResult": "base", "Node": "base", "NodeError": "base", "RsyncRemote": "base",
           "close_nodes": "factory", "connect_nodes": "factory", "make_node": "factory", "open_nodes": "factory",
           "LocalNode": "local", "SSHNode": "ssh"}

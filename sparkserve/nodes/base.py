@@ -151,7 +151,7 @@ class Node(Protocol):
     def put(self, local: Path, remote: str, *, mode: int | None = None, preserve_mtime: bool = False,
             on_bytes: Callable[[int], None] | None = None) -> None:
         """Copy a local file to ``remote`` atomically (temp name + rename); parent dirs are created.
-        ``on_bytes(n)``: n bytes of this file are written so far. An interrupt (nodes.interrupts) stops it
+        ``on_bytes(n)``: n bytes of this file are written so far. An interrupt (sparkserve.interrupts) stops it
         within about a second, leaving no temp file."""
         ...
 

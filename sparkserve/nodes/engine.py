@@ -127,16 +127,15 @@ class Engine:
 
     # -- containers -----------------------------------------------------------------------------------
 
-    def run(self, spec: ContainerSpec, *, create_rw_mount_dirs: bool = True) -> str:
+    def run(self, spec: ContainerSpec, *, make_dirs: bool = True) -> str:
         """Create and start ``spec``'s container (detached, with its restart policy and stop timeout); return
-        its id.
+        its id. ``make_dirs``: create the spec's ``make_dirs`` first (False: the caller made them).
 
         Never pulls. A name clash is reported, never resolved by removing the other container.
         """
-        if create_rw_mount_dirs:
-            for m in spec.mounts:
-                if not m.read_only:
-                    self.node.makedirs(m.source)
+        if make_dirs:
+            for d in spec.make_dirs:
+                self.node.makedirs(d)
         kw = spec.docker_sdk_kwargs()
         with self._step("run", spec.name):
             api = self.client.api  # low-level: docker-py's containers.create has no stop_timeout
@@ -246,6 +245,26 @@ class Engine:
             if time.monotonic() >= deadline:
                 return True
             time.sleep(every_s)
+
+    def restarted_since(self, ref: str | ManagedContainer, started_at: str) -> bool:
+        """Whether the node's docker daemon restarted after the container started at ``started_at`` (its
+        ``State.StartedAt``): docker keeps its events in memory only, so a daemon that restarted since has no
+        record of that start. A daemon killed and restarted between two looks (systemd's Restart=always) answers
+        again by the next one and reports the rank's container exited 137, as if the engine had died: this is how
+        the difference is seen. False when the question cannot be asked (no start time, an unreadable stream)."""
+        at = _unix(started_at)
+        if at is None:
+            return False
+        ident = ref.id if isinstance(ref, ManagedContainer) else ref
+        try:
+            with self._step("events", ident[:12]):
+                # both bounds on the daemon's own clock (the start event is stamped a few ms after StartedAt): the
+                # stream ends by itself, whatever this machine's clock says
+                wanted = {"container": [ident], "event": ["start"], "type": ["container"]}
+                events = self.client.api.events(since=at - 1.0, until=at + 1.0, decode=True, filters=wanted)
+                return not any(True for _ in events)
+        except NodeError:
+            return False
 
     def stop_graceful(self, ref: str | ManagedContainer, timeout: int) -> None:
         """``docker stop -t timeout``: SIGTERM, then SIGKILL after ``timeout`` s. Managed containers only."""
@@ -395,3 +414,14 @@ class Engine:
         Compare ranks with each other on the whole dict; compare with the plan on parity_view's keys."""
         spec, image_id = self.inspect_spec(ref)
         return parity_view(spec) | {"image_id": image_id}
+
+
+def _unix(stamp: str) -> float | None:
+    """Docker's RFC 3339 time (``2026-12-02T08:05:58.014025493Z``) → unix seconds; None for docker's zero time."""
+    if not stamp or stamp.startswith("0001-"):
+        return None
+    base, _, frac = stamp.rstrip("Z").partition(".")
+    try:
+        return datetime.fromisoformat(base + "+00:00").timestamp() + float(f"0.{frac or 0}")
+    except ValueError:
+        return None

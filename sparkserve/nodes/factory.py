@@ -24,8 +24,8 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from sparkserve import interrupts
 from sparkserve.errors import BadInput, RemoteFailure, SparkserveError
-from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.local import LocalNode
 from sparkserve.nodes.parallel import on_all
@@ -53,7 +53,8 @@ def check_identity_file(cfg: Config) -> None:
         return
     if not own.is_file():
         why = "is not a file" if own.exists() else "does not exist"
-        raise BadInput("ssh.identity_file", f"{own} {why} (null: use ~/.ssh/config's IdentityFile or the ssh-agent)")
+        raise BadInput("ssh.identity_file", f"{own} {why}; fix the path, or delete the line to log in as `ssh` does "
+                       "(~/.ssh/config's IdentityFile, the ssh-agent, OpenSSH's default key files)")
 
 
 def connect_nodes(cfg: Config, *, names: list[str] | None = None,

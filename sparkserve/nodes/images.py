@@ -24,8 +24,8 @@ from dataclasses import dataclass
 
 import docker.errors
 
+from sparkserve import interrupts
 from sparkserve.errors import RemoteFailure
-from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import CommandResult, Node, NodeError, RemoteProcess
 from sparkserve.nodes.docker_client import docker_errors
 from sparkserve.nodes.parallel import on_all

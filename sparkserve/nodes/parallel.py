@@ -6,8 +6,8 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from typing import Any, TypeVar
 
+from sparkserve import interrupts
 from sparkserve.errors import RemoteFailure, SparkserveError
-from sparkserve.nodes import interrupts
 
 T = TypeVar("T")
 R = TypeVar("R")

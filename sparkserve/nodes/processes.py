@@ -88,12 +88,12 @@ class ProcessEngine:
 
     # -- start ------------------------------------------------------------------------------------------
 
-    def run(self, spec: ContainerSpec, *, create_rw_mount_dirs: bool = True, argv: list[str] | None = None) -> str:
+    def run(self, spec: ContainerSpec, *, make_dirs: bool = True, argv: list[str] | None = None) -> str:
         """Start ``spec``'s rank as a host process in its own session; return its rank id.
 
         ``argv`` is what runs (default: the spec's serve argv with ``serve.vllm`` for ``vllm``); env is the
         node's login environment plus the spec's env and secrets (sent on stdin, never in an argv)."""
-        del create_rw_mount_dirs  # no mounts: a host process sees the host paths
+        del make_dirs  # no mounts: a host process sees the host paths
         cmd = list(argv if argv is not None else spec.serve_argv())
         if cmd[:1] == ["vllm"]:
             cmd[0] = self.vllm
@@ -183,6 +183,11 @@ class ProcessEngine:
         """There is no daemon: a process runtime node answers when its SSH does."""
         del watch_s, every_s
         return True
+
+    def restarted_since(self, ref: str | ManagedContainer, started_at: str) -> bool:
+        """There is no daemon to restart under a host process."""
+        del ref, started_at
+        return False
 
     # -- logs -------------------------------------------------------------------------------------------
 

@@ -24,8 +24,8 @@ import threading
 import time
 from collections.abc import Sequence
 
+from sparkserve import interrupts
 from sparkserve.errors import RemoteFailure
-from sparkserve.nodes import interrupts
 from sparkserve.nodes.base import CommandResult, Node, NodeError, RemoteProcess
 from sparkserve.nodes.images import LayerShip, Progress, ShipPlan, free_bytes, image_identity, plan_ship
 from sparkserve.nodes.registry_node import pull_program, serve_program

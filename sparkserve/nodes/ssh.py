@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import paramiko
 
-from sparkserve.nodes import interrupts
+from sparkserve import interrupts
 from sparkserve.nodes.base import CommandResult, NodeError, RsyncRemote
 from sparkserve.nodes.ssh_connect import SSHTarget, close_client, open_client
 from sparkserve.nodes.ssh_process import SSHProcess, command_line
@@ -40,7 +40,7 @@ PUT_CHUNK = 2**20  # put() looks at the stop flag once per chunk: an interrupt s
 
 
 class _Stopped(Exception):
-    """put() saw the interrupt flag (nodes.interrupts) between two chunks."""
+    """put() saw the interrupt flag (sparkserve.interrupts) between two chunks."""
 
 
 class SSHNode:

@@ -6,7 +6,8 @@ A node's ``host`` may be an alias (``spark1``) that only ``~/.ssh/config`` knows
 always verified). What the sparkserve config sets explicitly wins, as OpenSSH's command line does:
 ``nodes[].user`` / ``nodes[].port`` when written in the file, ``ssh.known_hosts`` when written.
 
-Keys: ``ssh.identity_file`` (when the file exists) and the ``IdentityFile`` entries are offered first, then
+Keys: ``ssh.identity_file`` (when the file exists) and the ``IdentityFile`` entries are offered first (with
+neither written, OpenSSH's default keys ``~/.ssh/id_{rsa,ecdsa,ed25519}`` that exist), then
 the ssh-agent (``SSH_AUTH_SOCK``) unless ``IdentitiesOnly yes`` or ``IdentityAgent none`` — with
 ``IdentitiesOnly``, only the agent's keys whose public half is one of those files'.
 
@@ -25,6 +26,10 @@ import paramiko
 
 if TYPE_CHECKING:
     from sparkserve.config import NodeConfig, SSHConfig
+
+
+#: The key files OpenSSH offers when no IdentityFile is named (ssh_config(5)), those paramiko can load.
+OPENSSH_DEFAULT_KEYS = ("id_rsa", "id_ecdsa", "id_ed25519")
 
 
 @dataclass(frozen=True)
@@ -94,6 +99,9 @@ def resolve(node: NodeConfig, ssh: SSHConfig, *, env: dict[str, str] | None = No
         if p not in files:
             files.append(p)
     present = tuple(p for p in files if p.is_file())
+    if not raw and "identity_file" not in ssh.model_fields_set:  # as OpenSSH: its default keys when none is named
+        present += tuple(p for p in (Path(os.path.expanduser(f"~/.ssh/{k}")) for k in OPENSSH_DEFAULT_KEYS)
+                         if p.is_file() and p not in present)
     missing = tuple(p for p in files if not p.is_file())
     identities_only = str(o.get("identitiesonly", "no")).lower() == "yes"
     # paramiko reaches the agent through $SSH_AUTH_SOCK only; `IdentityAgent none` turns it off

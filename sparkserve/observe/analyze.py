@@ -8,10 +8,10 @@
 Unknown stays ``None`` (``null``), never guessed. Ranks are global ranks (:mod:`sparkserve.observe.ranks`);
 the configuration is what the logs print (:mod:`sparkserve.observe.engine_config`).
 
-``ready`` (evidence in ``ready_evidence``): true on the readiness line or when requests were visibly served (a
-throughput line with work done, SpecDecoding metrics); false when the boot plainly
-failed (:data:`~sparkserve.observe.logpatterns.BOOT_FAILED` on a fault) or an API server started and never got
-ready; null when the log cannot tell — among others when the engine died while serving with the start out of view.
+``ready`` (evidence in ``ready_evidence``) is decided in :mod:`sparkserve.observe.readiness`: true, false or null
+— null when the log cannot tell. Requests the API server answered with an error are ``request_errors`` (a count
+and the first), never faults. When PyTorch's watchdog names a timed-out collective, NCCL's transport WARN lines
+before it are its evidence and sort after it.
 ``faults[0]`` says ``why`` it is a fault. A Ray worker's death is the root cause of the EngineCore error it causes;
 a shared-memory broadcast stall the engine outlived (it got ready after it) is no fault.
 """
@@ -27,16 +27,19 @@ from sparkserve.observe.engine_config import EngineConfig, engine_config
 from sparkserve.observe.events import Event
 from sparkserve.observe.logpatterns import (
     BOOT_FAILED,
-    DIED_SERVING,
+    NCCL_TRANSPORT_WARN,
     PEER_LOST,
     POINTER,
     PROCESS_HEADER,
     RELAYED,
+    WATCHDOG,
     FaultKind,
     Kind,
 )
 from sparkserve.observe.logs import ParsedLog, parse_log
-from sparkserve.observe.ranks import API_NAMES, attribute_ranks, rank_sort
+from sparkserve.observe.nccl_facts import NcclFacts, nccl_facts
+from sparkserve.observe.ranks import attribute_ranks, rank_sort
+from sparkserve.observe.readiness import ReadyEvidence, decide_ready
 
 
 @dataclass
@@ -66,36 +69,6 @@ class Spec:
 
 
 @dataclass
-class NcclFacts:
-    """What one node's log says of NCCL: the library and its version, and the network transport it chose
-    (``IB`` / ``Socket`` / another plugin's name; None when not shown — NCCL_DEBUG below INFO)."""
-
-    version: str | None = None  # NCCL's own `NCCL version x.y.z+cudaX` line, else vLLM's `vLLM is using nccl==`
-    cuda: str | None = None
-    library: str | None = None  # what vLLM loaded: `Found nccl from library …` / VLLM_NCCL_SO_PATH
-    transport: str | None = None
-    devices: str | None = None  # `[0]rocep1s0f1:1/RoCE [1]roceP2p1s0f1:1/RoCE` or the socket interfaces
-    evidence: list[Event] = field(default_factory=list)  # the lines these were read from
-    notes: list[Event] = field(default_factory=list)  # informational NCCL WARN lines (GID table change, …)
-
-    def to_json(self) -> dict[str, Any]:
-        return {"version": self.version, "cuda": self.cuda, "library": self.library, "transport": self.transport,
-                "devices": self.devices, "notes": [e.text for e in self.notes]}
-
-
-@dataclass(frozen=True)
-class ReadyEvidence:
-    """The line ``ready`` was decided on, and why."""
-
-    log: ParsedLog
-    event: Event
-    why: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"file": self.log.file, "line": self.event.line, "text": self.event.text, "why": self.why}
-
-
-@dataclass
 class Analysis:
     """Everything ``logs analyze`` and the gates read off a set of logs."""
 
@@ -115,6 +88,7 @@ class Analysis:
     versions: list[str] = field(default_factory=list)
     ready_evidence: ReadyEvidence | None = None
     failed_boot_kv_cache_tokens: list[int] = field(default_factory=list)  # pools of boots that then died
+    request_errors: list[tuple[ParsedLog, Event]] = field(default_factory=list)  # answered with an error (kind 2)
     nccl: dict[str, NcclFacts] = field(default_factory=dict)  # node → what its log says of NCCL
 
     def events(self, *kinds: Kind) -> list[tuple[ParsedLog, Event]]:
@@ -146,6 +120,11 @@ class Analysis:
                 for log, e in self.faults
             ],
             "ready_evidence": self.ready_evidence.to_json() if self.ready_evidence else None,
+            "request_errors": {
+                "count": len(self.request_errors),
+                "first": next(({"file": log.file, "line": e.line, "text": e.text} for log, e in self.request_errors),
+                              None),
+            },
         }
 
 
@@ -187,7 +166,7 @@ def analyze(logs: Sequence[ParsedLog], node_ranks: Mapping[str, Sequence[str]] |
     if len({s for (_, s) in kv_streams}) == 1:  # one engine: its pool is every rank's pool
         for st in ranks.values():
             st.kv_cache_tokens = list(kv_streams.values())[-1]
-    ready, ready_evidence = _ready(ev, faults)
+    ready, ready_evidence = decide_ready(ev, faults)
     return Analysis(
         logs=list(logs),
         kv_cache_tokens=kv,
@@ -200,6 +179,7 @@ def analyze(logs: Sequence[ParsedLog], node_ranks: Mapping[str, Sequence[str]] |
         model_runner=runner,
         ready=ready,
         faults=faults,
+        request_errors=ev.of(Kind.REQUEST_ERROR),
         artefacts=artefacts,
         tensor_parallel_size=tp_size,
         versions=_versions(ev),
@@ -207,34 +187,6 @@ def analyze(logs: Sequence[ParsedLog], node_ranks: Mapping[str, Sequence[str]] |
         failed_boot_kv_cache_tokens=kv_failed,
         nccl=nccl_facts(logs),
     )
-
-
-def nccl_facts(logs: Sequence[ParsedLog]) -> dict[str, NcclFacts]:
-    """Per node (file): the NCCL version and library its ranks loaded, and the transport NCCL chose. A node whose log
-    shows the socket transport anywhere is on ``Socket`` (one rank falling back is enough to slow the pair)."""
-    out: dict[str, NcclFacts] = {}
-    for log in logs:
-        f = out.setdefault(log.node, NcclFacts())
-        for e in log.of(Kind.NCCL_VERSION, Kind.NCCL_TRANSPORT, Kind.NCCL_NOTE):
-            d = e.data
-            if e.kind is Kind.NCCL_NOTE:
-                f.notes.append(e)
-                continue
-            f.evidence.append(e)
-            if e.kind is Kind.NCCL_VERSION:
-                if d.get("version"):
-                    f.version, f.cuda = d["version"], d.get("cuda") or f.cuda
-                elif d.get("v2") and f.version is None:
-                    f.version = d["v2"]
-                if d.get("library"):
-                    f.library = d["library"]
-            else:
-                net = d.get("net") or d.get("net2")
-                if f.transport != "Socket":  # a fallback anywhere wins
-                    f.transport = net
-                if d.get("devices"):
-                    f.devices = d["devices"].strip()
-    return {n: f for n, f in out.items() if f.evidence or f.notes}
 
 
 def _kv_pool(
@@ -280,11 +232,15 @@ def _died_before_ready(log: ParsedLog, at: int, fault_lines: list[int]) -> bool:
     return any(first_ready is None or f < first_ready for f in later)
 
 
+#: Events that say nothing of a rank's state: where a traceback ran, a request answered with an error.
+_NOT_RANK_STATE = frozenset({Kind.FRAME, Kind.REQUEST_ERROR})
+
+
 def _rank_states(ev: _Events) -> dict[str, RankState]:
     """Per rank: its capture, mask, eager and downgrade lines, whether it finished loading, its nodes."""
     ranks: dict[str, RankState] = {}
     for log, e in ev.all:
-        if e.rank is None:
+        if e.rank is None or e.kind in _NOT_RANK_STATE:
             continue
         st = ranks.setdefault(e.rank, RankState())
         st.nodes.add(log.node)
@@ -380,28 +336,6 @@ def _spec(ev: _Events, cfg: EngineConfig, ranks: dict[str, RankState]) -> Spec:
     return spec
 
 
-def _ready(
-    ev: _Events, faults: Sequence[tuple[ParsedLog, Event]]
-) -> tuple[bool | None, ReadyEvidence | None]:
-    """``ready`` and the line it was decided on (rules: module docstring), strongest evidence first."""
-    for log, e in ev.of(Kind.READY):
-        return True, ReadyEvidence(log, e, "the API server logged its readiness line")
-    for log, e in ev.of(Kind.SERVED) + ev.of(Kind.SPEC_METRICS):
-        if e.data.get("prompt") is None or float(e.data["prompt"]) + float(e.data["gen"]) > 0:
-            return True, ReadyEvidence(log, e, "requests were served")
-    for log, e in faults:
-        if BOOT_FAILED.search(e.rec.msg) or BOOT_FAILED.search(e.data.get("header") or ""):
-            return False, ReadyEvidence(log, e, "the boot failed before the API server got ready")
-    for log, e in faults:
-        if DIED_SERVING.search(e.rec.msg) or DIED_SERVING.search(e.data.get("header") or ""):
-            return None, ReadyEvidence(log, e, "the engine died while serving; its start is not in the log")
-    api = ev.of(Kind.API_SERVER) or ev.of(Kind.NON_DEFAULT_ARGS)
-    named = [(log, e) for log, e in ev.all if e.rec.proc is not None and e.rec.proc.name.startswith(API_NAMES)]
-    for log, e in (api or named)[:1]:
-        return False, ReadyEvidence(log, e, "an API server started and never logged `Application startup complete.`")
-    return None, None
-
-
 def _versions(ev: _Events) -> list[str]:
     versions: list[str] = []
     for _, e in ev.of(Kind.VERSION):
@@ -459,7 +393,11 @@ def _ordered_faults(
                 artefacts.append((log, e))
             else:
                 faults.append((i, eff, log, e))
-    faults.sort(key=lambda x: (is_consequence(x[3]), x[1], _consequence(x[3]), x[0], x[3].sort_line, x[3].line))
+    # NCCL's transport WARN lines are evidence when PyTorch's watchdog names the collective that timed out (kind 3)
+    watchdog = any(WATCHDOG.search(e.rec.msg) for _, _, _, e in faults)
+    evidence = [watchdog and NCCL_TRANSPORT_WARN.search(f[3].rec.text) is not None for f in faults]
+    order = {id(f[3]): is_consequence(f[3]) or ev for f, ev in zip(faults, evidence, strict=True)}
+    faults.sort(key=lambda x: (order[id(x[3])], x[1], _consequence(x[3]), x[0], x[3].sort_line, x[3].line))
     return [(log, e) for _, _, log, e in faults], artefacts
 
 

@@ -3,7 +3,9 @@
 A fault line yields at most one fault event, of the first fault row that matches (table order); an
 ``ERROR`` / ``CRITICAL`` line that no row names is a fault of kind ``other`` — unless it is one line of a
 multi-line message (a traceback frame, code or caret line that ``logger.exception`` prefixed: its exception line
-is the fault) or a request that failed (:data:`~sparkserve.observe.logpatterns.NOT_FAULTS`). Quoted text in a
+is the fault) or a request that failed (:data:`~sparkserve.observe.logpatterns.NOT_FAULTS`; such a line is a
+``request_error`` event instead). A traceback frame line is a ``frame`` event that says whether it is start-up or
+serving code. Quoted text in a
 message (an error relayed from elsewhere) never decides a fault's kind. Each fault says ``why`` it is one.
 """
 
@@ -14,7 +16,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkserve.observe.logline import Record
-from sparkserve.observe.logpatterns import NEEDLE_INDEX, NOT_FAULTS, PATTERNS, FaultKind, Kind
+from sparkserve.observe.logpatterns import (
+    NEEDLE_INDEX,
+    NOT_FAULTS,
+    PATTERNS,
+    REQUEST_ERROR,
+    FaultKind,
+    Kind,
+    frame_phase,
+)
 
 
 @dataclass(slots=True)
@@ -72,7 +82,12 @@ def match_events(rec: Record, anchors: list[int] | None = None) -> list[Event]:
         m = p.regex.search(msg)
         if not m:
             continue
-        events.append(Event(p.kind, rec, m.groupdict(), p.fault))
+        data = m.groupdict()
+        if p.kind is Kind.FRAME:
+            data["phase"] = frame_phase(msg)
+        events.append(Event(p.kind, rec, data, p.fault))
+    if rec.level in ("ERROR", "CRITICAL") and REQUEST_ERROR.match(msg):  # answered with an error; no engine fault
+        events.append(Event(Kind.REQUEST_ERROR, rec, {"level": rec.level}))
     if (
         not got_fault
         and rec.level in ("ERROR", "CRITICAL")

@@ -10,7 +10,29 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-GATE_NAMES: tuple[str, ...] = ("pool", "graphs", "mask", "smoke", "faults", "runner", "signature", "identity")
+#: The model card's five production gates, in its words (drafter card GLM-5.3-Flash-DFlash2-E.md, "Serving
+#: state": "pool discriminator, graphs live on both ranks, mask-loader line, zero-error smoke, zero engine faults").
+CARD_GATES: dict[str, str] = {
+    "pool": "pool discriminator",
+    "graphs": "graphs live on both ranks",
+    "mask": "mask-loader line",
+    "smoke": "zero-error smoke",
+    "faults": "zero engine faults",
+}
+#: sparkserve's gates beyond the card's (the card's README boot-log lines 1 and 2 are judged by ``signature``).
+EXTRA_GATES: dict[str, str] = {
+    "runner": "the V2 model runner on every rank",
+    "signature": "the profile's signature lines on every rank",
+    "identity": "one image and one drafter on every node",
+}
+GATE_NAMES: tuple[str, ...] = (*CARD_GATES, *EXTRA_GATES)
+
+
+def gate_story() -> str:
+    """The gate list as every page and ``--help`` says it."""
+    words = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+    return (f"the model card's {words[len(CARD_GATES)]} ({', '.join(CARD_GATES)}) and sparkserve's "
+            f"{words[len(EXTRA_GATES)]} more ({', '.join(EXTRA_GATES)})")
 
 
 @dataclass(frozen=True)

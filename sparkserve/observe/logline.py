@@ -10,7 +10,8 @@ What a physical line may look like (all handled, in any combination):
 * ANSI colour (raw ``\\x1b[36m``, or pasted as ``^[[36m`` / ``[36m``), ``\\r`` / pasted ``^M``, CRLF, tqdm
   bars glued onto log lines (split into separate records).
 * Wrappers: ``docker logs --timestamps`` RFC 3339 stamps, ``docker compose`` ``name  | `` columns,
-  journald ``Mon DD HH:MM:SS host unit[pid]: ``.
+  journald ``Mon DD HH:MM:SS host unit[pid]: `` (the month in any locale), a ``2026-08-01 12:00:00,123 | ``
+  timestamp-and-pipe column.
 * PyTorch c10 ``[rank1]:[W1129 …]`` lines and NCCL ``host:pid:tid [dev] … NCCL WARN`` lines.
 
 The message left (:attr:`Record.msg`) is what :mod:`sparkserve.observe.logpatterns` matches.
@@ -25,9 +26,12 @@ from typing import Any
 
 _ANSI = re.compile(r"(?:\x1b|\^\[)\[[0-9;?]*[A-Za-z]|(?<![\w\]])\[(?:\d{1,3};)*\d{1,3}m")
 _DOCKER_TS = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d) ")
+#: A timestamp and a pipe before the line (a log shipper's or a wrapper script's column: `2026-08-01 12:00:00,123 | `,
+#: `2026-08-01T12:00:00.123456Z | `; issue 32, kind 5).
+_TS_PIPE = re.compile(r"\d{4}-\d\d-\d\d[T ]\d\d:\d\d:\d\d(?:[.,]\d+)?(?:Z|[+-]\d\d:?\d\d)?\s*\| ")
 _COMPOSE = re.compile(r"(?P<svc>[A-Za-z0-9][\w.-]*)\s+\| ")
 _JOURNALD = re.compile(
-    r"(?:[A-Z][a-z]{2} [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?) "
+    r"(?:[^\W\d_]{3,4}\.? [ \d]\d \d\d:\d\d:\d\d|\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:?\d\d)?) "
     r"(?P<host>[\w.-]+) (?P<unit>[^\s\[\]:]+)(?:\[(?P<pid>\d+)\])?: "
 )
 _PROC = re.compile(
@@ -123,9 +127,9 @@ def _unwrap(s: str) -> tuple[str, str, str | None]:
             if m:
                 source = m.group("unit")
             else:
-                m = _DOCKER_TS.match(s, end)
+                m = _TS_PIPE.match(s, end) or _DOCKER_TS.match(s, end)
         elif c.isalnum():
-            m = _JOURNALD.match(s, end) if c.isupper() else None
+            m = _JOURNALD.match(s, end) if c.isalpha() else None  # `Nov 29 …`, a localised `авг 18 …`
             if m:
                 source = m.group("unit")
             else:
@@ -287,4 +291,5 @@ def _split_glued(seg: str) -> list[str]:
 def starts_prefixed(raw: str) -> bool:
     """Does ``raw`` open with a process prefix, a logger prefix or a docker stamp? Then it is a line of its
     own, never the continuation of a hard-wrapped message."""
-    return bool(raw.startswith("(") and _PROC.match(raw) or _LOGGER.match(raw) or _DOCKER_TS.match(raw))
+    return bool(raw.startswith("(") and _PROC.match(raw) or _LOGGER.match(raw) or _DOCKER_TS.match(raw)
+                or _TS_PIPE.match(raw))

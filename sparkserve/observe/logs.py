@@ -24,6 +24,10 @@ Fault rules (explicit, tested):
    ``TCPStore … recvValue failed`` after the head was stopped).
 4. The same fault text twice in a file (``logger.exception`` plus the raw stderr traceback, a repeated
    shm-broadcast stall) is reported once.
+10. A request the API server answered with an error (its ERROR line or its traceback: a prompt over the context
+   length, a wrong model name, a 400) is a ``request_error`` event, never a fault; an engine or worker traceback
+   whose exception line is cut off is a fault at its last frame (:mod:`sparkserve.observe.cut_traceback`); the
+   frames of every traceback say whether a process was starting up or serving (issue 32).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO
 
+from sparkserve.observe.cut_traceback import cut_traceback_faults
 from sparkserve.observe.events import Event, classify_fault, match_events
 from sparkserve.observe.logline import Record, strip_ansi
 from sparkserve.observe.logpatterns import (
@@ -44,6 +49,7 @@ from sparkserve.observe.logpatterns import (
     POINTER,
     PROCESS_HEADER,
     RELAYED,
+    REQUEST_ERROR,
     STOP_EXCEPTIONS,
     THREAD_HEADER,
     FaultKind,
@@ -86,6 +92,7 @@ def _parse(text: str | bytes | BinaryIO, file: str, node: str | None) -> ParsedL
     events = _fold_headers(reader, events, tracebacks, tb_events)
     events.extend(tb_events)
     events = _bare_exceptions(reader, events)
+    events.extend(cut_traceback_faults(reader, events))
     events = _fold_message_lines(reader, events)
     events.sort(key=lambda e: (e.sort_line, e.rec.lineno))
     stop, faults, artefacts = _split_at_stop(events)
@@ -134,6 +141,7 @@ _SPEC_PATTERN = next(p for p in PATTERNS if p.kind is Kind.SPEC_METRICS)
 _SPEC_ONLY = frozenset(_SPEC_PATTERN.needles)  # a line holding only this needle takes the fast path
 # The stats line (every 10 s under load) matters once: the first that shows work proves requests were served.
 _SERVED_ONLY = frozenset(next(p for p in PATTERNS if p.kind is Kind.SERVED).needles)
+_FRAME_NEEDLES = frozenset(next(p for p in PATTERNS if p.kind is Kind.FRAME).needles)
 
 
 def _shows_work(ev: Event) -> bool:
@@ -150,6 +158,12 @@ def _scan(reader: LogReader) -> tuple[list[Event], dict[int, Traceback], list[tu
     served = False  # a stats line with work seen: the later ones say nothing new (and are half a serving log)
     fast = not reader.ansi
     for idx, needles, raw in reader.candidates():
+        if idx in consumed and needles & _FRAME_NEEDLES:  # a frame of a traceback in view: where the process was
+            for e in (e for rec in reader.records(idx) for e in match_events(rec) if e.kind is Kind.FRAME):
+                e.sort_line = idx
+                e.data["in_traceback"] = True
+                events.append(e)
+            continue
         if idx in consumed or (served and needles == _SERVED_ONLY):
             continue
         if needles == _SPEC_ONLY:
@@ -271,6 +285,13 @@ def _traceback_events(reader: LogReader, tracebacks: dict[int, Traceback]) -> li
             continue
         exc = EXCEPTION_LINE.match(tb.root.msg)
         name = exc.group("exc").rsplit(".", 1)[-1] if exc else ""
+        # a request the server answered with an error (issue 32, kind 2): no engine fault. Its header, when in view,
+        # is the request_error event already; a stream cut by a dead engine (a relayed root) stays a fault.
+        if REQUEST_ERROR.match(header) and not RELAYED.search(tb.root.msg):
+            continue
+        if REQUEST_ERROR.match(tb.root.msg.strip()):
+            out.append(Event(Kind.REQUEST_ERROR, tb.root, {"traceback_start": start + 1}, sort_line=start))
+            continue
         if name in STOP_EXCEPTIONS:
             out.append(Event(Kind.STOP, tb.root, {"exception": name}, sort_line=start))
             continue
@@ -297,17 +318,20 @@ def _prefix(rec: Record) -> str:
 def _fold_message_lines(reader: LogReader, events: list[Event]) -> list[Event]:
     """Rule 9: the lines that continue an exception's message outside a traceback in view (``torch.AcceleratorError:
     CUDA error: …`` then `Search for `cudaErrorIllegalAddress' …`, `CUDA kernel errors might be …`, each carrying the
-    logger's same prefix) are part of that fault, never faults of their own."""
-    run: dict[int, str] = {}  # line index → the prefix of the message it belongs to
+    logger's same prefix) are part of that fault, never faults of their own — also when the exception line itself is
+    cut off and the message's first line in view is an ERROR line no row names (issue 32, kind 4)."""
+    run: dict[int, tuple[str, bool]] = {}  # line index → (the prefix of its message, begun by an exception line)
     drop: set[int] = set()
     for e in sorted((e for e in events if e.kind is Kind.FAULT), key=lambda x: x.sort_line):
         idx = e.sort_line
         prev = reader.prev_in_stream(idx, e.rec.stream, window=1)
-        if prev is not None and prev[0] in run and run[prev[0]] == _prefix(e.rec):
+        exc = e.rec.level is not None and EXCEPTION_LINE.match(e.rec.msg) is not None
+        unnamed = e.rec.level is not None and "level" in e.data and not exc
+        if prev is not None and prev[0] in run and run[prev[0]][0] == _prefix(e.rec) and (run[prev[0]][1] or unnamed):
             run[idx] = run[prev[0]]  # the message goes on (even a line that reads like an exception line)
             drop.add(id(e))
-        elif e.rec.level is not None and EXCEPTION_LINE.match(e.rec.msg):
-            run[idx] = _prefix(e.rec)
+        elif exc or unnamed:
+            run[idx] = (_prefix(e.rec), exc)  # an exception's message, or an ERROR message no row names, may go on
     return [e for e in events if id(e) not in drop]
 
 

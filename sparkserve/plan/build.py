@@ -413,6 +413,7 @@ def build_plan(
                 exec_after_join=after,
                 env=node_env(cfg, node, (fabric_env or {}).get(node.name)),
                 mounts=mounts,
+                make_dirs=[m.source for m in mounts if not m.read_only],
                 labels={
                     LABEL_MANAGED: "1",
                     LABEL_FINGERPRINT: fp,
@@ -448,8 +449,8 @@ def build_plan(
 
 
 def cache_dirs(plan: Plan) -> dict[str, list[str]]:
-    """node → the writable mount sources its container needs (created on the node before it starts)."""
-    return {s.node: [m.source for m in s.mounts if not m.read_only] for s in plan.specs}
+    """node → the directories its rank needs before it starts (each spec's ``make_dirs``)."""
+    return {s.node: list(s.make_dirs) for s in plan.specs}
 
 
 def parity_view(spec: ContainerSpec) -> dict[str, object]:

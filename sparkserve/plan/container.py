@@ -83,6 +83,10 @@ class ContainerSpec(BaseModel):
     command: list[str]
     env: dict[str, str]
     mounts: list[Mount]
+    # host directories that must exist before the rank starts (docker refuses a bind mount whose source is
+    # missing): the writable mounts' sources, made by the node user. Every consumer of a plan (`up`, the
+    # launcher, a `render --json` reader) creates them; the plan is their one source.
+    make_dirs: list[str] = Field(default_factory=list)
     labels: dict[str, str]
     network_mode: str = "host"
     ipc_mode: str = "host"

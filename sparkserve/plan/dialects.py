@@ -67,6 +67,7 @@ class Dialect:
     source: str = ""
     images: tuple[str, ...] = ()
     list_origin: str = "committed dump"  # how its option list was made (the judge's name says it)
+    title: str = ""  # a derived dialect in words ("the model card's vLLM fork"): the judge's name leads with it
     flags: frozenset[str] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -130,8 +131,16 @@ def shipped(name: str) -> Dialect:
     return Dialect(name=spec["name"], vllm_version=spec["vllm_version"], options=_build_options(spec),
                    signature=tuple(SignatureLine(**s) for s in spec.get("signature", [])),
                    source=f"shipped dialect data/dialects ({spec['name']})", images=tuple(spec.get("images", [])),
-                   list_origin="committed dump" if "file" in spec["options"] else
-                   f"vLLM {spec['options']['base']}'s dump less/plus the facts of data/dialects")
+                   **({} if "file" in spec["options"] else _derived_words(spec)))
+
+
+def _derived_words(spec: dict[str, Any]) -> dict[str, str]:
+    """A dialect derived from a base dump, in words: its description's head, and its flags against the base."""
+    how = spec["options"]
+    less, plus = len(how.get("remove", [])), len(how.get("add", []))
+    origin = f"vLLM {how['base']}'s options" + (f" less {less} flag{'s' * (less != 1)}" if less else "") + (
+        f", plus {plus}" if plus else "")
+    return {"list_origin": origin, "title": str(spec.get("description", "")).split(" (")[0].split(":")[0]}
 
 
 def shipped_for_image(ref: str) -> Dialect | None:

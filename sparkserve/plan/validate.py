@@ -237,23 +237,23 @@ def _check_mask(cfg: Config, d: DrafterFacts, r: Report, cfg_file: str) -> None:
 
 
 def _check_k_rule(cfg: Config, d: DrafterFacts, r: Report, cfg_file: str) -> None:
-    """K = block_size − 1 (sparkserve's rule: vLLM 0.33 does not read block_size for DFlash)."""
-    k = cfg.speculative.num_speculative_tokens
-    if d.block_size is None:
-        if d.kind == "dflash2":
-            r.warn(cfg_file, "dflash_config.block_size is missing: cannot check num_speculative_tokens = "
-                   "block_size - 1")
-    elif k != d.block_size - 1:
-        what = (f"{k} but the drafter's block_size is {d.block_size}: K must be block_size - 1 = "
-                f"{d.block_size - 1}")
-        if d.kind == "dflash2":
-            r.error("speculative.num_speculative_tokens", what + " (other counts boot-wedge the stack)")
+    """K against block_size: K > block_size − 1 is an error for DFlash2 (a block holds the anchor and block_size − 1
+    masked slots); a smaller K boots (drafter card GLM-5.3-Flash-DFlash2-E.md, "Hard constraints"): a warning."""
+    k, b = cfg.speculative.num_speculative_tokens, d.block_size
+    if b is None and d.kind == "dflash2":
+        r.warn(cfg_file, "dflash_config.block_size is missing: cannot check num_speculative_tokens against it")
+    elif b is not None and k != b - 1:
+        what = f"{k} but the drafter's block_size is {b}"
+        if d.kind == "dflash2" and k > b - 1:
+            r.error("speculative.num_speculative_tokens", f"{what}: a block drafts at most block_size - 1 = {b - 1}")
+        elif d.kind == "dflash2":
+            r.warn("speculative.num_speculative_tokens", f"{what}: the drafter card trained and measured K = "
+                   f"block_size - 1 = {b - 1}; fewer boot on the SM121 image (the card: k=5, not benchmarked; "
+                   "its K=4 column is from H200)")
         else:
-            r.warn("speculative.num_speculative_tokens", what + " (the usual convention; vLLM does not enforce it)")
+            r.warn("speculative.num_speculative_tokens", what + ": the convention is K = block_size - 1 (not enforced)")
     if d.speculative_tokens is not None and d.speculative_tokens != k:
-        r.warn("speculative.num_speculative_tokens", f"{k} but the speculators config proposes "
-               f"{d.speculative_tokens}")
-
+        r.warn("speculative.num_speculative_tokens", f"{k} but the speculators config proposes {d.speculative_tokens}")
 
 
 def _check_sampling(cfg: Config, d: DrafterFacts, r: Report, cfg_file: str) -> None:

@@ -228,7 +228,8 @@ class OptionList:
             return cls(json.loads(path.read_text()))
         d = _dialect(version)
         out = cls(d.options)
-        out.name = f"vLLM {d.vllm_version} option list ({d.list_origin})"
+        out.name = (f"{d.title} {d.vllm_version} ({d.list_origin})" if d.title else
+                    f"vLLM {d.vllm_version} option list ({d.list_origin})")
         return out
 
     def accepts(self, flag: str) -> bool:

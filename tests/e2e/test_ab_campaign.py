@@ -116,8 +116,8 @@ def test_campaign_verdicts_exclusion_interrupt_resume_and_report(e2e, stack, tmp
     serving = mounted(e2e)
     assert serving == {f"{E2E_DIR}/drafter"}
 
-    # a wrong drafter: exit 2, nothing started or synced
-    wrong = e2e.node_path("node-a", e2e.rig.models["drafter-b16"])
+    # a wrong drafter (no mask_embedding.pt): exit 2, nothing started or synced
+    wrong = e2e.node_path("node-a", e2e.rig.models["drafter-nomask"])
     bad = e2e.cli("ab", "run", *drafters[:2], "--drafter", f"X={wrong}",
                   *args, cfg=stack)
     assert bad.returncode == 2 and "--drafter X" in bad.stderr, bad.stderr

@@ -72,6 +72,62 @@ def test_a2_follower_dockerd_killed_during_the_boot_names_docker_and_leaves_noth
     assert e2e.leftovers() == {}, p.stderr
 
 
+@pytest.mark.parametrize("kill", ["SIGKILL", "SIGTERM"])
+def test_follower_dockerd_gone_during_settle_names_docker_not_the_container(e2e, kill: str) -> None:
+    """Issue 29: node-b's dockerd dies after the gates passed, while `up` watches the settle window. Its rank's
+    container dies with it (exit 137 once containerd goes, or stopped by a daemon shutting down): the headline
+    names node-b's docker daemon, not an exit of the container, and once the daemon is back nothing of ours is
+    left on any node."""
+    n = e2e.rig.node("node-b")
+    cfg = e2e.config({"gates": {"settle_s": 30}})
+    proc = e2e.popen("up", cfg=cfg)
+    seen: list[str] = []
+    try:
+        wait_for(proc, seen, "settle: watching every rank")
+        if kill == "SIGKILL":
+            kill_dockerd(n)
+        else:  # a graceful shutdown (systemctl stop docker): it stops the containers, then goes away
+            os.kill(riglib.read_pid(Path(n.dir) / "dockerd.pid"), signal.SIGTERM)
+        wait_for(proc, seen, "node-b: its docker daemon does not answer; waiting up to")
+        riglib.start_node(n)
+        p = finish(proc, seen)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        riglib.start_node(n)
+    e2e.assert_explained(p, code=3, node="node-b", step="docker",
+                         says=("docker daemon stopped answering", "after the gates passed"))
+    assert e2e.leftovers() == {}, p.stderr
+
+
+def test_follower_dockerd_restarted_unseen_during_the_gates_names_docker(e2e) -> None:
+    """Issue 29: node-b's dockerd is SIGKILLed while the smoke cell runs on the head and is back (as systemd's
+    Restart=always brings it) before anything looked at node-b. The restarted daemon answers and reports rank 1's
+    container exited 137, as if the engine had died (the head's requests hang on the lost peer, the faults gate
+    sees node-b's engine gone): the headline names node-b's docker daemon (it has no record of the container's
+    start), not the gates, and nothing of ours is left behind. The same daemon seen by the settle window's first
+    look: tests/unit/test_reach_and_blame.py."""
+    n = e2e.rig.node("node-b")
+    cfg = e2e.config({"gates": {"smoke": {"prompts": 60, "max_tokens": 512, "request_timeout_s": 30}},
+                      "serve": {"env": {"SSEMU_TOKEN_RATE": "1000"}}})
+    proc = e2e.popen("up", cfg=cfg)
+    seen: list[str] = []
+    try:
+        wait_for(proc, seen, "gates: smoke cell")
+        kill_dockerd(n)
+        riglib.start_node(n)
+        back = time.monotonic()
+        p = finish(proc, seen)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        riglib.start_node(n)
+    assert "gates: smoke cell" in "".join(seen) and time.monotonic() > back
+    e2e.assert_explained(p, code=3, node="node-b", step="docker",
+                         says=("docker daemon stopped answering while the gates ran", "it restarted since rank 1"))
+    assert e2e.leftovers() == {}, p.stderr
+
+
 def test_a30_head_dockerd_killed_during_the_gates_is_exit_3_naming_docker(e2e) -> None:
     """The head's dockerd dies while the smoke cell runs: the gates would fail, but the cause is the node's docker
     (exit 3, step docker), in every run."""

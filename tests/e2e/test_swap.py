@@ -4,6 +4,7 @@ old stack serves again."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -84,10 +85,22 @@ def test_good_drafter_swaps_with_a_new_bind_mount(e2e, stack, tmp_path) -> None:
     assert serving(e2e, stack)
 
 
-@pytest.mark.parametrize(("variant", "why"), [("drafter-b16", "num_speculative_tokens"),
+def _block_size(drafter: Path, block: int) -> None:
+    """The drafter's config.json with another block_size (wherever the drafter's config keeps it)."""
+    cfg = json.loads((drafter / "config.json").read_text())
+    for d in (cfg, cfg.get("dflash_config") or {}):
+        if "block_size" in d:
+            d["block_size"] = block
+    (drafter / "config.json").write_text(json.dumps(cfg))
+
+
+# block 4: K=7 > block_size - 1 = 3 is refused (a K below block_size - 1 boots, with a warning: the drafter card)
+@pytest.mark.parametrize(("variant", "why"), [("drafter-b4", "num_speculative_tokens"),
                                               ("drafter-nomask", "mask_embedding.pt")])
 def test_bad_drafter_is_refused_before_anything_changes(e2e, stack, tmp_path, variant: str, why: str) -> None:
-    bad = local_drafter(e2e, tmp_path, f"bad-{variant}", variant)
+    bad = local_drafter(e2e, tmp_path, f"bad-{variant}", "drafter" if variant == "drafter-b4" else variant)
+    if variant == "drafter-b4":
+        _block_size(bad, 4)
     before = e2e.running_ids()
     mounts = drafter_mounts(e2e)
     p = e2e.cli("swap-drafter", str(bad), cfg=stack)

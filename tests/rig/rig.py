@@ -3,7 +3,8 @@
 
     scripts/rig up [--nodes N]     # idempotent; N defaults to the running count, else 2
     scripts/rig status             # exit 0 when every node answers over SSH and docker
-    scripts/rig down [--purge]     # stops only what `up` started (by pid); --purge also deletes node data
+    scripts/rig down [--purge [--cache]]  # stops only what `up` started (by pid); --purge also deletes node data,
+                                   # --cache the rootfs tarball and model fixtures too (a fresh machine)
     scripts/rig info               # rig.json (what the pytest fixtures read)
 
 Each node ``node-a``, ``node-b``, … is:
@@ -1071,7 +1072,9 @@ def _up(nnodes: int | None, bare: bool = False) -> dict:
     return info
 
 
-def down(purge: bool = False) -> None:
+def down(purge: bool = False, cache: bool = False) -> None:
+    """Stop every node; ``purge``: delete the rig's data too; ``cache``: and its cache (a fresh machine's start:
+    CI begins there, .ci/run)."""
     nodes_dir = RIG_DIR / "nodes"
     dirs = sorted(nodes_dir.glob("node-*")) if nodes_dir.exists() else []
     for d in dirs:
@@ -1087,7 +1090,11 @@ def down(purge: bool = False) -> None:
             shutil.rmtree(RIG_DIR / sub, ignore_errors=True)
         for f in (state_path(), RIG_DIR / "rig.yaml"):
             f.unlink(missing_ok=True)
-        log(f"rig data removed (the cache {CACHE_DIR} stays: base rootfs tarball, model fixtures)")
+        if cache:
+            shutil.rmtree(CACHE_DIR, ignore_errors=True)
+            log(f"rig data and its cache {CACHE_DIR} removed: the next `up` starts as on a fresh machine")
+        else:
+            log(f"rig data removed (the cache {CACHE_DIR} stays: base rootfs tarball, model fixtures)")
     # NODE_ROOT stays, even when empty: it is the mount point of every node of every rig on this machine, and
     # removing a directory that is a mount point in another mount namespace silently unmounts it there.
 
@@ -1120,6 +1127,7 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--bare", action="store_true", help="daemons only: no images, models or rig.yaml")
     d = sub.add_parser("down", help="stop everything the rig started")
     d.add_argument("--purge", action="store_true", help="also delete node data (images, models)")
+    d.add_argument("--cache", action="store_true", help="with --purge: the cache too (base rootfs, model fixtures)")
     sub.add_parser("status", help="is every node up?")
     sub.add_parser("info", help="print rig.json")
     a = ap.parse_args(argv)
@@ -1127,7 +1135,10 @@ def main(argv: list[str] | None = None) -> int:
         if a.verb == "up":
             up(a.nodes, bare=a.bare)
         elif a.verb == "down":
-            down(a.purge)
+            if a.cache and not a.purge:
+                print("error: --cache: only with --purge", file=sys.stderr)
+                return 2
+            down(a.purge, a.cache)
         elif a.verb == "status":
             return 0 if status() else 1
         elif a.verb == "info":

@@ -115,8 +115,26 @@ def memlock_caps(info: dict) -> dict[str, int | None]:
     return {n.name: rig.memlock_hard_limit(n) for n in rig.nodes_from_info(info)}
 
 
+def make_plan_dirs(info: dict, plan: dict) -> None:
+    """What every consumer of a plan does before starting a rank: create the spec's ``make_dirs`` on its node,
+    as the node user, over sparkserve's own SSH node (the rig's config names how to reach each node)."""
+    from sparkserve.config import load_config
+    from sparkserve.nodes.factory import open_nodes
+
+    wanted = {s["node"]: s.get("make_dirs") or [] for s in plan["specs"]}
+    if not any(wanted.values()):
+        return
+    cfg = load_config(Path(info["rig_yaml"]))
+    with open_nodes(cfg, names=[n for n, dirs in wanted.items() if dirs]) as nodes:
+        for name, dirs in wanted.items():
+            for d in dirs:
+                nodes[name].makedirs(d)
+
+
 def start_plan(info: dict, plan: dict, *, extra_env: dict[str, dict[str, str]] | None = None) -> list[Started]:
-    """Start every rank: followers first, then the head. Each must be running before the next starts."""
+    """Start every rank: followers first, then the head. Each must be running before the next starts. The
+    plan's ``make_dirs`` are made first (docker refuses a bind mount whose source does not exist)."""
+    make_plan_dirs(info, plan)
     clients = node_clients(info)
     caps = memlock_caps(info)
     order = plan.get("start_order") or [s["node"] for s in plan["specs"][1:]] + [plan["specs"][0]["node"]]

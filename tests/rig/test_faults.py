@@ -218,8 +218,9 @@ def test_drafter_without_mask_file_boots_silently(rig_clean, rig_docker) -> None
         assert_real_formats(c)
 
 
-def test_k_rule_dflash2_wedges_at_boot(rig_clean, rig_docker) -> None:
-    over = {"speculative": {"num_speculative_tokens": 5}}
+def test_k_rule_dflash2_wedges_at_boot_above_block_minus_one(rig_clean, rig_docker) -> None:
+    # block 8: K=8 cannot be drafted (K=5 boots: the drafter card, 2026-09-26)
+    over = {"speculative": {"num_speculative_tokens": 8}}
     with cluster(rig_clean, rig_docker, overrides=over, env=FAST) as c:
         c.wait_log("node-b", "Capturing model for DFlash2 speculator...")
         with pytest.raises(runner.RunnerError):

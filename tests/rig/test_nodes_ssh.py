@@ -173,7 +173,7 @@ def test_an_interrupt_stops_put_mid_file_within_a_second_and_leaves_no_temp_file
         node_b: SSHNode, node_scratch: str, tmp_path: Path) -> None:
     import threading
 
-    from sparkserve.nodes import interrupts
+    from sparkserve import interrupts
 
     big = tmp_path / "big.bin"
     with big.open("wb") as f:

@@ -12,9 +12,11 @@ from sparkserve.observe.saved import LogFile, analyze_files
 LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 REAL = LOGS / "real-0.25.1"
 
-# DESIGN.md's keys, plus the one issue 10 added: the line `ready` was decided on, and why
+# DESIGN.md's keys, plus the one issue 10 added (the line `ready` was decided on, and why) and issue 32's requests
+# answered with an error (counted and shown, never faults)
 CONTRACT_KEYS = {
-    "kv_cache_tokens", "graphs", "cudagraph_mode", "ranks", "spec", "model_runner", "ready", "faults", "ready_evidence"
+    "kv_cache_tokens", "graphs", "cudagraph_mode", "ranks", "spec", "model_runner", "ready", "faults", "ready_evidence",
+    "request_errors",
 }
 SPEC_KEYS = {"method", "num_speculative_tokens", "mask_embedding_loaded", "mask_token_id", "mean_acceptance_length"}
 
@@ -99,6 +101,7 @@ def test_unknown_stays_null_never_guessed() -> None:
         "ready": None,
         "faults": [],
         "ready_evidence": None,
+        "request_errors": {"count": 0, "first": None},
     }
 
 

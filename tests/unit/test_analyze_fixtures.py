@@ -357,7 +357,9 @@ def test_every_fixture_answers_the_exact_contract(name: str) -> None:
         "ready",
         "faults",
         "ready_evidence",  # added by issue 10: the line `ready` was decided on, and why
+        "request_errors",  # added by issue 32: requests answered with an error (count, first), never faults
     ]
+    assert list(j["request_errors"]) == ["count", "first"]
     assert list(j["spec"]) == [
         "method",
         "num_speculative_tokens",

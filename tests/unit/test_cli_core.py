@@ -39,7 +39,10 @@ def test_render_prints_copy_pasteable_docker_runs_equal_to_the_plan(tmp_path: Pa
     plan = build_plan(load_config(REPO / "sparkserve" / "data" / "default.yaml"))
     for block, spec in zip(blocks, plan.specs, strict=True):
         shell = "\n".join(block.splitlines()[1:])
-        assert shlex.split(shell.replace("\\\n", " ")) == spec.docker_run_argv()
+        # the bind mounts' missing sources first (docker refuses them), then the run: both paste as they are
+        assert spec.make_dirs and all(d.startswith("/home/") for d in spec.make_dirs)
+        assert shlex.split(shell.replace("\\\n", " ")) == ["mkdir", "-p", "--", *spec.make_dirs,
+                                                          *spec.docker_run_argv()]
 
 
 def test_render_json_for_one_node_and_an_unknown_node(tmp_path: Path) -> None:

@@ -269,7 +269,7 @@ def test_live_logs_tail_n_reaches_the_stream(monkeypatch, capsys, no_nodes) -> N
 def test_ctrl_c_ends_logs_follow_quietly_with_exit_0(monkeypatch, capsys, no_nodes) -> None:
     import signal
 
-    from sparkserve.nodes import interrupts
+    from sparkserve import interrupts
 
     def stream(cfg, nodes, **kw):  # a real SIGINT while streaming, as a person's Ctrl-C
         os.kill(os.getpid(), signal.SIGINT)

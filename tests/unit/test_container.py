@@ -47,6 +47,7 @@ NOT_RENDERED: dict[str, object] = {
     "rank": 2,  # carried by the labels, as data of the plan
     "role": "head",
     "exec_after_join": ["vllm", "serve", "/models/target"],  # exec'd by `up` after the ray workers join
+    "make_dirs": ["/srv/other"],  # made on the node before the rank starts (engine.run, the launcher)
 }
 
 

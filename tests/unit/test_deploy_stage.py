@@ -89,6 +89,12 @@ class LogEngine:
     def logs(self, cid: str, *, tail: int, timestamps: bool) -> list[str]:
         return [f"2026-01-01T00:00:0{i}.0Z {line}" for i, line in enumerate(self.lines.get(self.node, []))]
 
+    def daemon_answers(self, *, watch_s: float = 0.0) -> bool:  # asked before a stopped container is blamed
+        return True
+
+    def restarted_since(self, cid: str, started_at: str) -> bool:
+        return False
+
 
 def test_wait_running_names_the_follower_whose_container_stopped(monkeypatch, cfg: Config) -> None:
     plan = build_plan(cfg)
@@ -117,7 +123,7 @@ class StartEngine:
     def __init__(self, node: str) -> None:
         self.node = node
 
-    def run(self, spec: object, *, create_rw_mount_dirs: bool = True) -> str:
+    def run(self, spec: object, *, make_dirs: bool = True) -> str:
         time.sleep(0.05 if self.node != "n0" else 0)  # followers take a while to start
         StartEngine.calls.append(("run", self.node))
         return f"c-{self.node}"

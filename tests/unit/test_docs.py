@@ -63,10 +63,10 @@ def test_the_config_page_has_every_field_with_its_env_var(pages: dict[Path, str]
         return out
 
     for dotted in leaves(Config, ""):
-        assert f"| `{dotted}` |" in text, dotted
+        assert f"### `{dotted}` {{ #{dotted} }}" in text, dotted
         assert f"`SPARKSERVE_{dotted.upper().replace('.', '__')}`" in text, dotted
     for field in ("serve.ready_timeout_s", "container.cache_root", "watchdog.memory_floor_bytes"):
-        assert f"| `{field}` |" in text  # the fields the issue found documented nowhere
+        assert f"### `{field}`" in text  # the fields the issue found documented nowhere
 
 
 def test_every_fault_kind_has_advice_on_the_troubleshooting_page(pages: dict[Path, str]) -> None:
@@ -74,7 +74,7 @@ def test_every_fault_kind_has_advice_on_the_troubleshooting_page(pages: dict[Pat
 
     text = pages[docs_gen.DOCS / "troubleshooting.md"]
     for kind in FaultKind:
-        assert f"## {kind.value}\n" in text and kind.value in docs_gen.FAULT_ADVICE
+        assert f"### {kind.value} {{ #{kind.value} }}\n" in text and kind.value in docs_gen.FAULT_ADVICE
 
 
 def test_a_drifted_page_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -3,6 +3,7 @@ never stands between a failure and its cleanup, even with an unusable state dir.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 from pathlib import Path
@@ -16,14 +17,14 @@ from sparkserve.config import Config
 def _forget_interrupts():
     """An interrupt stays remembered after the run it stopped (to be explained): later tests start clean."""
     yield
-    from sparkserve.nodes import interrupts
+    from sparkserve import interrupts
 
     interrupts.reset()
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_each_signal_raises_once_and_is_remembered(sig: signal.Signals) -> None:
-    from sparkserve.nodes import interrupts
+    from sparkserve import interrupts
 
     before = signal.getsignal(sig)
     with interrupts.watching():
@@ -37,7 +38,7 @@ def test_each_signal_raises_once_and_is_remembered(sig: signal.Signals) -> None:
 
 
 def test_a_signal_during_a_deferred_step_is_raised_after_it() -> None:
-    from sparkserve.nodes import interrupts
+    from sparkserve import interrupts
 
     steps = []
     with interrupts.watching(), pytest.raises(interrupts.Interrupted), interrupts.deferred(raise_after=True):
@@ -49,7 +50,7 @@ def test_a_signal_during_a_deferred_step_is_raised_after_it() -> None:
 def test_a_signal_remembered_during_cleanup_stops_the_next_run_instead_of_being_forgotten() -> None:
     """`ab run` boots one drafter after another: Ctrl-C while the previous stack is being stopped (a
     deferred step that only remembers it) must stop the next `up`, not be cleared by its fresh start."""
-    from sparkserve.nodes import interrupts
+    from sparkserve import interrupts
 
     with interrupts.watching():
         with interrupts.deferred():  # cleanup: the signal is remembered, not raised
@@ -102,3 +103,82 @@ def test_an_unusable_state_dir_does_not_stop_the_cleanup(broken: str, tmp_path: 
     assert (saved / f"{names[0]}-{'c0c0c0c0c0c0'}.log").read_text() == f"log of {'c0' * 8}\n"
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 1 and err[0].startswith("warning: state dir:") and str(saved) in err[0], err
+
+
+# -- run_async: an event loop a signal never leaves half-made (issue 29) ---------------------------------------
+
+
+@contextlib.contextmanager
+def _no_late_reports():
+    """What Python reports about the block, then and once the collector ran: an unclosed event loop, a coroutine
+    never awaited (each printed after the one-line error, with a traceback, when a user pressed Ctrl-C)."""
+    import gc
+    import warnings
+
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        yield
+        gc.collect()
+    late = [str(w.message) for w in seen if "never awaited" in str(w.message) or "unclosed" in str(w.message)]
+    assert late == []
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_while_the_coroutine_is_made_leaves_no_loop_and_no_unawaited_coroutine(sig) -> None:
+    """The window asyncio.run leaves open: the signal lands after the coroutine object exists and before a task
+    runs it. The interrupt is raised, the loop is closed, and nothing is left for the collector to report."""
+    from sparkserve import interrupts
+
+    ran: list[str] = []
+
+    async def cell() -> str:
+        ran.append("body")
+        return "done"
+
+    def make():
+        coro = cell()
+        os.kill(os.getpid(), sig)  # arrives while the coroutine is being handed to its task
+        return coro
+
+    with _no_late_reports(), interrupts.watching(), pytest.raises(interrupts.Interrupted) as got:
+        interrupts.run_async(make)
+    assert got.value.signum == sig
+    assert ran == [], "the coroutine ran although the interrupt came first"
+
+
+def test_a_signal_while_the_coroutine_runs_cancels_it_and_closes_the_loop() -> None:
+    import asyncio
+
+    from sparkserve import interrupts
+
+    seen: dict[str, object] = {}
+
+    async def cell() -> None:
+        seen["loop"] = asyncio.get_running_loop()
+        try:
+            os.kill(os.getpid(), signal.SIGINT)
+            await asyncio.sleep(30)
+        finally:
+            await asyncio.sleep(0)  # cleanup that awaits: it runs, in the same loop, before the loop closes
+            seen["cleaned"] = True
+
+    with _no_late_reports(), interrupts.watching(), pytest.raises(interrupts.Interrupted):
+        interrupts.run_async(cell)
+    assert seen.get("cleaned") is True
+    loop = seen["loop"]
+    assert isinstance(loop, asyncio.AbstractEventLoop) and loop.is_closed()
+
+
+def test_run_async_returns_the_coroutines_result_and_closes_its_loop() -> None:
+    import asyncio
+
+    from sparkserve import interrupts
+
+    loops: list[asyncio.AbstractEventLoop] = []
+
+    async def add(a: int, b: int = 0) -> int:
+        loops.append(asyncio.get_running_loop())
+        return a + b
+
+    assert interrupts.run_async(add, 2, b=3) == 5
+    assert loops[0].is_closed()

@@ -200,12 +200,23 @@ def test_three_nodes_start_both_followers_before_the_head(tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize("reader", ["python3", "jq"])
-def test_refuses_k_other_than_block_minus_one_for_dflash2(tmp_path: Path, reader: str) -> None:
+def test_refuses_k_above_block_minus_one_for_dflash2(tmp_path: Path, reader: str) -> None:
     rig = Rig(tmp_path)
-    p = rig.run(_drafter(tmp_path, block_size=16), DRAFTER_JSON_READER=reader)
+    p = rig.run(_drafter(tmp_path, block_size=4), DRAFTER_JSON_READER=reader)
     assert p.returncode == 2
-    assert "K=7" in p.stderr and "block_size is 16" in p.stderr and "K must be block_size - 1 = 15" in p.stderr
+    assert "K=7" in p.stderr and "block_size is 4" in p.stderr and "at most block_size - 1 = 3" in p.stderr
     assert rig.runs() == [] and [e for e in rig.events() if e["prog"] == "ssh"] == []
+
+
+@pytest.mark.parametrize("reader", ["python3", "jq"])
+def test_warns_and_runs_k_below_block_minus_one_for_dflash2(tmp_path: Path, reader: str) -> None:
+    # the drafter card: k=5 boots on the SM121 image (block 8); an earlier "boot-wedge" claim was wrong
+    rig = Rig(tmp_path)
+    drafter = _drafter(tmp_path, block_size=16)
+    p = rig.run(drafter, DRAFTER_JSON_READER=reader)
+    assert p.returncode == 0, p.stderr
+    assert "warning: K=7 but DFlash2DraftModel's block_size is 16" in p.stderr and "k=5" in p.stderr
+    assert [r["host"] for r in rig.runs()] == ["ubuntu@spark-b.lan", "local"]
 
 
 @pytest.mark.parametrize("reader", ["python3", "jq"])

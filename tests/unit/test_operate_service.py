@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
+import pytest
+
 from sparkserve.config import load_config
+from sparkserve.errors import RemoteFailure
 from sparkserve.operate import sdnotify
-from sparkserve.operate.service import quote, unit_text
+from sparkserve.operate.service import WAIT_S, node_endpoints, quote, unit_text, wait_for_nodes
 
 CONFIG = """
 nodes: [{name: a, host: a.example, fabric_ip: 10.0.0.1}]
@@ -28,16 +33,69 @@ def write_config(tmp_path: Path) -> Path:
     return p
 
 
-def test_the_unit_is_notify_with_a_watchdog_ordered_after_network_and_docker(tmp_path: Path) -> None:
+def test_the_unit_is_notify_with_a_watchdog_and_comes_back_after_a_reboot_in_either_scope(tmp_path: Path) -> None:
     path = write_config(tmp_path)
-    text = unit_text(load_config(path), path, scope="user", python="/opt/venv/bin/python")
-    lines = text.splitlines()
-    assert "Type=notify" in lines and "After=network-online.target docker.service" in lines
-    assert "Wants=network-online.target" in lines and "WantedBy=default.target" in lines
+    cfg = load_config(path)
+    lines = unit_text(cfg, path, scope="user", python="/opt/venv/bin/python").splitlines()
+    assert "Type=notify" in lines and "WantedBy=default.target" in lines
     assert f'ExecStart="/opt/venv/bin/python" "-m" "sparkserve" "supervise" "--up" "-c" "{path.resolve()}"' in lines
     assert "WatchdogSec=60" in lines  # max(60, 6 × 5 + 2 × 10)
     assert "RestartPreventExitStatus=1 2" in lines and "Restart=on-failure" in lines
-    assert "WantedBy=multi-user.target" in unit_text(load_config(path), path, scope="system")
+    # a user manager ignores ordering on system units (network-online.target, docker.service): the unit waits
+    assert not [ln for ln in lines if ln.startswith(("After=", "Wants="))]
+    assert (f'ExecStartPre="/opt/venv/bin/python" "-m" "sparkserve" "service" "wait" "-c" "{path.resolve()}" '
+            f'"--timeout" "{WAIT_S}"') in lines
+    system = unit_text(cfg, path, scope="system", user="alice").splitlines()
+    assert "WantedBy=multi-user.target" in system and "User=alice" in system
+    assert "After=network-online.target docker.service" in system and "Wants=network-online.target" in system
+    assert not [ln for ln in system if ln.startswith("ExecStartPre=")]
+
+
+@pytest.mark.parametrize("scope", ["user", "system"])
+def test_systemd_analyze_verify_finds_nothing_to_say(tmp_path: Path, scope: str) -> None:
+    import getpass
+
+    path = write_config(tmp_path)
+    unit = tmp_path / "sparkserve-supervise.service"
+    unit.write_text(unit_text(load_config(path), path, scope=scope, user=getpass.getuser()))  # type: ignore[arg-type]
+    runtime = tmp_path / "xdg"
+    runtime.mkdir(mode=0o700)
+    p = subprocess.run(["systemd-analyze", *(["--user"] if scope == "user" else []), "verify", "--man=no", str(unit)],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "XDG_RUNTIME_DIR": str(runtime)})
+    assert p.returncode == 0 and p.stderr == "" and p.stdout == "", p.stderr or p.stdout
+
+
+def test_the_wait_returns_once_every_node_answers_and_names_the_one_that_never_does(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    with socket.socket() as a, socket.socket() as b:
+        a.bind(("127.0.0.1", 0))
+        a.listen()
+        b.bind(("127.0.0.1", 0))  # bound, never listening: connection refused
+        docker = tmp_path / "docker.sock"
+        srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        srv.bind(str(docker))
+        srv.listen()
+
+        def answer() -> None:
+            conn, _ = srv.accept()
+            conn.recv(100)
+            conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nOK")
+            conn.close()
+
+        threading.Thread(target=answer, daemon=True).start()
+        monkeypatch.setenv("DOCKER_HOST", f"unix://{docker}")
+        nodes = [{"name": "head", "host": "h", "fabric_ip": "10.0.0.1", "local": True},
+                 {"name": "b", "host": "127.0.0.1", "port": a.getsockname()[1], "fabric_ip": "10.0.0.2"}]
+        cfg = load_config(write_config(tmp_path), overrides={"nodes": nodes, "ssh": {"config_file": None}})
+        assert node_endpoints(cfg) == [("head", "docker"), ("b", f"127.0.0.1:{a.getsockname()[1]}")]
+        assert wait_for_nodes(cfg, timeout_s=10, interval_s=0.1) < 10
+        nodes[1]["port"] = b.getsockname()[1]
+        (tmp_path / "2").mkdir()
+        cfg = load_config(write_config(tmp_path / "2"), overrides={"nodes": nodes[1:], "ssh": {"config_file": None}})
+        with pytest.raises(RemoteFailure) as e:
+            wait_for_nodes(cfg, timeout_s=0.5, interval_s=0.1)
+        assert e.value.where == "b" and f"127.0.0.1:{b.getsockname()[1]} did not answer within 0.5s" in e.value.what
+        srv.close()
 
 
 def test_exec_start_words_are_quoted_as_systemd_reads_them() -> None:

@@ -154,7 +154,7 @@ BAD: list[Bad] = [
         {"serve": {"api_key_env": "MY_KEY", "api_key_file": "/run/key"}}),
     Bad("v1-runner-forced", "serve.env.VLLM_USE_V2_MODEL_RUNNER", "refuses DFlash2",
         {"serve": {"env": {"VLLM_USE_V2_MODEL_RUNNER": "0"}}}),
-    Bad("k-not-block-minus-1", "speculative.num_speculative_tokens", "K must be block_size - 1 = 7",
+    Bad("k-above-block-minus-1", "speculative.num_speculative_tokens", "a block drafts at most block_size - 1 = 7",
         {"speculative": {"num_speculative_tokens": 15}}),
     Bad("gates-mask-differs", "gates.mask_token_id", "151669 but the drafter's dflash_config.mask_token_id is 154856",
         {"gates": {"mask_token_id": 151669}}),
@@ -351,6 +351,10 @@ def test_validate_json_lists_every_error_and_exits_2(tmp_path: Path, good: tuple
     ({"serve": {"gpu_memory_utilization": 0.9}}, {}, "warning: serve.gpu_memory_utilization: 0.9 is above 0.85"),
     ({}, {"architecture": "DFlashDraftModel", "block_size": 6},
      "warning: speculative.num_speculative_tokens: 7 but the drafter's block_size is 6"),
+    # DFlash2, K < block_size - 1: boots (the drafter card: k=5 on the SM121 image); a warning citing the card
+    ({"speculative": {"num_speculative_tokens": 4}}, {},
+     "warning: speculative.num_speculative_tokens: 4 but the drafter's block_size is 8: the drafter card trained "
+     "and measured K = block_size - 1 = 7; fewer boot on the SM121 image (the card: k=5"),
     ({"serve": {"enforce_eager": True}}, {}, "warning: serve.enforce_eager: eager mode ignores serve.compilation"),
 ])
 def test_warnings_are_printed_and_do_not_fail(tmp_path: Path, good: tuple[Path, Path], over: dict[str, Any],

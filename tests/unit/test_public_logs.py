@@ -61,3 +61,14 @@ def test_the_scorer_counts_a_wrong_fault_as_a_miss() -> None:
     assert not mod.field_right("fault", ["EngineDeadError"], None)
     assert not mod.field_right("fault", None, "ERROR something")
     assert mod.field_right("ready", None, None) and not mod.field_right("ready", False, None)
+
+
+def test_the_scorer_counts_each_kind_over_the_fields_of_the_logs_that_name_it() -> None:
+    mod = _scorer()
+    s = mod.Score(kinds={"a.log": [2], "b.log": [2, 5], "c.log": []},
+                  scored=[("a.log", "fault"), ("b.log", "fault"), ("b.log", "ready"), ("c.log", "ready")],
+                  right={("a.log", "fault"), ("b.log", "ready"), ("c.log", "ready")})
+    per = s.per_kind()
+    assert per[2] == (2, 3) and per[5] == (1, 2) and per[1] == (0, 0)
+    s = mod.score(PUBLIC)
+    assert all(n in s.kinds for n, _ in s.scored) and sum(t for _, t in s.per_kind().values()) > 0

@@ -39,6 +39,12 @@ class StampedEngine:
     def logs(self, cid: str, *, tail: int, timestamps: bool) -> list[str]:
         return [f"{s} {line}" for s, line in self.logs_of.get(self.node, [])]
 
+    def daemon_answers(self, *, watch_s: float = 0.0) -> bool:
+        return True
+
+    def restarted_since(self, cid: str, started_at: str) -> bool:
+        return False
+
 
 W = "(Worker_TP1_EP1 pid=175) ERROR 12-01 09:53:51 [multiproc_executor.py:1189] "
 E = "(EngineCore pid=183) ERROR 12-01 09:53:51 [core.py:1584] "
@@ -180,3 +186,39 @@ def test_a_docker_daemon_that_stops_under_a_running_container_is_not_an_engine_e
     f = e.value
     assert (f.node, f.step) == (follower, "docker") and "exit code" not in f.what
     assert "docker daemon stopped answering" in f.what and "0123456789ab may still be on the node" in f.what
+
+
+class RestartedDaemonEngine(StampedEngine):
+    """A daemon killed and restarted (systemd) between two looks: it answers again, has no record of the rank's
+    container starting, and reports that container exited 137 (OOMKilled when ``oom``)."""
+
+    oom = False
+
+    def state(self, cid: str) -> ContainerState:
+        return ContainerState("exited", False, 137, self.oom, "", "2026-12-01T09:53:40Z", "2026-12-01T09:53:51Z")
+
+    def restarted_since(self, cid: str, started_at: str) -> bool:
+        assert started_at == "2026-12-01T09:53:40Z"
+        return True
+
+
+def test_a_rank_stopped_by_a_restarted_docker_daemon_names_the_daemon(monkeypatch, cfg: Config) -> None:
+    """Issue 29: exit 137 from a daemon that came back between two looks is the node's docker, not the engine."""
+    plan = build_plan(cfg)
+    follower = plan.followers[0].node
+    RestartedDaemonEngine.oom, StampedEngine.logs_of = False, {}
+    monkeypatch.setattr(wait, "engine_for", lambda node, how=None: RestartedDaemonEngine(node))
+    with pytest.raises(BootFailure) as e:
+        wait_running(plan, {follower: follower}, {follower: "0123456789abcdef"})  # type: ignore[dict-item]
+    assert (e.value.node, e.value.step) == (follower, "docker") and "exit code" not in e.value.what
+    assert "restarted since rank 1's container started" in e.value.what
+
+
+def test_an_oom_killed_rank_is_the_engines_own_exit_even_with_a_restarted_daemon(monkeypatch, cfg: Config) -> None:
+    plan = build_plan(cfg)
+    follower = plan.followers[0].node
+    RestartedDaemonEngine.oom, StampedEngine.logs_of = True, {}
+    monkeypatch.setattr(wait, "engine_for", lambda node, how=None: RestartedDaemonEngine(node))
+    with pytest.raises(BootFailure) as e:
+        wait_running(plan, {follower: follower}, {follower: "0123456789abcdef"})  # type: ignore[dict-item]
+    assert e.value.step == "boot" and "exit code 137, OOM-killed" in e.value.what

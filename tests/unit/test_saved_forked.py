@@ -71,7 +71,7 @@ def test_a_bad_name_fails_before_any_worker_starts(monkeypatch: pytest.MonkeyPat
 _HANDLERS_RAISED = r"""
 import json, multiprocessing, sys, time
 from pathlib import Path
-from sparkserve.nodes import interrupts
+from sparkserve import interrupts
 from sparkserve.observe import saved
 from sparkserve.observe.saved import LogFile, parse_files
 

@@ -18,6 +18,10 @@ def test_wheel_ships_templates_and_renders_from_an_installed_copy(tmp_path: Path
                        capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr
     (wheel,) = dist.glob("sparkserve-*.whl")
+    import tomllib
+
+    version = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["version"]
+    assert wheel.name == f"sparkserve-{version}-py3-none-any.whl"  # the name docs/getting-started/install.md gives
     names = set(zipfile.ZipFile(wheel).namelist())
     for needed in ("sparkserve/templates/launch_dflash2_tp2.sh.j2", "sparkserve/data/default.yaml",
                    "sparkserve/data/vllm-0.33.0-serve-args.json", "sparkserve/plan/_vllm_parser_worker.py",

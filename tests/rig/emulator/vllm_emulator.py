@@ -80,8 +80,8 @@ Environment (emulator knobs are ``SSEMU_*``; real vLLM variables keep their mean
 Behaviour copied from real runs (../shared/data/real-vllm-0.25.1/README.md): a dead follower leaves the
 head's ``/health`` at 200 while requests hang and ``EngineCore`` logs, at INFO, ``No available shared
 memory broadcast block found in N seconds. …`` every ``VLLM_RINGBUFFER_WARNING_INTERVAL`` seconds; a
-DFlash (v1) drafter boots with any K; a DFlash2 drafter (``DFlash2DraftModel``) whose K ≠ block_size − 1
-wedges at boot (never ready, no error line), as its model card says its stack does.
+DFlash (v1) drafter boots with any K; a DFlash2 drafter (``DFlash2DraftModel``) boots with K ≤ block_size − 1
+(its card: k=5 boots on the SM121 image) and wedges at boot with a larger K (never ready, no error line).
 
 Process names and pids: real vLLM runs APIServer, EngineCore and one process per worker; the emulator is
 one process whose log lines carry those names and stable per-role pids (the APIServer / MainProcess pid
@@ -1450,7 +1450,7 @@ class Emulator:
 
     def k_rule_wedge(self) -> bool:
         bs = self.block_size
-        return bool(self.spec and self.dflash2 and bs is not None and self.k != bs - 1)
+        return bool(self.spec and self.dflash2 and bs is not None and self.k > bs - 1)
 
     def capture_lines(self, rank: int, profile_only: bool = False) -> None:
         t = time.monotonic()

@@ -3,6 +3,7 @@
     install()                  # the CLI entry point: the three signals raise Interrupted from then on
     with watching(): ...       # a library call (`up` in-process): the same for the block, state cleared first
     with deferred(): ...       # cleanup: a signal that arrives now is remembered, it does not raise
+    run_async(main, *args)     # asyncio.run(main(*args)) that a signal never leaves half-made
     if stopping(): ...         # a worker thread's transfer loop: an interrupt arrived, stop and clean up
 
 The first of these signals raises :class:`Interrupted` (a KeyboardInterrupt, so every ``except
@@ -14,11 +15,18 @@ A CI timeout, systemd and a dropped SSH session (SIGHUP) thereby clean up exactl
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from types import FrameType
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+#: How long the tasks an interrupt left behind get to finish their cancellation (close their connections).
+CANCEL_GRACE_S = 5.0
 
 HANDLED = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
@@ -120,3 +128,41 @@ def signal_name() -> str | None:
     """``SIGTERM`` (etc.) when an interrupt arrived, else None."""
     signum = _state["signum"]
     return signal.Signals(signum).name if isinstance(signum, int) else None
+
+
+def run_async(fn: Callable[..., Coroutine[Any, Any, T]], *args: Any, **kw: Any) -> T:
+    """``asyncio.run(fn(*args, **kw))`` where the first signal may land at any moment (:func:`install` is in force).
+
+    asyncio.run leaves a window open: a signal that raises while its loop is being made (``Runner._lazy_init``)
+    or before its task wraps the coroutine leaves an unclosed loop and a coroutine never awaited, which the
+    garbage collector reports later, with a traceback, after the one-line error (issue 29: Ctrl-C during the
+    gates). Here the loop is made, the coroutine created and wrapped in its task, and everything torn down
+    inside :func:`deferred` blocks, so a signal is raised only while the task runs, or just after a step;
+    the tasks it interrupts are cancelled and given :data:`CANCEL_GRACE_S` to close their connections."""
+    with deferred():
+        loop = asyncio.new_event_loop()
+    try:
+        with deferred(raise_after=True):
+            coro = fn(*args, **kw)
+            task = loop.create_task(coro)
+        return loop.run_until_complete(task)
+    finally:
+        with deferred():
+            _close(loop)
+
+
+def _close(loop: asyncio.AbstractEventLoop) -> None:
+    """Cancel what is still pending, let it finish within :data:`CANCEL_GRACE_S`, close the loop."""
+    try:
+        pending = [t for t in asyncio.all_tasks(loop) if not t.done()]
+        for t in pending:
+            t.cancel()
+        if pending:
+            loop.run_until_complete(asyncio.wait(pending, timeout=CANCEL_GRACE_S))
+        for t in pending:  # retrieve each outcome: no "exception was never retrieved" at collection
+            if t.done() and not t.cancelled():
+                t.exception()
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.run_until_complete(loop.shutdown_default_executor())
+    finally:
+        loop.close()
