@@ -24,8 +24,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 #: vllm-router 0.1.17's --policy choices (its --help).
 POLICIES = ("random", "round_robin", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
             "sticky_least_loaded")
-#: Policies that poll SGLang's /get_load, which vLLM does not serve (replicas-facts §1.7): refused.
-POLICIES_NEEDING_GET_LOAD = ("power_of_two", "kv_aware", "sticky_least_loaded")
+#: Policies refused, with why: power_of_two polls SGLang's /get_load, which vLLM does not serve (replicas-facts
+#: §1.7); the other two were never run against vLLM workers here (kv_aware also needs KV event sources sparkserve
+#: does not render).
+REFUSED_POLICIES = {
+    "power_of_two": "polls each worker's load from /get_load, SGLang's endpoint, which vLLM does not serve",
+    "kv_aware": "needs KV event sources (--kv-event-source) that sparkserve does not render; untested here",
+    "sticky_least_loaded": "untested with vLLM workers here",
+}
 
 
 class RouterBreaker(BaseModel):
@@ -93,9 +99,8 @@ class RouterConfig(BaseModel):
     @field_validator("policy")
     @classmethod
     def _policy(cls, v: str) -> str:
-        if v in POLICIES_NEEDING_GET_LOAD:
-            raise ValueError(f"{v} reads each worker's load from /get_load, SGLang's endpoint, which vLLM does not "
-                             "serve; use round_robin, cache_aware, consistent_hash or random")
+        if v in REFUSED_POLICIES:
+            raise ValueError(f"{v} {REFUSED_POLICIES[v]}; use round_robin, cache_aware, consistent_hash or random")
         return v
 
     @field_validator("executable")
