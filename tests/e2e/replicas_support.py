@@ -161,3 +161,21 @@ def interrupt_at(e: E2E, cfg: Path, marker: str, sig: int, *, timeout: float = 3
             proc.kill()
             proc.wait()
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "".join(seen) + err)
+
+
+def stop_routers(e: E2E) -> None:
+    """Every router the test's runs recorded in its state dir, stopped: a test that fails before its `down` leaves
+    no router behind."""
+    from sparkserve.nodes import router
+
+    d = e.state / "sparkserve" / "router"
+    old = os.environ.get("SSROUTER_STATE")
+    os.environ["SSROUTER_STATE"] = str(d)
+    try:
+        for f in d.glob("*.json"):
+            router.stop_router(int(f.stem))
+    finally:
+        if old is None:
+            os.environ.pop("SSROUTER_STATE", None)
+        else:
+            os.environ["SSROUTER_STATE"] = old

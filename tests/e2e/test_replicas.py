@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from e2e_support import E2E
-from replicas_support import Load, fleet_config, interrupt_at, own_rig, routers_on
+from replicas_support import Load, fleet_config, interrupt_at, own_rig, routers_on, stop_routers
 
 pytestmark = pytest.mark.rig
 
@@ -35,6 +35,7 @@ def e4(rig4, _module_state, tmp_path):
     h = E2E(handle, clients, _module_state, tmp_path)
     h.clean()
     yield h
+    stop_routers(h)
     h.clean()
 
 

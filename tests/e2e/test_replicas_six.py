@@ -11,7 +11,7 @@ import json
 
 import pytest
 from e2e_support import E2E
-from replicas_support import Load, fleet_config, own_rig
+from replicas_support import Load, fleet_config, own_rig, stop_routers
 
 from sparkserve.nodes.router import RouterAPI
 
@@ -29,6 +29,7 @@ def e6(rig6, _module_state, tmp_path):
     h = E2E(handle, clients, _module_state, tmp_path)
     h.clean()
     yield h
+    stop_routers(h)
     h.clean()
 
 
