@@ -37,6 +37,7 @@ from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, Settings
 
 from sparkserve import profiles
 from sparkserve.errors import BadInput
+from sparkserve.router_config import RouterConfig, router_rules
 from sparkserve.units import parse_size
 
 DEFAULT_CONFIG_NAME = "sparkserve.yaml"
@@ -527,6 +528,8 @@ class Config(BaseSettings):
 
     nodes: list[NodeConfig] = Field(min_length=1, description="the Sparks, in order: the first is the head (API "
                                     "server, node-rank 0), the others followers")
+    replicas: int = Field(default=1, ge=1, description="copies of the stack behind vllm-router: `nodes` split in "
+                          "order into this many equal groups, each one TP x EP stack (docs: replicas)")
     runtime: Literal["docker", "process"] = Field(
         default="docker", description="docker: each rank in a container; process: `serve.vllm serve` as a host "
         "process in its own session on the node")
@@ -549,6 +552,8 @@ class Config(BaseSettings):
     supervise: SuperviseConfig = Field(default_factory=SuperviseConfig, exclude=True)
     # which prompts the bench reads, not what runs: not part of the deployment fingerprint
     bench: BenchConfig = Field(default_factory=BenchConfig, exclude=True)
+    # where the replicas' router runs and how it balances: not what any replica runs (not in the fingerprint)
+    router: RouterConfig = Field(default_factory=RouterConfig, exclude=True)
 
     @classmethod
     def settings_customise_sources(
@@ -593,6 +598,18 @@ class Config(BaseSettings):
                              "ray needs runtime: docker")
         return self
 
+    @model_validator(mode="after")
+    def _replicas_split(self) -> Config:
+        local = {p for n in self.nodes if n.local for p in (self.serve.port, self.fabric.master_port)}
+        listen = self.supervise.listen.rpartition(":")[2]
+        if listen.isdigit():
+            local.add(int(listen))
+        bad = router_rules(self.router, replicas=self.replicas, nodes=len(self.nodes), local_ports=local,
+                           serve_host=self.serve.host, first_head=(self.nodes[0].host, self.nodes[0].fabric_ip))
+        if bad:
+            raise ValueError(bad)
+        return self
+
     def _same_host_ok(self, i: int, j: int) -> bool:
         # two nodes may share an SSH address only when their ports differ (the rig: one address each anyway)
         return self.nodes[i].port != self.nodes[j].port
@@ -614,6 +631,8 @@ class Config(BaseSettings):
             for key in ("runtime", "process"):
                 data.pop(key, None)
             data["serve"].pop("vllm", None)
+        if data.get("replicas") == 1:  # one stack: its fingerprint is what it was before replicas existed
+            data.pop("replicas")
         if data["serve"].get("vllm_version") is None:  # the default (the image decides): not in the fingerprint
             data["serve"].pop("vllm_version")
         for key in ("profile", "drafter"):  # unset (the default profile; mtp): as before the fields existed

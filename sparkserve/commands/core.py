@@ -84,6 +84,10 @@ def validate(
     cfg = load_with_overrides(config, drafter, target)
     if accept_new:
         cfg.ssh.accept_new_host_keys = True
+    if cfg.replicas > 1:  # every replica runs the same argv on its own nodes: replica 1's stands for all
+        from sparkserve.plan.replicas import replica_config
+
+        cfg = replica_config(cfg, 1)
     if parser != "list":  # the one slow part (vLLM's import): say so before the screen goes quiet
         err_console.print("· argv: loading vLLM's own parser (about 10 s; the default, --parser list, answers from "
                           "the committed option list)", markup=False, highlight=False, soft_wrap=True)
@@ -201,7 +205,10 @@ def render(
     """The exact per-node container spec (docker run) — or the launcher script. Nothing runs."""
     cfg = load_config(config)
     if launcher:
+        from sparkserve.commands.replicas import refuse
         from sparkserve.plan.launcher import render_launcher
+
+        refuse(cfg, "render --launcher")
 
         text = render_launcher(cfg)
         if output:
@@ -211,6 +218,15 @@ def render(
         else:
             console.file.write(text)
         return
+    if cfg.replicas > 1 and node is None:
+        obj = _render_replicas(cfg, as_json)
+        text = json.dumps(obj, indent=2) + "\n" if as_json else str(obj)
+        (output.write_text(text) if output else console.file.write(text))
+        return
+    if cfg.replicas > 1:  # --node: the replica that holds it
+        from sparkserve.plan.replicas import replicas_of
+
+        cfg = next((r.cfg for r in replicas_of(cfg) if node in r.nodes), cfg)
     plan = _display_plan(cfg)
     specs = plan.specs
     if node is not None:
@@ -245,9 +261,36 @@ def render(
         console.file.write(text)
 
 
+def _render_replicas(cfg: Config, as_json: bool) -> Any:
+    """``replicas`` > 1: every replica's ranks and the router's argv (JSON), or the same as text."""
+    from sparkserve.plan.container import REDACTED
+    from sparkserve.plan.replicas import render_replicas, replicas_of
+
+    for r in replicas_of(cfg):
+        _display_plan(r.cfg)  # the config rules, per replica
+    has_key = bool(cfg.serve.api_key_env or cfg.serve.api_key_file)
+    doc = render_replicas(cfg, api_key=REDACTED if has_key else None)
+    if as_json:
+        return doc
+    out = []
+    for r in doc["replicas"]:
+        p = r["plan"]
+        out.append(f"# replica {r['replica']}: {', '.join(r['nodes'])} — API {r['api_url']}")
+        for s in p["specs"]:
+            argv = s.get("process_argv") or s.get("docker_run") or []
+            out.append(f"#   {s['node']}: rank {s['rank']}, {s['role']}")
+            out.append(_shell(argv) if argv else "")
+    out.append(f"# router ({doc['router']['policy']}) at {doc['router']['url']}, on this machine:")
+    out.append(_shell(doc["router"]["argv"]))
+    return "\n".join(out) + "\n"
+
+
 def plan(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """What `sparkserve up` would do with this config, step by step. Nothing runs."""
     cfg = load_config(config)
+    from sparkserve.commands.replicas import refuse
+
+    refuse(cfg, "plan")
     p = _display_plan(cfg)
     from sparkserve.deploy.up import planned_steps
 

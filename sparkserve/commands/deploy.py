@@ -63,7 +63,7 @@ def _up_run(config: Path | None, json_out: bool, no_gates: bool, accept_new: boo
     from sparkserve.nodes.factory import closing_nodes, connect_nodes
 
     with span("config"):
-        cfg = config_from(config, accept_new=accept_new, check=True)
+        cfg = config_from(config, accept_new=accept_new, check=True, replicas=True)
     with Progress(enabled=not json_out) as p:
         if config_drafter:
             forget(cfg)
@@ -86,6 +86,11 @@ def _up_run(config: Path | None, json_out: bool, no_gates: bool, accept_new: boo
                     run_cfg = resolve_target(run_cfg, nodes)  # org/name[@rev]: the same snapshot on every node
                 if str(run_cfg.model.target) != str(cfg.model.target):
                     p.say(f"model: {cfg.model.target} is {run_cfg.model.target} on every node")
+                if run_cfg.replicas > 1:  # N stacks behind vllm-router (commands/replicas.py prints and exits)
+                    from sparkserve.commands.replicas import up_fleet
+
+                    return up_fleet(run_cfg, nodes, p, json_out=json_out, run_gates=not no_gates,
+                                    break_lock=break_lock)
                 result = up(run_cfg, nodes, run_gates=not no_gates, break_lock=break_lock, say=p.say,
                             on_update=p.boot)
     if json_out:
@@ -129,7 +134,12 @@ def down_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: Ac
     from sparkserve.deploy.stack import DOWN_LEFT, down, unreachable_error
     from sparkserve.nodes.factory import open_reachable
 
-    cfg = config_from(config, accept_new=accept_new)
+    cfg = config_from(config, accept_new=accept_new, replicas=True)
+    if cfg.replicas > 1:  # the router first, then every replica
+        from sparkserve.commands.replicas import down_fleet
+
+        with Progress(enabled=not json_out) as p:
+            return down_fleet(cfg, p, json_out=json_out, break_lock=break_lock)
     with Progress(enabled=not json_out) as p, open_reachable(cfg) as (nodes, unreachable):
         result = down(cfg, nodes, unreachable=unreachable, break_lock=break_lock, say=p.say)
     if json_out:
@@ -158,7 +168,13 @@ def status_cmd(
     fully up or the supervisor reports a failure; 3 when a node cannot be reached (the others are still shown)."""
     from sparkserve.deploy.stack import STATUS_LEFT, unreachable_error
 
-    cfg = config_from(config, accept_new=accept_new)
+    cfg = config_from(config, accept_new=accept_new, replicas=True)
+    if cfg.replicas > 1:  # replicas: [...] and router: {url, policy, workers}
+        from sparkserve.commands.replicas import refuse, status_fleet
+
+        if watch is not None:
+            refuse(cfg, "status --watch")
+        return status_fleet(cfg, json_out=json_out)
     if watch is not None:
         _watch(cfg, watch, json_out)
         return
@@ -282,13 +298,18 @@ def doctor_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: 
     from sparkserve.deploy.doctor import as_json, check_all, drift_checks, unreachable_checks
     from sparkserve.deploy.hf_models import is_hf_target, resolve_target
     from sparkserve.nodes.factory import open_reachable
+    from sparkserve.plan.replicas import replicas_of
 
-    cfg = config_from(config, accept_new=accept_new)
+    cfg = config_from(config, accept_new=accept_new, replicas=True)
     with open_reachable(cfg) as (nodes, unreachable):
         if is_hf_target(cfg) and not unreachable:
             cfg = resolve_target(cfg, nodes)
         hosts: dict = {}
-        checks = check_all(cfg, nodes, None, check_ports=True, unreachable=unreachable, host_out=hosts, storage=True)
+        checks = []
+        for r in replicas_of(cfg):  # each replica is one stack (its head, its ports, its copies compared)
+            checks += check_all(r.cfg, {k: v for k, v in nodes.items() if k in r.nodes}, None, check_ports=True,
+                                unreachable={k: v for k, v in unreachable.items() if k in r.nodes}, host_out=hosts,
+                                storage=True)
         from sparkserve.operate.pyspy import forensics_checks
 
         checks += forensics_checks(cfg, nodes)  # will an incident hold Python stacks on each node?
@@ -331,6 +352,8 @@ def swap_drafter_cmd(
 
     After a swap the config file names the new drafter (drafter.path on the nodes, drafter.source here),
     comments kept — or, with --no-write or no config file, the journal does and `up` keeps it.
+    With replicas: N it rolls: one replica at a time out of the router, drained, swapped, gated, back in; the
+    first that fails rolls back and stops the rollout, named.
     Exit 0 swapped · 1 swap failed, rolled back (the previous drafter serves) · 2 bad drafter (nothing
     changed) · 4 ROLLBACK FAILED: nothing runs on any node."""
     from sparkserve.deploy.active_drafter import remember, write_config_drafter
@@ -339,9 +362,12 @@ def swap_drafter_cmd(
     from sparkserve.deploy.sync import progress_to
     from sparkserve.nodes.factory import open_nodes
 
-    cfg = config_from(config, accept_new=accept_new)
+    cfg = config_from(config, accept_new=accept_new, replicas=True)
+    from sparkserve.deploy.rolling import rolling_swap
+
+    swap = rolling_swap if cfg.replicas > 1 else swap_drafter  # replicas: one at a time behind the router
     with Progress(enabled=not json_out) as p, open_nodes(cfg) as nodes, progress_to(p.copy):
-        result = swap_drafter(resolve_target(cfg, nodes), nodes, path, break_lock=break_lock, say=p.say)
+        result = swap(resolve_target(cfg, nodes), nodes, path, break_lock=break_lock, say=p.say)
     kept = None
     if result.ok and result.drafter_path and result.drafter_digest and not result.unchanged:
         source = path.expanduser().resolve()
@@ -361,8 +387,8 @@ def swap_drafter_cmd(
     elif result.unchanged:
         print(result.message)
     elif result.ok:
-        print(f"swapped: {cfg.model.served_name} now drafts with {result.drafter_path} "
-              f"({(result.drafter_digest or '')[:12]})")
+        print(result.message if cfg.replicas > 1 else f"swapped: {cfg.model.served_name} now drafts with "
+              f"{result.drafter_path} ({(result.drafter_digest or '')[:12]})")
         print(kept)
     else:
         print(result.message)

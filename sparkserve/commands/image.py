@@ -83,7 +83,7 @@ def build_cmd(
     effective_recipe(files, lane)  # a lane the recipe cannot build is exit 2 before any node is touched
     lock = None if relock else require_lock(files, lane)  # so is a stale lock
     overlays = overlay_bytes(files)  # and an overlay whose bytes are not its sha256
-    cfg = config_from(config, nodes=not local)  # --local: this machine, no node (no hosts needed)
+    cfg = config_from(config, nodes=not local, replicas=True)  # --local: this machine, no node (no hosts needed)
     say = None if json_out else _say
     if files.recipe.experimental:
         err_console.print(f"warning: {files.path.name} is EXPERIMENTAL: {files.recipe.experimental}",
@@ -156,7 +156,7 @@ def verify_cmd(config: ConfigOpt = None, json_out: JsonOpt = False,
     from sparkserve.deploy.image import verify_image
     from sparkserve.nodes.factory import open_nodes
 
-    cfg = config_from(config)
+    cfg = config_from(config, replicas=True)
     with open_nodes(cfg) as nodes:
         check = verify_image(cfg, nodes, facts=not no_facts)
     if json_out:
@@ -273,7 +273,7 @@ def ship_cmd(
     from sparkserve.nodes.factory import open_nodes
 
     ship_via(via)  # usage errors (exit 2) before any node is touched
-    cfg = config_from(config)
+    cfg = config_from(config, replicas=True)
     src = ship_source(cfg, source)
     with open_nodes(cfg) as nodes, ShipView(src, via, enabled=not json_out) as view:
         result = ship_image_everywhere(cfg, nodes, source, say=None if json_out else _say, progress=view.update,

@@ -108,15 +108,12 @@ class Report:
 
 def check_config(cfg: Config, report: Report | None = None) -> Report:
     """Rules on the config alone (pydantic already refused malformed values when it was loaded)."""
-    r = report or Report()
-    s = cfg.serve
-    gpus = sum(n.gpus for n in cfg.nodes)
+    r, s = report or Report(), cfg.serve
+    nodes = cfg.nodes[: len(cfg.nodes) // cfg.replicas]  # replicas: each equal group is one stack
+    gpus = sum(n.gpus for n in nodes)
     if s.tensor_parallel_size != gpus:
-        per = {n.gpus for n in cfg.nodes}
-        if len(per) == 1:
-            how = f"{len(cfg.nodes)} nodes x {per.pop()} GPU"
-        else:
-            how = f"{gpus} GPUs over {len(cfg.nodes)} nodes"
+        per = {n.gpus for n in nodes}
+        how = f"{len(nodes)} nodes x {per.pop()} GPU" if len(per) == 1 else f"{gpus} GPUs over {len(nodes)} nodes"
         r.error("serve.tensor_parallel_size", f"{s.tensor_parallel_size} but the nodes hold {how} = {gpus}; "
                 "TP must use every GPU of every node")
     if s.gpu_memory_utilization > GMU_WARN_ABOVE:

@@ -40,6 +40,7 @@ class FakeState:
     generation_tokens: int = 0
     request_success: int = 0
     requests_seen: int = 0
+    running: int = 0  # requests in flight now (vllm:num_requests_running)
     foreign_requests_per_scrape: int = 0  # someone else's traffic, added at each scrape
     restart_at_scrape: int | None = None  # after this many scrapes, pretend the server restarted
     scrapes: int = 0
@@ -101,6 +102,8 @@ class FakeState:
                 f"vllm:generation_tokens_total{{{lab}}} {float(self.generation_tokens)}",
                 "# TYPE vllm:request_success_total counter",
                 f'vllm:request_success_total{{{lab},finished_reason="length"}} {float(self.request_success)}',
+                "# TYPE vllm:num_requests_running gauge",
+                f"vllm:num_requests_running{{{lab}}} {float(self.running)}",
             ]
         return "\n".join(lines) + "\n"
 
@@ -148,6 +151,14 @@ class _Handler(BaseHTTPRequestHandler):
         with st.lock:
             idx = st.requests_seen
             st.requests_seen += 1
+            st.running += 1
+        try:
+            self._answer(st, body, idx)
+        finally:
+            with st.lock:
+                st.running -= 1
+
+    def _answer(self, st: FakeState, body: dict[str, Any], idx: int) -> None:
         mode = st.modes(idx)
         if mode == HTTP500:
             self._send(500, b'{"error":{"message":"boom","type":"InternalServerError","code":500}}')
@@ -211,10 +222,10 @@ class _Dribble:
 class FakeVllm:
     """``with FakeVllm(FakeState(...)) as srv: srv.url``"""
 
-    def __init__(self, state: FakeState | None = None) -> None:
+    def __init__(self, state: FakeState | None = None, *, host: str = "127.0.0.1", port: int = 0) -> None:
         self.state = state or FakeState()
         handler = type("H", (_Handler,), {"state": self.state})
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+        self.httpd = ThreadingHTTPServer((host, port), handler)
         self.httpd.daemon_threads = True
         self.thread = threading.Thread(target=self.httpd.serve_forever, daemon=True)
 

@@ -12,7 +12,7 @@ PKG = Path(__file__).resolve().parents[2] / "sparkserve"
 
 # Lowest first. A module may import from its own stage or any stage before it (docs/ARCHITECTURE.md).
 STAGES = ["ground", "models", "plan", "observe", "measure", "nodes", "deploy", "operate", "commands"]
-GROUND = {"__init__", "errors", "units", "config", "profiles", "interrupts", "journal"}
+GROUND = {"__init__", "errors", "units", "config", "profiles", "router_config", "interrupts", "journal"}
 TOP = {"cli", "__main__"}  # the CLI entry points: the commands stage
 PURE = {"models", "plan", "observe"}
 NETWORK = {"paramiko", "docker", "httpx", "socket", "requests", "urllib3", "ssl", "subprocess"}
