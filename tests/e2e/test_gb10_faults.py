@@ -43,6 +43,23 @@ def finish(proc: subprocess.Popen, seen: list[str], timeout: float = 180) -> sub
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, "".join(seen) + err)
 
 
+def kill_and_bring_back(proc: subprocess.Popen, n, seen: list[str], kill=None, *,
+                        seen_gone: bool = True) -> subprocess.CompletedProcess:
+    """Kill node ``n``'s dockerd (``kill``, default SIGKILL) while ``proc`` runs; once the run says it waits for that
+    daemon (``seen_gone``; else at once) bring it back, as systemd would, and return the run's outcome. The
+    daemon is back and the run ended whatever happens."""
+    try:
+        (kill or kill_dockerd)(n)
+        if seen_gone:
+            wait_for(proc, seen, f"{n.name}: its docker daemon does not answer; waiting up to")
+        riglib.start_node(n)
+        return finish(proc, seen)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        riglib.start_node(n)
+
+
 def test_a2_follower_dockerd_killed_during_the_boot_names_docker_and_leaves_nothing(e2e) -> None:
     """node-b's dockerd is SIGKILLed while the stack boots and comes back (as systemd restarts it) once the run
     has seen it gone: the error names node-b's docker, and the teardown waits for the daemon, so no exited
@@ -52,20 +69,16 @@ def test_a2_follower_dockerd_killed_during_the_boot_names_docker_and_leaves_noth
     cfg = e2e.config({"serve": {"env": {"SSEMU_BOOT_SECONDS": "60"}}})
     proc = e2e.popen("up", cfg=cfg)
     seen: list[str] = []
+    t0 = time.monotonic()
     try:
-        t0 = time.monotonic()
         while len(e2e.running_ids()) < 2:
             assert proc.poll() is None, proc.communicate()
             assert time.monotonic() - t0 < 60, "the stack never started"
             time.sleep(0.2)
-        kill_dockerd(n)
-        wait_for(proc, seen, "node-b: its docker daemon does not answer; waiting up to")
-        riglib.start_node(n)
-        p = finish(proc, seen)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        riglib.start_node(n)
+    except BaseException:
+        proc.kill()
+        raise
+    p = kill_and_bring_back(proc, n, seen)
     e2e.assert_explained(p, code=3, node="node-b", step="docker", says=("docker daemon stopped answering",))
     # the teardown waited for the daemon and removed the follower's container once it answered: with
     # live-restore off the restarted daemon holds it as exited
@@ -82,19 +95,11 @@ def test_follower_dockerd_gone_during_settle_names_docker_not_the_container(e2e,
     cfg = e2e.config({"gates": {"settle_s": 30}})
     proc = e2e.popen("up", cfg=cfg)
     seen: list[str] = []
-    try:
-        wait_for(proc, seen, "settle: watching every rank")
-        if kill == "SIGKILL":
-            kill_dockerd(n)
-        else:  # a graceful shutdown (systemctl stop docker): it stops the containers, then goes away
-            os.kill(riglib.read_pid(Path(n.dir) / "dockerd.pid"), signal.SIGTERM)
-        wait_for(proc, seen, "node-b: its docker daemon does not answer; waiting up to")
-        riglib.start_node(n)
-        p = finish(proc, seen)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        riglib.start_node(n)
+    wait_for(proc, seen, "settle: watching every rank")
+    # SIGTERM: a graceful shutdown (systemctl stop docker): it stops the containers, then goes away
+    graceful = None if kill == "SIGKILL" else lambda n: os.kill(riglib.read_pid(Path(n.dir) / "dockerd.pid"),
+                                                                signal.SIGTERM)
+    p = kill_and_bring_back(proc, n, seen, graceful)
     e2e.assert_explained(p, code=3, node="node-b", step="docker",
                          says=("docker daemon stopped answering", "after the gates passed"))
     assert e2e.leftovers() == {}, p.stderr
@@ -112,17 +117,8 @@ def test_follower_dockerd_restarted_unseen_during_the_gates_names_docker(e2e) ->
                       "serve": {"env": {"SSEMU_TOKEN_RATE": "1000"}}})
     proc = e2e.popen("up", cfg=cfg)
     seen: list[str] = []
-    try:
-        wait_for(proc, seen, "gates: smoke cell")
-        kill_dockerd(n)
-        riglib.start_node(n)
-        back = time.monotonic()
-        p = finish(proc, seen)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-        riglib.start_node(n)
-    assert "gates: smoke cell" in "".join(seen) and time.monotonic() > back
+    wait_for(proc, seen, "gates: smoke cell")
+    p = kill_and_bring_back(proc, n, seen, seen_gone=False)  # back before anything looked at node-b
     e2e.assert_explained(p, code=3, node="node-b", step="docker",
                          says=("docker daemon stopped answering while the gates ran", "it restarted since rank 1"))
     assert e2e.leftovers() == {}, p.stderr

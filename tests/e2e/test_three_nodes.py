@@ -8,47 +8,16 @@ touched. It shares only the cache (base rootfs tarball, model fixtures) with it.
 from __future__ import annotations
 
 import ipaddress
-import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
-import docker
 import pytest
-import rig as riglib
 from e2e_support import E2E
+from replicas_support import own_rig
 
 pytestmark = pytest.mark.rig
 
-RIG_PY = Path(riglib.__file__).resolve()
-
-
-def rigcmd(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(RIG_PY), *args], capture_output=True, text=True, env=env, timeout=900)
-
-
 @pytest.fixture(scope="module")
 def rig3(rig_exclusive, _module_state):
-    d = Path(tempfile.mkdtemp(prefix="ssrig3-", dir="/var/tmp"))  # short (unix sockets); not under /tmp
-    env = {**os.environ, "SSRIG_DIR": str(d), "SSRIG_NODE_ROOT": "/srv/spark-e3", "SSRIG_IP_BASE": "30",
-           "SSRIG_SSH_PORT": "2224", "SSRIG_CACHE": str(rig_exclusive.dir / "cache")}
-    try:
-        p = rigcmd(env, "up", "--nodes", "3")
-        if p.returncode != 0:
-            pytest.fail(f"the three-node rig cannot come up: {p.stderr.strip()[-2000:]}", pytrace=False)
-        handle = riglib.RigHandle.from_info(json.loads((d / "rig.json").read_text()))
-        clients = {n.name: docker.DockerClient(base_url=n.docker_url, version="1.41", timeout=120)
-                   for n in handle.nodes}
-        yield handle, clients
-        for c in clients.values():
-            c.close()
-    finally:
-        p = rigcmd(env, "down", "--purge")
-        shutil.rmtree(d, ignore_errors=True)
-    assert p.returncode == 0, p.stderr
+    yield from own_rig(rig_exclusive, nodes=3, ip_base=30, ssh_port=2224, root="/srv/spark-e3")
 
 
 @pytest.fixture
