@@ -133,8 +133,8 @@ class Engine:
 
         Never pulls. A name clash is reported, never resolved by removing the other container.
         """
-        if make_dirs:
-            for d in spec.make_dirs:
+        if make_dirs:  # the plan's, and any writable mount's source a caller's spec adds (docker needs them all)
+            for d in dict.fromkeys([*spec.make_dirs, *(m.source for m in spec.mounts if not m.read_only)]):
                 self.node.makedirs(d)
         kw = spec.docker_sdk_kwargs()
         with self._step("run", spec.name):

@@ -185,7 +185,8 @@ def test_run_list_logs_exec_then_graceful_stop_and_remove(rig_cfg: Config, node_
         assert (host["NetworkMode"], host["IpcMode"], host["RestartPolicy"]["Name"]) == ("host", "host", "no")
         assert attrs["Config"]["StopTimeout"] == spec.stop_timeout  # the same spec `docker run` would get
         assert host["Memory"] == spec.memory == 118 * 2**30  # the card's --memory 118g
-        assert spec.shm_size is None  # no --shm-size: docker ignores it under --ipc=host
+        # --shm-size 32g beside --ipc host, as the card's launcher renders it (docker ignores it under host IPC)
+        assert spec.shm_size == 32 * 2**30 and host["IpcMode"] == "host"
         assert host["CapAdd"] == ["IPC_LOCK"]
         assert not host.get("DeviceRequests")  # container.gpus: none on the rig
         deadline = time.monotonic() + 10
