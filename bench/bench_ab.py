@@ -3,7 +3,7 @@
 
     .venv/bin/python bench/bench_ab.py [--rounds 2] [--c16 64x16x512] [--smoke 8x1x512]
 
-One in-process campaign (`deploy.campaign.run_campaign`) of two drafters (copies of the rig's drafter,
+One in-process campaign (`campaign.drive.run_campaign`) of two drafters (copies of the rig's drafter,
 each with its own emulator acceptance profile, paced by engine steps) over smoke + c16, on a stack that
 serves before it (so the end restores it). The anchor is the cells' own run time: the sum of every
 cell's request wall time (BenchResult.duration_s). Boots (`up` through the swap path, gates included),
@@ -48,8 +48,8 @@ def main() -> int:
     nodes_info = riglib.nodes_from_info(info)
     tmp = Path(tempfile.mkdtemp(prefix="bench-ab-"))
     os.environ["XDG_STATE_HOME"] = str(tmp / "state")
+    from sparkserve.campaign.drive import CampaignRequest, run_campaign
     from sparkserve.config import load_config
-    from sparkserve.deploy.campaign import CampaignRequest, run_campaign
     from sparkserve.deploy.stack import down
     from sparkserve.deploy.up import up
     from sparkserve.measure.ab_records import parse_size

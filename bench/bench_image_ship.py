@@ -40,9 +40,9 @@ import docker  # noqa: E402
 import rig as riglib  # noqa: E402
 
 from sparkserve.config import load_config  # noqa: E402
+from sparkserve.image.registry import ship_via_registry  # noqa: E402
+from sparkserve.image.ship import ship_layers  # noqa: E402
 from sparkserve.nodes.factory import open_nodes  # noqa: E402
-from sparkserve.nodes.images import ship_layers  # noqa: E402
-from sparkserve.nodes.registry import ship_via_registry  # noqa: E402
 
 RIG_PY = Path(riglib.__file__).resolve()
 REPO_NAME = "sparkserve-bench/ship"

@@ -21,9 +21,9 @@ from pathlib import Path
 
 from sparkserve.config import load_config
 from sparkserve.deploy.sync import sync_dir
+from sparkserve.image.ship import image_id, ship_image
 from sparkserve.models.manifest import manifest
 from sparkserve.nodes import SSHNode
-from sparkserve.nodes.images import image_id, ship_image
 
 
 def median_ms(fn, n: int = 10) -> tuple[float, float]:  # type: ignore[no-untyped-def]

@@ -194,7 +194,7 @@ def _host_path(v: Path) -> Path:
 HostPath = Annotated[Path, AfterValidator(_host_path)]
 
 
-# a Hugging Face repo id, `org/name` or `org/name@revision` (resolved on the nodes by deploy/hf_models)
+# a Hugging Face repo id, `org/name` or `org/name@revision` (resolved on the nodes by nodes/hf_models)
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,95}/[A-Za-z0-9][A-Za-z0-9._-]{0,95}"
                       r"(@[A-Za-z0-9][A-Za-z0-9._/-]{0,199})?")
 

@@ -101,8 +101,8 @@ def validate(
         cfg = _local_hf_target(cfg)
         report, where = check_inputs(cfg, None, parser=parser, local=local)
     else:
-        from sparkserve.deploy.hf_models import resolve_target
         from sparkserve.nodes.factory import open_nodes
+        from sparkserve.nodes.hf_models import resolve_target
 
         try:
             with open_nodes(cfg, names=[cfg.head.name]) as nodes:

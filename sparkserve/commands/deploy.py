@@ -77,9 +77,9 @@ def _up_run(config: Path | None, json_out: bool, no_gates: bool, accept_new: boo
         with span("connect"):
             nodes = connect_nodes(run_cfg, meanwhile=_import_up)
         with closing_nodes(nodes):
-            from sparkserve.deploy.hf_models import resolve_target
             from sparkserve.deploy.sync import progress_to
             from sparkserve.deploy.up import up
+            from sparkserve.nodes.hf_models import resolve_target
 
             with progress_to(p.copy):
                 with span("model"):
@@ -118,7 +118,6 @@ def _import_up() -> None:
     all again — about 0.1 s of the `up` a person waits for."""
     import gc
 
-    import sparkserve.deploy.hf_models
     import sparkserve.deploy.sync
     import sparkserve.deploy.up
     import sparkserve.nodes.docker_client  # noqa: F401
@@ -296,8 +295,8 @@ def doctor_cmd(config: ConfigOpt = None, json_out: JsonOpt = False, accept_new: 
     Every node it can reach is checked in full; the others are reported. Exit 1 when a check fails; 3 when
     a node (its ssh or its docker) cannot be reached. --json prints one document in every case."""
     from sparkserve.deploy.doctor import as_json, check_all, drift_checks, unreachable_checks
-    from sparkserve.deploy.hf_models import is_hf_target, resolve_target
     from sparkserve.nodes.factory import open_reachable
+    from sparkserve.nodes.hf_models import is_hf_target, resolve_target
     from sparkserve.plan.replicas import replicas_of
 
     cfg = config_from(config, accept_new=accept_new, replicas=True)
@@ -357,10 +356,10 @@ def swap_drafter_cmd(
     Exit 0 swapped · 1 swap failed, rolled back (the previous drafter serves) · 2 bad drafter (nothing
     changed) · 4 ROLLBACK FAILED: nothing runs on any node."""
     from sparkserve.deploy.active_drafter import remember, write_config_drafter
-    from sparkserve.deploy.hf_models import resolve_target
     from sparkserve.deploy.swap import swap_drafter
     from sparkserve.deploy.sync import progress_to
     from sparkserve.nodes.factory import open_nodes
+    from sparkserve.nodes.hf_models import resolve_target
 
     cfg = config_from(config, accept_new=accept_new, replicas=True)
     from sparkserve.deploy.rolling import rolling_swap

@@ -12,7 +12,7 @@ from sparkserve.commands.docs_base import HEADER
 def _click_root() -> Any:
     import typer
 
-    from sparkserve.cli import app
+    from sparkserve.commands.app import app
 
     group = typer.main.get_command(app)
     group.load_all()  # type: ignore[attr-defined]
@@ -61,7 +61,7 @@ def _command_section(path: list[str], cmd: Any, out: list[str]) -> None:
 
 
 def cli_page() -> str:
-    from sparkserve.cli import EXIT_CODES
+    from sparkserve.commands.app import EXIT_CODES
 
     root = _click_root()
     out = [HEADER + "# CLI reference\n",
@@ -75,7 +75,7 @@ def cli_page() -> str:
 
 def exit_codes_page() -> str:
     from sparkserve import errors
-    from sparkserve.cli import INTERRUPTED_EXIT
+    from sparkserve.commands.app import INTERRUPTED_EXIT
 
     rows = ["| 0 | — | success |"]
     classes = [c for _, c in inspect.getmembers(errors, inspect.isclass)

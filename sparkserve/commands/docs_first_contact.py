@@ -148,7 +148,7 @@ def _refused() -> str:
 
 
 def _image_missing() -> str:
-    from sparkserve.nodes.images import same_image_problem
+    from sparkserve.image.on_nodes import same_image_problem
 
     return _line(lambda: same_image_problem({"spark-a": "sha256:8e3f" + "0" * 60, "spark-b": None}, IMAGE))
 
@@ -158,7 +158,7 @@ def _port_in_use() -> str:
 
 
 def _sudoers() -> str:
-    from sparkserve.deploy.hostfacts import sudoers_fix
+    from sparkserve.nodes.hostfacts import sudoers_fix
 
     return (f"doctor, check `page cache drop`: sudo -n cannot drop the page cache (sudo's reason) — {sudoers_fix(USER)}"
             f"\nup: warning: spark-a: the page cache was not dropped before the boot (sudo's reason) — "

@@ -1,5 +1,5 @@
 """`sparkserve image build|verify|ship|series-check`: make the image, and the same image on every node
-(logic: sparkserve.deploy.image_build, sparkserve.deploy.image, sparkserve.deploy.image_series)."""
+(logic: sparkserve.image.build, sparkserve.image.verify, sparkserve.image.series)."""
 
 from __future__ import annotations
 
@@ -64,15 +64,15 @@ def build_cmd(
 ) -> None:
     import os
 
-    from sparkserve.deploy.image_build import (
+    from sparkserve.image.build import (
         build_image,
         default_recipe,
         load_recipe_files,
         overlay_bytes,
         write_lock,
     )
-    from sparkserve.deploy.image_relock import effective_recipe, require_lock
-    from sparkserve.deploy.image_relock import relock as do_relock
+    from sparkserve.image.relock import effective_recipe, require_lock
+    from sparkserve.image.relock import relock as do_relock
 
     if lane not in (None, "overlay", "prebuilt", "source"):
         raise BadInput("--lane", f"{lane!r} is not overlay, prebuilt or source")
@@ -99,7 +99,7 @@ def build_cmd(
         if lock_only:
             return locked
         if (lane or files.recipe.lane) == "prebuilt":
-            from sparkserve.deploy.image_prebuilt import use_prebuilt
+            from sparkserve.image.prebuilt import use_prebuilt
 
             return use_prebuilt(node, files, locked, overlays=overlays, push=push, say=say,
                                 gpu_capability=gpu_capability)
@@ -124,8 +124,8 @@ def build_cmd(
 
 
 def _print_build(result, lock_path: Path, json_out: bool) -> None:  # type: ignore[no-untyped-def]
-    from sparkserve.deploy.image_build import BuildResult
-    from sparkserve.plan.image_recipe import lock_digest
+    from sparkserve.image.build import BuildResult
+    from sparkserve.image.recipe import lock_digest
 
     if not isinstance(result, BuildResult):  # --lock-only: the lock
         if json_out:
@@ -153,7 +153,7 @@ def verify_cmd(config: ConfigOpt = None, json_out: JsonOpt = False,
                ) -> None:
     """Print the fingerprint (and raw ID) of image.ref on every node and compare the image facts; exit 1
     unless they are all present and equal."""
-    from sparkserve.deploy.image import verify_image
+    from sparkserve.image.verify import verify_image
     from sparkserve.nodes.factory import open_nodes
 
     cfg = config_from(config, replicas=True)
@@ -269,7 +269,7 @@ def ship_cmd(
 ) -> None:
     """Copy image.ref from one node (default: the head) to every other node in parallel, node to node,
     sending each only the layers it lacks; then verify the fingerprint on each."""
-    from sparkserve.deploy.image import ship_image_everywhere, ship_source, ship_via
+    from sparkserve.image.verify import ship_image_everywhere, ship_source, ship_via
     from sparkserve.nodes.factory import open_nodes
 
     ship_via(via)  # usage errors (exit 2) before any node is touched
@@ -301,8 +301,8 @@ def series_check_cmd(
 ) -> None:
     """Apply the recipe's series to each wheel (unpacked in a temp dir) with the lock's digests; the files
     that then differ from the wheel's RECORD must be exactly the series' files. Exit 1 on any difference."""
-    from sparkserve.deploy.image_build import default_recipe, load_recipe_files
-    from sparkserve.deploy.image_series import check_series_on_wheel
+    from sparkserve.image.build import default_recipe, load_recipe_files
+    from sparkserve.image.series import check_series_on_wheel
 
     files = load_recipe_files(recipe or default_recipe())
     results = [check_series_on_wheel(files, w) for w in wheel]

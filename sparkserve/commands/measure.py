@@ -277,7 +277,7 @@ def ab_run(
 
     Exit 0 done (excluded boots are reported, not failures) · 2 bad input (nothing started) · 3 a node or
     step failed, or interrupted: the drafter that served before is restored; `--resume ID` finishes it."""
-    from sparkserve.deploy.campaign import (
+    from sparkserve.campaign.drive import (
         CampaignRequest,
         check_request,
         check_resume,
@@ -372,7 +372,7 @@ def ab_report(
     report = None
     ours = cr.bench_rows(list(bench_files or []), hardware)
     if campaign is not None:
-        from sparkserve.deploy.campaign import campaign_report
+        from sparkserve.campaign.drive import campaign_report
 
         report = campaign_report(campaign)
         ours = cr.rows_from_report(report, hardware) + ours

@@ -235,8 +235,8 @@ def bundle_cmd(
     from sparkserve.commands._common import err_console
     from sparkserve.commands.progress import Progress
     from sparkserve.config import find_config_path, load_config, no_config_error
-    from sparkserve.deploy.bundle import collect, host_map, secret_values, write
     from sparkserve.nodes.factory import open_reachable
+    from sparkserve.operate.bundle import collect, host_map, secret_values, write
 
     file = find_config_path(config)
     if file is None:

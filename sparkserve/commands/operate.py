@@ -44,7 +44,7 @@ def supervise_cmd(
     cfg = config_from(config, accept_new=accept_new, check=True)
     run_cfg, _ = kept_drafter(cfg)
     with open_nodes(run_cfg) as nodes:
-        from sparkserve.deploy.hf_models import resolve_target
+        from sparkserve.nodes.hf_models import resolve_target
         from sparkserve.operate.exporter import serve
         from sparkserve.operate.loop import Supervisor
 

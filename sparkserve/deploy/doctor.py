@@ -12,13 +12,13 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from sparkserve.config import Config, NodeConfig
-from sparkserve.deploy.hostfacts import HostFacts, host_question, host_verdicts, memory_verdict, storage_parity
 from sparkserve.deploy.probe import probe_node
 from sparkserve.deploy.sync import RemoteState, manifest_args, state_from
 from sparkserve.errors import SparkserveError
 from sparkserve.journal import lookup
 from sparkserve.models.target_manifest import TargetManifest
 from sparkserve.nodes.base import Node
+from sparkserve.nodes.hostfacts import HostFacts, host_question, host_verdicts, memory_verdict, storage_parity
 from sparkserve.nodes.parallel import on_all
 from sparkserve.nodes.runtime import engine_for
 from sparkserve.plan.build import Plan, cache_dir

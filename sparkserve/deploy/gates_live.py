@@ -15,20 +15,20 @@ from collections.abc import Callable
 from typing import Any
 
 from sparkserve.config import Config, resolve_api_key
-from sparkserve.deploy.hostfacts import kernel_faults
 from sparkserve.deploy.stack import boot_id, managed_on_all  # noqa: F401 - boot_id: gates_live.boot_id
 from sparkserve.deploy.sync import remote_manifest
 from sparkserve.deploy.wait import _stamp
-from sparkserve.deploy.wedge import wedge_probe
 from sparkserve.errors import RemoteFailure, SparkserveError
+from sparkserve.image.on_nodes import identity_of
 from sparkserve.journal import lookup, record
 from sparkserve.journal.history import GATES_SMOKE_CELL
 from sparkserve.measure.prompts import builtin_prompts
 from sparkserve.measure.records import CELLS, Cell
 from sparkserve.measure.run import run_cell
+from sparkserve.measure.wedge import wedge_probe
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.engine import ContainerState
-from sparkserve.nodes.images import identity_of
+from sparkserve.nodes.hostfacts import kernel_faults
 from sparkserve.nodes.parallel import on_all
 from sparkserve.nodes.runtime import engine_for
 from sparkserve.observe.gate_inputs import Expectations, NodeIdentity, SmokeError, SmokeResult

@@ -11,8 +11,8 @@ from typing import Any
 
 from sparkserve.config import Config
 from sparkserve.errors import RemoteFailure
+from sparkserve.image.on_nodes import identity_of
 from sparkserve.nodes.base import Node
-from sparkserve.nodes.images import identity_of
 from sparkserve.nodes.parallel import on_all
 from sparkserve.nodes.runtime import engine_for
 

@@ -10,7 +10,7 @@ under each path, which ports are free to bind, the writable mount dirs it create
 files fabric detection needs (:func:`sparkserve.plan.fabric_node.node_read_sysfs`, the launcher's own
 reader), and — for `up` — the drafter's manifest from the node's cache (the drafter sync's own program,
 :mod:`sparkserve.deploy.sync_remote`, run in the same interpreter: one python3 start per node for the whole
-pre-flight), the host facts of :mod:`sparkserve.deploy.hostfacts` (after the page-cache drop, for `up`) and
+pre-flight), the host facts of :mod:`sparkserve.nodes.hostfacts` (after the page-cache drop, for `up`) and
 the target's manifest (:mod:`sparkserve.models.target_manifest`). The question travels on stdin as JSON —
 paths are data, never shell words.
 """
@@ -25,10 +25,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from sparkserve.deploy.hostfacts import NODE_SOURCE as HOST_SOURCE
 from sparkserve.deploy.sync_remote import manifest_source
 from sparkserve.models.target_manifest import NODE_SOURCE as TARGET_SOURCE
 from sparkserve.nodes.base import Node, NodeError
+from sparkserve.nodes.hostfacts import NODE_SOURCE as HOST_SOURCE
 from sparkserve.plan.fabric_node import node_read_sysfs
 
 # -- run on the node (stdlib only, self-contained; shipped by source) -----------------------------------
@@ -68,7 +68,7 @@ def _node_answer(a: dict) -> dict:  # type: ignore[type-arg]
     with open("/proc/meminfo") as f:
         out["meminfo"] = f.read()
     out["sysfs"] = node_read_sysfs(a["sysfs"]) if a.get("sysfs") else None
-    if a.get("host") is not None:  # deploy.hostfacts: memory (after the page-cache drop), host settings, GPU memory
+    if a.get("host") is not None:  # nodes.hostfacts: memory (after the page-cache drop), host settings, GPU memory
         out["host"] = _node_host(a["host"])  # noqa: F821
     if a.get("target"):  # models.target_manifest: the target's index, shards and safetensors headers
         out["target"] = target_manifest(a["target"])  # noqa: F821
@@ -107,7 +107,7 @@ class NodeFacts:
     meminfo: str
     sysfs: dict[str, str] | None
     manifest: dict[str, Any] | None = None  # the manifest program's answer, or {"error": …}; None: not asked
-    host: dict[str, Any] | None = None  # deploy.hostfacts._node_host's answer; None: not asked
+    host: dict[str, Any] | None = None  # nodes.hostfacts._node_host's answer; None: not asked
     target: dict[str, Any] | None = None  # models.target_manifest's answer; None: not asked
 
 
@@ -118,7 +118,7 @@ def probe_node(node: Node, *, paths: Sequence[str] = (), disk: Sequence[str] = (
                timeout: float = 30) -> NodeFacts:
     """Ask ``node`` every question at once (one ``python3`` command). NodeError if it cannot answer.
     ``manifest``: the drafter manifest program's arguments (deploy.sync.manifest_args), answered in the same
-    run (``NodeFacts.manifest``); ``host``: deploy.hostfacts.host_question (a page-cache drop takes seconds on a
+    run (``NodeFacts.manifest``); ``host``: nodes.hostfacts.host_question (a page-cache drop takes seconds on a
     full node: the timeout grows); ``target``: the target directory whose manifest is taken."""
     question = json.dumps({"paths": list(paths), "disk": list(disk), "ports": [list(p) for p in ports],
                            "sysfs": str(sysfs) if sysfs else None, "mkdirs": list(mkdirs),

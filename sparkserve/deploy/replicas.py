@@ -24,15 +24,15 @@ from typing import Any
 
 from sparkserve import interrupts
 from sparkserve.config import Config, resolve_api_key
-from sparkserve.deploy.router_gate import RouterGate, router_gate
 from sparkserve.deploy.stack import DownResult, down, status
 from sparkserve.deploy.teardown import Reporter, interrupted_what, quiet
 from sparkserve.deploy.up import UpResult, up
 from sparkserve.deploy.wait import NodeView
 from sparkserve.errors import GateFailed, RemoteFailure, SparkserveError
+from sparkserve.image.on_nodes import ensure_same_engine
+from sparkserve.measure.router_reach import RouterGate, router_gate
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.router import RouterAPI, RouterProcess, router_executable, running, start_router, stop_router
-from sparkserve.nodes.runtime import ensure_same_engine
 from sparkserve.plan.replicas import Replica, replicas_of, router_argv, router_url
 
 

@@ -28,7 +28,6 @@ from sparkserve.config import Config, resolve_api_key
 from sparkserve.deploy import lock
 from sparkserve.deploy.doctor import Check, check_all, check_ports
 from sparkserve.deploy.drafter import DrafterSync, all_cached, drafter_words, local_drafter, sync_drafter, sync_words
-from sparkserve.deploy.hostfacts import HostFacts, host_question, memory_verdict, sudoers_fix
 from sparkserve.deploy.inputs import validate_inputs
 from sparkserve.deploy.parity import check_parity
 from sparkserve.deploy.probe import probe_node
@@ -39,13 +38,15 @@ from sparkserve.deploy.timings import span, timed
 from sparkserve.deploy.wait import NodeView, daemons_answer, served_models, wait_ready, wait_running, watch_alive
 from sparkserve.deploy.watchdog import watchdog_floors
 from sparkserve.errors import BadInput, CheckRefused, GateFailed, RemoteFailure, SparkserveError
+from sparkserve.image.on_nodes import ensure_same_engine
 from sparkserve.journal import record
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.engine import ManagedContainer
 from sparkserve.nodes.factory import docker_opening
+from sparkserve.nodes.hostfacts import HostFacts, host_question, memory_verdict, sudoers_fix
 from sparkserve.nodes.parallel import after, on_all
 from sparkserve.nodes.processes import rank_id
-from sparkserve.nodes.runtime import LABEL_ENGINE_ID, engine_for, ensure_same_engine
+from sparkserve.nodes.runtime import LABEL_ENGINE_ID, engine_for
 from sparkserve.observe.gate_report import GateReport, Verdict
 from sparkserve.plan.build import CACHE_MOUNT, Plan, build_plan, cache_dirs
 from sparkserve.plan.dialects import dialect_for, shipped_for_image, stored_facts
@@ -213,7 +214,7 @@ def _learn_dialect(cfg: Config, nodes: dict[str, Node], image_id: str, say: Repo
     entry = (stored_facts().get("by_ref") or {}).get(cfg.image.ref)
     if isinstance(entry, dict) and entry.get("image_id") == image_id:
         return
-    from sparkserve.deploy.image_dialect import verify_dialect
+    from sparkserve.image.dialect import verify_dialect
 
     try:
         d, raw = verify_dialect(nodes[cfg.head.name], cfg.image.ref, image_id)
@@ -285,7 +286,7 @@ def _preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_draf
     return _Found(checks, fabric, image_id, existing, drafter)
 
 
-#: Host checks whose warnings `up` says before it boots (deploy.hostfacts.host_verdicts).
+#: Host checks whose warnings `up` says before it boots (nodes.hostfacts.host_verdicts).
 HOST_WARNINGS = ("iommu", "swappiness", "earlyoom", "shm", "nccl", "kernel parity", "driver parity",
                  "firmware parity", "nccl parity")
 #: Failed checks that refuse the run although every node answered (exit 1, CheckRefused), in the order judged.

@@ -23,9 +23,9 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from sparkserve.config import Config
-from sparkserve.deploy.hostfacts import TEE, HostFacts, high_order_free
 from sparkserve.errors import SparkserveError
 from sparkserve.nodes.base import Node
+from sparkserve.nodes.hostfacts import TEE, HostFacts, high_order_free
 from sparkserve.observe.logpatterns import Milestone, milestone_of
 from sparkserve.units import human_bytes
 

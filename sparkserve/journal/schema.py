@@ -106,7 +106,7 @@ MIGRATIONS: list[str] = [
         time TEXT NOT NULL,
         fingerprint TEXT NOT NULL,            -- the deployment that booted
         gates_passed INTEGER NOT NULL,        -- 1: the boot's gates passed (a reference for drift)
-        hosts_json TEXT NOT NULL              -- {node: deploy.hostfacts.HostFacts.fingerprint()}
+        hosts_json TEXT NOT NULL              -- {node: nodes.hostfacts.HostFacts.fingerprint()}
     );
     CREATE INDEX host_facts_good ON host_facts(gates_passed, id);
     """,

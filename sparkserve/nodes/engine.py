@@ -8,7 +8,7 @@
     eng.exec(cid, argv, detach=True, to_container_log=True)   # the ray `vllm serve` step
     eng.parity_facts(cid) == eng2.parity_facts(cid2)          # rank parity (same keys as plan.parity_view)
 
-Images (identity across nodes, shipping) are :mod:`sparkserve.nodes.images`.
+Images (identity across nodes, shipping) are :mod:`sparkserve.image.ship`.
 
 Ownership rule: every verb that stops, removes or execs in a container first checks that it carries
 ``io.sparkserve.managed=1``; a container without it is never touched, whatever its name. A container is
@@ -32,7 +32,6 @@ import docker.errors
 
 from sparkserve.nodes.base import Node, NodeError
 from sparkserve.nodes.docker_client import LogStream, docker_errors
-from sparkserve.nodes.images import SHIP_HINT
 from sparkserve.plan.build import parity_view
 from sparkserve.plan.container import (
     LABEL_FINGERPRINT,
@@ -43,6 +42,9 @@ from sparkserve.plan.container import (
     ContainerSpec,
     Mount,
 )
+
+#: What to do about an image a node lacks (the image stage says it too).
+SHIP_HINT = "run `sparkserve image ship` to copy it from a node that has it"
 
 if TYPE_CHECKING:
     from docker.models.containers import Container

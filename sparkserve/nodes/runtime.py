@@ -4,7 +4,7 @@
     eng = engine_for(node, cfg)          # or engine_for(node, plan): Engine (docker) or ProcessEngine
     rid = eng.run(spec)                  # a handle: container id, or a process rank id
     eng.state(rid).running; eng.logs(rid, tail=40); eng.stop_and_remove(rid, timeout=30)
-    image_id = ensure_same_engine(cfg, [nodes[n.name] for n in cfg.nodes])   # same engine on every node
+    (is the engine the same on every node: sparkserve.image.on_nodes.ensure_same_engine)
 
 Implementations: :class:`sparkserve.nodes.engine.Engine` (docker SDK) and
 :class:`sparkserve.nodes.processes.ProcessEngine` (one stdlib program on the node).
@@ -12,14 +12,12 @@ Implementations: :class:`sparkserve.nodes.engine.Engine` (docker SDK) and
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from datetime import datetime
 from typing import TYPE_CHECKING, Protocol
 
-from sparkserve.nodes.base import Node, NodeError
+from sparkserve.nodes.base import Node
 from sparkserve.nodes.engine import ContainerState, Engine, ExecResult, ManagedContainer
-from sparkserve.nodes.images import ensure_same_image
-from sparkserve.nodes.parallel import on_all
 from sparkserve.nodes.processes import LABEL_ENGINE_ID, ProcessEngine
 from sparkserve.plan.build import DRAFTER_MOUNT, Plan, drafter_in_argv
 from sparkserve.plan.container import ContainerSpec
@@ -27,7 +25,7 @@ from sparkserve.plan.container import ContainerSpec
 if TYPE_CHECKING:
     from sparkserve.config import Config
 
-__all__ = ["LABEL_ENGINE_ID", "Runtime", "engine_for", "ensure_same_engine", "serving_drafter"]
+__all__ = ["LABEL_ENGINE_ID", "Runtime", "engine_for", "serving_drafter"]
 
 
 class Runtime(Protocol):
@@ -77,23 +75,6 @@ def engine_for(node: Node, how: Config | Plan | None = None) -> Runtime:
     if runtime == "process":
         return ProcessEngine(node, run_dir=run_dir, vllm=vllm)
     return Engine(node)
-
-
-def ensure_same_engine(cfg: Config, nodes: Sequence[Node]) -> str:
-    """The engine every node runs, the same on all: docker — the image ID of ``image.ref``; process — the
-    sha256 of ``serve.vllm``'s bytes and ``--version`` output. NodeError naming a node that differs."""
-    if cfg.runtime == "docker":
-        return ensure_same_image(nodes, cfg.image.ref)
-    found = on_all(list(nodes), lambda n: ProcessEngine(n, run_dir=cfg.process.run_dir,
-                                                        vllm=cfg.serve.vllm).identity(), name=lambda n: n.name)
-    names = list(found)
-    want, what = found[names[0]]
-    for name in names[1:]:
-        got, theirs = found[name]
-        if got != want:
-            raise NodeError(name, "engine", f"serve.vllm here is {theirs} ({got[7:19]}) but on {names[0]} it is "
-                            f"{what} ({want[7:19]}); every node must run the same vLLM")
-    return want
 
 
 def serving_drafter(eng: Runtime, ref: str) -> str | None:

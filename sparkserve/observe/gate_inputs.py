@@ -100,7 +100,7 @@ class SmokeResult:
     incomplete: int
     errors: tuple[SmokeError, ...] = ()
     node: str | None = None  # where the API server answered (the head)
-    stalled_s: float | None = None  # the wedge probe received nothing for this long (deploy/wedge.py)
+    stalled_s: float | None = None  # the wedge probe received nothing for this long (measure/wedge.py)
 
 
 @dataclass(frozen=True)

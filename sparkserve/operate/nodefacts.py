@@ -11,7 +11,7 @@ and /dev/kmsg by default. A plain file given as the kernel log is read as text f
 stopped. The first read of a kernel log sets the cursor and reports nothing: lines from before supervision
 belong to an earlier story.
 
-The boot-time side is ``deploy/hostfacts.py`` (MemFree, buddyinfo, drop_caches, the NVRM/Xid lines since a boot,
+The boot-time side is ``nodes/hostfacts.py`` (MemFree, buddyinfo, drop_caches, the NVRM/Xid lines since a boot,
 every path under ``host.proc_root``). The two node programs still read meminfo and the kernel log separately:
 this one streams the kernel log with a cursor from round to round, hostfacts reads it once since a time, and
 the sources are configured apart (``supervise.meminfo_path`` / ``supervise.kmsg_path`` here). Folding them into

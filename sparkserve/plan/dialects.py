@@ -9,7 +9,7 @@ Dialects are data files, ``sparkserve/data/dialects/*.json``: a name (the engine
 option list (a committed dump, or a base dump with removed/added options, each fact with its source), the
 image refs known to carry it, and the signature lines the engine prints on every rank. ``image verify``
 (and ``up`` for an image it has not seen) runs the image's own `vllm serve` parser in the image and keeps
-its option list and version with the image facts (:mod:`sparkserve.deploy.image_dialect`, a local file
+its option list and version with the image facts (:mod:`sparkserve.image.dialect`, a local file
 next to the journal); that list then wins over the shipped one for that image.
 
 Resolution, first match wins: ``serve.vllm_version`` (a dialect name: the config override); the stored

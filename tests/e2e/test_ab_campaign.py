@@ -134,7 +134,7 @@ def test_campaign_verdicts_exclusion_interrupt_resume_and_report(e2e, stack, tmp
     cid = int(line.split("--resume ")[1].split("`")[0])
     assert mounted(e2e) == serving  # the drafter that served before is back
 
-    from sparkserve.deploy.campaign import load_campaign
+    from sparkserve.campaign.drive import load_campaign
     from sparkserve.journal import Journal
 
     with Journal.open() as j:

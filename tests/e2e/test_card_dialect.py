@@ -91,7 +91,7 @@ def test_an_image_whose_dialect_lacks_a_configured_flag_is_refused_before_boot(e
                                                                               rig_docker) -> None:
     """The image's own parser dump (what `image verify` keeps for an engine whose vllm imports) lacks
     --block-size: `up` refuses the config before any container starts."""
-    from sparkserve.deploy.image_dialect import remember
+    from sparkserve.image.dialect import remember
     from sparkserve.plan.dialects import shipped
 
     for n in e2e.rig.nodes:

@@ -292,7 +292,7 @@ def build_image(client: Any, tag: str, parent: str | None, files: dict[str, byte
 PACKAGES = {"dockerd": "docker.io", "/usr/sbin/sshd": "openssh-server", "debootstrap": "debootstrap",
             "rsync": "rsync", "unshare": "util-linux", "ssh-keygen": "openssh-client",
             "docker-registry": "docker-registry",  # `image ship --via registry` runs it on the head node
-            "sudo": "sudo"}  # the page-cache drop before a boot runs `sudo -n` (deploy/hostfacts.py), root too
+            "sudo": "sudo"}  # the page-cache drop before a boot runs `sudo -n` (nodes/hostfacts.py), root too
 
 
 def ensure_packages() -> None:
@@ -769,7 +769,7 @@ def write_fake_sysfs(n: NodeInfo) -> None:
         w(root / "class" / "infiniband" / hca / "fw_ver", FAKE_FW)
 
 
-# What a healthy DGX Spark's procfs says (deploy/hostfacts.py reads these under host.proc_root): 128 GB unified
+# What a healthy DGX Spark's procfs says (nodes/hostfacts.py reads these under host.proc_root): 128 GB unified
 # memory (MemTotal as DGX OS reports it), most of it free, plenty of 2 MiB+ blocks; a fixed uptime so that a
 # kmsg record's microseconds place it before or after "now" (usec > FAKE_UPTIME_S * 1e6: after the boot began).
 FAKE_UPTIME_S = 100000.0

@@ -156,8 +156,8 @@ def test_verify_shows_the_not_gpu_verified_mark(built, rig, tmp_path: Path) -> N
 
 
 def test_a_wrong_overlay_byte_refuses_the_build_and_names_the_file(built, rig, recipe_dir, monkeypatch) -> None:
-    from sparkserve.deploy.image_build import BuildFailed, build_image, load_recipe_files, overlay_bytes
-    from sparkserve.deploy.image_relock import require_lock
+    from sparkserve.image.build import BuildFailed, build_image, load_recipe_files, overlay_bytes
+    from sparkserve.image.relock import require_lock
     from sparkserve.nodes.local import LocalNode
 
     overlay = recipe_dir / "fork" / "kv_cache_utils.py"
@@ -215,8 +215,8 @@ def test_the_prebuilt_lane_checks_an_image_as_it_is(built, rig, rig_docker, reci
 def test_a_passing_gpu_smoke_is_committed_into_the_image(built, rig, rig_docker) -> None:
     """What the GPU stage does after a pass on a Spark (the rig has no GPU, so the report is the program's
     own shape, given here): one layer with the report, the label, and `image facts` reading it back."""
-    from sparkserve.deploy.image_gpu import GpuSmoke, mark_gpu_verified, verification_line
-    from sparkserve.deploy.image_run import image_facts
+    from sparkserve.image.gpu_smoke import GpuSmoke, mark_gpu_verified, verification_line
+    from sparkserve.image.run import image_facts
     from sparkserve.nodes.local import LocalNode
 
     client = rig_docker["node-a"]

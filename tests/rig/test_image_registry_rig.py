@@ -121,7 +121,7 @@ def test_registry_ship_pulls_only_missing_layers_then_verify_agrees(rig, rig_doc
 
 def test_a_failed_pull_leaves_nothing_behind(rig, rig_docker, images, followers_clean, tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
-    import sparkserve.nodes.registry as registry
+    import sparkserve.image.registry as registry
 
     real = registry.pull_program
     monkeypatch.setattr(registry, "pull_program", lambda args: real({**args, "token": "not-the-token"}))
@@ -160,7 +160,7 @@ def test_ctrl_c_during_the_push_leaves_nothing_behind(rig, rig_docker, images, f
 
 def test_without_a_registry_program_it_says_how_to_get_one(rig, images, followers_clean, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    import sparkserve.nodes.registry as registry
+    import sparkserve.image.registry as registry
 
     monkeypatch.setattr(registry, "REGISTRY_PROGRAMS", ("no-such-registry-program",))
     cfg = load_config(_cfg(rig, tmp_path, images["v1"]))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkserve.nodes.ship_node import _v1_diff
+from sparkserve.image.ship_node import _v1_diff
 
 pytestmark = pytest.mark.rig
 

@@ -14,10 +14,11 @@ import docker
 import pytest
 
 from sparkserve.config import Config
+from sparkserve.image.on_nodes import ensure_same_image, image_id
+from sparkserve.image.ship import ship_image
 from sparkserve.nodes import Node, NodeError, SSHNode
 from sparkserve.nodes.docker_client import POOL_SIZE, docker_over_ssh
 from sparkserve.nodes.engine import Engine, NotManaged
-from sparkserve.nodes.images import ensure_same_image, image_id, ship_image
 from sparkserve.plan.build import build_plan, parity_view
 from sparkserve.plan.container import ContainerSpec, Mount
 

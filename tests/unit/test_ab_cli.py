@@ -136,7 +136,7 @@ def test_resume_of_a_done_campaign_says_so(env) -> None:
 
 
 def test_campaign_rows_round_trip_in_the_journal(tmp_path) -> None:
-    from sparkserve.deploy.campaign import load_campaign
+    from sparkserve.campaign.drive import load_campaign
 
     sp, _ = campaign(["A", "B"], rounds=1)
     w = wave(np.random.default_rng(0), "A", CELLS[0], 0, al=3.0, step_s=0.004, excluded="bench guard: restart")
@@ -149,7 +149,7 @@ def test_campaign_rows_round_trip_in_the_journal(tmp_path) -> None:
 
 
 def test_a_slot_is_finished_once_its_cells_are_banked_or_its_boot_was_excluded() -> None:
-    from sparkserve.deploy.campaign import _slot_finished
+    from sparkserve.campaign.drive import _slot_finished
 
     sp, waves = campaign(["A", "B"], rounds=1)
     first = [w for w in waves if w.slot == 0]

@@ -11,7 +11,8 @@ import pytest
 PKG = Path(__file__).resolve().parents[2] / "sparkserve"
 
 # Lowest first. A module may import from its own stage or any stage before it (docs/ARCHITECTURE.md).
-STAGES = ["ground", "models", "plan", "observe", "measure", "nodes", "deploy", "operate", "commands"]
+STAGES = ["ground", "models", "plan", "observe", "measure", "nodes", "image", "deploy", "campaign", "operate",
+          "commands"]
 GROUND = {"__init__", "errors", "units", "config", "profiles", "router_config", "interrupts", "journal"}
 TOP = {"cli", "__main__"}  # the CLI entry points: the commands stage
 PURE = {"models", "plan", "observe"}
@@ -199,3 +200,19 @@ def imports_of_text(path: Path, text: str, modules: set[str]) -> list[tuple[str,
                           "relative_to": lambda self, other: path.relative_to(other),
                           "__str__": lambda self: str(path)})()
     return imports_of(fake, modules)  # type: ignore[arg-type]
+
+
+def cli_imports(g: dict[str, list[tuple[str, int]]]) -> list[str]:
+    """commands/ holds the app and its commands; the process entry (cli.py) stands on them, never the reverse."""
+    return [f"{src}:{line} imports {dst} (commands/ never imports the CLI entry)"
+            for src, deps in g.items() if src.startswith("sparkserve.commands")
+            for dst, line in deps if dst in ("sparkserve.cli", "sparkserve.__main__")]
+
+
+def test_commands_never_import_the_cli_entry() -> None:
+    assert cli_imports(graph()) == []
+
+
+def test_a_commands_import_of_the_cli_is_caught() -> None:
+    assert cli_imports({"sparkserve.commands.docs_cli": [("sparkserve.cli", 15)]}) == [
+        "sparkserve.commands.docs_cli:15 imports sparkserve.cli (commands/ never imports the CLI entry)"]

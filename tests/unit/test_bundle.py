@@ -10,7 +10,7 @@ from pathlib import Path
 
 from _fixtures import clean_env, cli, config_file
 
-from sparkserve.deploy.bundle import redact_config_text, scrub, secret_values
+from sparkserve.operate.bundle import redact_config_text, scrub, secret_values
 
 API_KEY = "sk-live-4f9a1c2e8b7d6a5f"
 TOKEN = "hf_QwErTyUiOpAsDfGhJkLzXcVbNm123456"

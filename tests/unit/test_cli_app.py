@@ -14,8 +14,8 @@ import typer
 from _fixtures import REPO, clean_env, cli
 
 from sparkserve import __version__
-from sparkserve.cli import MODULES
 from sparkserve.commands import _index
+from sparkserve.commands.app import MODULES
 
 
 def test_the_source_index_is_what_the_modules_register() -> None:
@@ -82,7 +82,7 @@ def _loaded(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess[str
 
 def test_help_imports_no_command_module_and_status_only_its_own(tmp_path: Path) -> None:
     p, loaded = _loaded(tmp_path, "--help")
-    assert loaded == ["sparkserve.commands._index", "sparkserve.commands.jsonschema"], loaded
+    assert loaded == ["sparkserve.commands._index", "sparkserve.commands.app", "sparkserve.commands.jsonschema"], loaded
     for _, cmds in _index.command_index().values():
         for name, _help in cmds or []:
             assert name in p.stdout

@@ -14,8 +14,8 @@ import pytest
 from _fixtures import REPO, DrafterSpec, config_file, write_drafter, write_target
 
 from sparkserve.config import load_config
-from sparkserve.deploy.image_dialect import remember
 from sparkserve.errors import BadInput
+from sparkserve.image.dialect import remember
 from sparkserve.plan.build import build_plan
 from sparkserve.plan.dialects import dialect_for, shipped, shipped_for_image, shipped_names, stored_facts
 from sparkserve.plan.validate import refuse_inexpressible, validate

@@ -72,7 +72,7 @@ def test_usage_errors_are_exit_2() -> None:
 
 
 def test_the_gpu_mark_as_image_verify_shows_it() -> None:
-    from sparkserve.deploy.image_gpu import NO_GPU, verification_line
+    from sparkserve.image.gpu_smoke import NO_GPU, verification_line
 
     assert verification_line({"gpu_smoke": None}).startswith("GPU-verified: unknown")
     line = verification_line({"gpu_smoke": {"verified": False, "why": "built without running the GPU smoke "

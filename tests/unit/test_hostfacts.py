@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 from sparkserve.config import load_config
-from sparkserve.deploy.hostfacts import (
+from sparkserve.deploy.probe import probe_node
+from sparkserve.deploy.watchdog import Phase, watchdog_floors
+from sparkserve.nodes import LocalNode
+from sparkserve.nodes.hostfacts import (
     HostFacts,
     _node_kernel,
     high_order_free,
@@ -24,9 +27,6 @@ from sparkserve.deploy.hostfacts import (
     memory_verdict,
     sudoers_line,
 )
-from sparkserve.deploy.probe import probe_node
-from sparkserve.deploy.watchdog import Phase, watchdog_floors
-from sparkserve.nodes import LocalNode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rig"))
 import rig as riglib  # noqa: E402

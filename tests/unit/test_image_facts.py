@@ -143,7 +143,7 @@ def test_the_program_prints_json_with_a_python_that_has_no_vllm_or_torch(tmp_pat
 
 
 def test_an_image_without_vllm_reports_it_instead_of_failing(tmp_path: Path) -> None:
-    from sparkserve.plan.image_identity import facts_problems
+    from sparkserve.image.identity import facts_problems
 
     facts = facts_tool.facts(None)
     assert facts["vllm"]["version"] is None and facts["record"] is None

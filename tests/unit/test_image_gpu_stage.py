@@ -1,4 +1,4 @@
-"""How `image build` reads the GPU smoke stage's outcome (sparkserve.deploy.image_build.gpu_stage): a failed
+"""How `image build` reads the GPU smoke stage's outcome (sparkserve.image.build.gpu_stage): a failed
 check is a GateFailed naming every failed check; docker's "no GPU" answer is a loud warning and an unmarked
 image, never a pass; any other docker error is a failure. The program's output here is its real shape
 (docker/tools/gpu_smoke.py), the container run replaced."""
@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from sparkserve.deploy import image_gpu
-from sparkserve.deploy.image_build import gpu_stage
 from sparkserve.errors import GateFailed
+from sparkserve.image import gpu_smoke as image_gpu
+from sparkserve.image.build import gpu_stage
 from sparkserve.nodes.base import NodeError
 
 

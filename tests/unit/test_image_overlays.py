@@ -18,7 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "helpers"))
 from image_fixtures import REPO, TOOLS, VENV_SITE  # noqa: E402
 
-from sparkserve.plan.image_identity import facts_problems  # noqa: E402
+from sparkserve.image.identity import facts_problems  # noqa: E402
 
 KV = "vllm/v1/core/kv_cache_utils.py"
 KPOOL = "vllm/model_executor/layers/sparse_attn_indexer_kpool.py"

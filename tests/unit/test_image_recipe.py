@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from sparkserve.errors import BadInput
-from sparkserve.plan.image_identity import chain_ids, facts_problems, fingerprint
-from sparkserve.plan.image_recipe import (
+from sparkserve.image.identity import chain_ids, facts_problems, fingerprint
+from sparkserve.image.recipe import (
     BaseLock,
     Checks,
     Lock,
@@ -194,8 +194,8 @@ def test_the_census_refuses_a_12_1a_only_build(tmp_path: Path) -> None:
 
 
 def test_shipped_locks_agree_with_their_recipes_but_say_unresolved() -> None:
-    from sparkserve.deploy.image_build import load_recipe_files
-    from sparkserve.plan.image_recipe import unresolved_lock
+    from sparkserve.image.build import load_recipe_files
+    from sparkserve.image.recipe import unresolved_lock
 
     recipes = [REPO / "docker/recipe.yaml", *sorted((REPO / "docker/recipes").glob("*.yaml"))]
     assert [r.name for r in recipes] == ["recipe.yaml", "card-prebuilt.yaml", "upstream-0.33.0.yaml"]
@@ -212,7 +212,7 @@ def test_shipped_locks_agree_with_their_recipes_but_say_unresolved() -> None:
 
 def test_the_default_is_the_cards_lane_and_the_prebuilt_one_checks_the_same_facts() -> None:
     """The card's Dockerfile @121cecc: the fork base by digest, the two files with their sha256, its gate."""
-    from sparkserve.deploy.image_build import default_recipe, load_recipe_files
+    from sparkserve.image.build import default_recipe, load_recipe_files
 
     card = load_recipe_files(default_recipe()).recipe
     assert card.lane == "overlay" and card.experimental is None and card.series is None
@@ -335,7 +335,7 @@ def test_facts_must_match_the_lock() -> None:
 
 
 def test_failing_step_names_the_stage_and_its_last_lines() -> None:
-    from sparkserve.deploy.image_build import failing_step
+    from sparkserve.image.build import failing_step
 
     log = "\n".join([
         "#5 [overlay 1/2] FROM docker.io/x@sha256:abc", "#5 DONE 0.0s",
@@ -380,7 +380,7 @@ def test_identity_gate_value_is_the_fingerprint_where_docker_has_the_image() -> 
     """What the `identity` gate and rank parity compare (deploy/gates_live.py, deploy/parity.py)."""
     from types import SimpleNamespace
 
-    from sparkserve.nodes.images import identity_of
+    from sparkserve.image.on_nodes import identity_of
 
     assert identity_of(_FakeNode(ATTRS), ATTRS["Id"]) == fingerprint(ATTRS)
     containerd = {**ATTRS, "Id": "sha256:" + "2" * 64}
@@ -405,7 +405,7 @@ class _RunNode:
 
 
 def test_a_foreign_platform_without_a_qemu_handler_fails_loudly() -> None:
-    from sparkserve.deploy.image_build import _check_platform
+    from sparkserve.image.build import _check_platform
     from sparkserve.nodes.base import NodeError
 
     no_handler = _RunNode({"uname": (0, "x86_64\n"), "cat": (1, "")})
@@ -418,7 +418,7 @@ def test_a_foreign_platform_without_a_qemu_handler_fails_loudly() -> None:
 
 
 def test_builder_is_buildx_else_an_old_cli_with_buildkit_else_a_clear_refusal() -> None:
-    from sparkserve.deploy.image_build import builder_argv
+    from sparkserve.image.build import builder_argv
     from sparkserve.nodes.base import NodeError
 
     assert builder_argv(_RunNode({"docker buildx version": (0, "v0.19")})) == ["docker", "buildx", "build", "--load"]  # type: ignore[arg-type]

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from sparkserve.deploy.image_build import RecipeFiles
-from sparkserve.deploy.image_relock import effective_recipe, require_lock, source_fields, source_lock_problems
 from sparkserve.errors import BadInput
-from sparkserve.plan.image_recipe import BaseLock, Lock, parse_recipe
+from sparkserve.image.build import RecipeFiles
+from sparkserve.image.recipe import BaseLock, Lock, parse_recipe
+from sparkserve.image.relock import effective_recipe, require_lock, source_fields, source_lock_problems
 
 RECIPE = """name: t/vllm
 lane: source
@@ -89,7 +89,7 @@ def test_the_source_lane_needs_a_source_section() -> None:
 def test_the_source_lane_refuses_a_node_that_is_not_an_aarch64_spark() -> None:
     """What cannot be made right off a Spark (kernels for SM12x, the FlashInfer wheels, the GPU smoke) is
     refused with the reason, before any build starts."""
-    from sparkserve.deploy.image_build import check_source_node
+    from sparkserve.image.build import check_source_node
     from sparkserve.nodes.base import CommandResult, NodeError
 
     class Node:
@@ -114,7 +114,7 @@ def test_lock_facts_come_from_the_image_facts_and_its_serve_dialect() -> None:
     21's ``image_facts.py --serve-dialect`` (here: the committed 0.33.0 option list as the image's dump)."""
     import json
 
-    from sparkserve.deploy.image_relock import lock_facts
+    from sparkserve.image.relock import lock_facts
 
     dump = json.loads((Path(__file__).resolve().parents[2] / "sparkserve/data/vllm-0.33.0-serve-args.json")
                       .read_text())

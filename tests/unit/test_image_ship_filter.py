@@ -1,4 +1,4 @@
-"""The node-side ship programs (sparkserve/nodes/ship_node.py) run here as real processes, with a `docker`
+"""The node-side ship programs (sparkserve/image/ship_node.py) run here as real processes, with a `docker`
 that prints a save tar and one that records what `docker load` received: each target gets every member but
 the layers its ChainIDs say it holds, in parallel, over real TCP."""
 
@@ -13,8 +13,8 @@ import tarfile
 import time
 from pathlib import Path
 
-from sparkserve.nodes.ship_node import recv_program, send_program
-from sparkserve.plan.image_identity import chain_ids
+from sparkserve.image.identity import chain_ids
+from sparkserve.image.ship_node import recv_program, send_program
 
 
 def _layer(content: bytes) -> bytes:

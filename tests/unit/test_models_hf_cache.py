@@ -11,9 +11,9 @@ import pytest
 from _fixtures import config_file, write_target
 
 from sparkserve.config import load_config
-from sparkserve.deploy.hf_models import resolve_target
 from sparkserve.errors import BadInput
 from sparkserve.models.hf_cache import mount_for, parse_repo_id, resolve_local, snapshot_of
+from sparkserve.nodes.hf_models import resolve_target
 from sparkserve.nodes.local import LocalNode
 from sparkserve.plan.build import TARGET_MOUNT, build_plan
 

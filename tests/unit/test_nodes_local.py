@@ -16,9 +16,9 @@ import pytest
 from sparkserve.config import NodeConfig, SSHConfig
 from sparkserve.deploy.sync import remote_manifest, sync_dir
 from sparkserve.deploy.sync_remote import remote_program, verify_program
+from sparkserve.image.on_nodes import normalize_ref
 from sparkserve.models.manifest import manifest
 from sparkserve.nodes import LocalNode, Node, NodeError, SSHNode
-from sparkserve.nodes.images import normalize_ref
 from sparkserve.nodes.ssh_process import command_line
 
 

@@ -300,7 +300,7 @@ def test_every_node_must_run_the_same_engine(monkeypatch, tmp_path: Path) -> Non
     from _fixtures import config_file
 
     from sparkserve.config import load_config
-    from sparkserve.nodes.runtime import ensure_same_engine
+    from sparkserve.image.on_nodes import ensure_same_engine
 
     cfg = load_config(config_file(tmp_path / "c.yaml", {"runtime": "process"}))
     ids = {"a": ("sha256:" + "1" * 64, "/v/bin/vllm 0.25.1"), "b": ("sha256:" + "2" * 64, "/v/bin/vllm 0.33.0")}

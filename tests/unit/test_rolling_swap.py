@@ -22,9 +22,9 @@ from _fixtures import config_file
 
 from sparkserve.config import Config, load_config
 from sparkserve.deploy import rolling
-from sparkserve.deploy.router_gate import one_request
 from sparkserve.deploy.swap import SwapResult
 from sparkserve.errors import RemoteFailure
+from sparkserve.measure.router_reach import one_request
 from sparkserve.nodes.router import RouterAPI, router_executable, start_router, stop_router
 from sparkserve.plan.replicas import replicas_of, router_argv, router_url
 

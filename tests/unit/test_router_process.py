@@ -15,8 +15,8 @@ from _fake_vllm import FakeState, FakeVllm
 from _fixtures import config_file
 
 from sparkserve.config import load_config
-from sparkserve.deploy.router_gate import one_request, router_gate
 from sparkserve.errors import BadInput, RemoteFailure
+from sparkserve.measure.router_reach import one_request, router_gate
 from sparkserve.nodes.router import RouterAPI, recorded, router_executable, running, start_router, stop_router
 from sparkserve.plan.replicas import router_argv, router_url
 

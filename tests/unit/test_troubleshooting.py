@@ -77,4 +77,4 @@ def test_the_lines_built_inline_are_the_codes() -> None:
     up = (REPO / "sparkserve" / "deploy" / "up.py").read_text()
     assert 'say(f"warning: {name}: the page cache was not dropped before the boot ({f.drop}) — "' in up
     assert re.search(r"sudo -n cannot drop the page cache \(\{f\.sudo\}\) — \"", (
-        REPO / "sparkserve" / "deploy" / "hostfacts.py").read_text())
+        REPO / "sparkserve" / "nodes" / "hostfacts.py").read_text())

@@ -1,15 +1,12 @@
-"""The engine image on the nodes: its identity on each node, the same image everywhere, and shipping it.
+"""Shipping the engine image node to node: only the layers each target lacks.
 
-    ids = image_ids(nodes, ref)                 # {node: "sha256:…" or None}  (raw image IDs)
-    fps = image_fingerprints(nodes, ref)        # {node: content fingerprint or None}: store-independent
-    image_id = ensure_same_image(nodes, ref)    # NodeError naming the node that lacks it / differs
     plan = plan_ship(src, dsts, ref)            # the survey: done already / tagged / what each target lacks
     reports = ship_layers(src, dsts, ref, source_ip=…)   # only the layers each target lacks, node to node
-                                                # (--via registry: sparkserve.nodes.registry.ship_via_registry)
+                                                # (--via registry: sparkserve.image.registry.ship_via_registry)
     report = ship_image(src, dst, ref)          # docker save | docker load through this machine (all layers)
 
-"The same image" is the content fingerprint (:func:`sparkserve.plan.image_identity.fingerprint`), not the
-raw ID, which the containerd image store computes differently. Every failure is a
+Which node has the image, and whether it is the same everywhere, is :mod:`sparkserve.image.on_nodes`.
+Every failure is a
 :class:`~sparkserve.nodes.NodeError` naming the node and the step.
 """
 
@@ -26,14 +23,14 @@ import docker.errors
 
 from sparkserve import interrupts
 from sparkserve.errors import RemoteFailure
+from sparkserve.image.identity import chain_ids, fingerprint
+from sparkserve.image.on_nodes import image_id, image_identity, normalize_ref, short_id
+from sparkserve.image.ship_node import last_json, read_progress, recv_program, send_program
 from sparkserve.nodes.base import CommandResult, Node, NodeError, RemoteProcess
 from sparkserve.nodes.docker_client import docker_errors
 from sparkserve.nodes.parallel import on_all
-from sparkserve.nodes.ship_node import last_json, read_progress, recv_program, send_program
-from sparkserve.plan.image_identity import chain_ids, fingerprint
 
 SHIP_CHUNK = 8 * 2**20
-SHIP_HINT = "run `sparkserve image ship` to copy it from a node that has it"
 
 
 @dataclass(frozen=True)
@@ -48,94 +45,6 @@ class ShipReport:
     @property
     def mb_per_s(self) -> float:
         return self.bytes / 1e6 / self.seconds if self.seconds else 0.0
-
-
-def normalize_ref(ref: str) -> str:
-    """``foo`` → ``foo:latest`` (what docker lists in an image's tags); digests are left alone."""
-    if "@" in ref:
-        return ref
-    last = ref.rsplit("/", 1)[-1]
-    return ref if ":" in last else f"{ref}:latest"
-
-
-def image_id(node: Node, ref: str) -> str | None:
-    """The image ID (``sha256:…``) ``ref`` names on ``node``, or None if the node lacks it."""
-    with docker_errors(node, "image", ref):
-        try:
-            return str(node.docker().images.get(ref).id)
-        except docker.errors.ImageNotFound:
-            return None
-
-
-def image_ids(nodes: Sequence[Node], ref: str) -> dict[str, str | None]:
-    """:func:`image_id` on every node in parallel, keyed by node name in the given order."""
-    return on_all(list(nodes), lambda n: image_id(n, ref), name=lambda n: n.name)
-
-
-def same_image_problem(ids: dict[str, str | None], ref: str) -> NodeError | None:
-    """Why ``ids`` (from :func:`image_ids`) are not one image on every node, or None when they are.
-
-    The first node (the head) is the reference when IDs differ."""
-    names = list(ids)
-    missing = [n for n in names if ids[n] is None]
-    if missing:
-        have = [n for n in names if ids[n]]
-        where = f" ({', '.join(have)} {'has' if len(have) == 1 else 'have'} it)" if have else ""
-        err = NodeError(missing[0], "image", f"image {ref} is not on this node{where}; {SHIP_HINT}")
-        err.details += [f"also missing on {m}" for m in missing[1:]]
-        return err
-    ref_node = names[0]
-    want = ids[ref_node]
-    for name in names[1:]:
-        got = ids[name]
-        if got != want:
-            return NodeError(name, "image", f"image {ref} is {_short(got)} here but {_short(want)} on "
-                             f"{ref_node}; every node must run the same image ID — {SHIP_HINT}")
-    return None
-
-
-def ensure_same_image(nodes: Sequence[Node], ref: str) -> str:
-    """The head's image ID for ``ref`` once every node holds the same image (equal content fingerprints);
-    NodeError naming a node that lacks it or differs (the message shows raw IDs)."""
-    found = on_all(list(nodes), lambda n: image_identity(n, ref), name=lambda n: n.name)
-    problem = same_image_problem({name: (f[1] if f else None) for name, f in found.items()}, ref)
-    if problem is not None:  # say it with the raw IDs, which is what `docker images` shows
-        raise same_image_problem({name: (f[0] if f else None) for name, f in found.items()}, ref) or problem
-    want = found[nodes[0].name]
-    assert want is not None
-    return want[0]
-
-
-def image_identity(node: Node, ref: str) -> tuple[str, str] | None:
-    """(raw image ID, content fingerprint) of ``ref`` on ``node``, or None if the node lacks it."""
-    with docker_errors(node, "image", ref):
-        try:
-            img = node.docker().images.get(ref)
-        except docker.errors.ImageNotFound:
-            return None
-        return str(img.id), fingerprint(img.attrs)
-
-
-def image_fingerprints(nodes: Sequence[Node], ref: str) -> dict[str, str | None]:
-    """The content fingerprint of ``ref`` on every node in parallel (None: the node lacks it)."""
-    found = on_all(list(nodes), lambda n: image_identity(n, ref), name=lambda n: n.name)
-    return {name: (f[1] if f else None) for name, f in found.items()}
-
-
-def identity_of(node: Node, image: str) -> str:
-    """The content fingerprint of the image ``image`` (an ID or ref) names on ``node``; ``image`` itself when
-    the node's docker has no such image (a process-runtime engine identity). The identity gate's value."""
-    if not callable(getattr(node, "docker", None)):  # a node kind without a docker daemon
-        return image
-    try:
-        found = image_identity(node, image)
-    except NodeError:
-        return image
-    return found[1] if found else image
-
-
-def _short(image_id: str | None) -> str:
-    return (image_id or "?").removeprefix("sha256:")[:12]
 
 
 def ship_image(src: Node, dst: Node, ref: str, *, chunk_size: int = SHIP_CHUNK) -> ShipReport:
@@ -173,7 +82,7 @@ def ship_image(src: Node, dst: Node, ref: str, *, chunk_size: int = SHIP_CHUNK) 
     seconds = time.monotonic() - t0
     got = image_id(dst, ref)
     if got != img.id:
-        raise NodeError(dst.name, "ship", f"after loading, {ref} is {_short(got)} here, not {_short(img.id)}")
+        raise NodeError(dst.name, "ship", f"after loading, {ref} is {short_id(got)} here, not {short_id(img.id)}")
     return ShipReport(ref=ref, image_id=str(img.id), bytes=sent, seconds=seconds)
 
 
@@ -385,8 +294,8 @@ def _stream(src: Node, plan: ShipPlan, *, source_ip: str, progress: Progress | N
             raise NodeError(dst.name, "ship", f"docker load of {ref} failed", last_lines=list(lines))
         found = image_identity(dst, ref)
         if found is None or found[1] != want_fp:
-            raise NodeError(dst.name, "ship", f"after loading, {ref} is {_short(found[1] if found else None)} "
-                            f"here, not {_short(want_fp)} (content fingerprint)")
+            raise NodeError(dst.name, "ship", f"after loading, {ref} is {short_id(found[1] if found else None)} "
+                            f"here, not {short_id(want_fp)} (content fingerprint)")
         out[dst.name] = LayerShip(dst.name, ref, want_fp, int(summary["sent"].get(dst.name, 0)),
                                   int(summary["skipped"].get(dst.name, 0)), seconds, "stream")
     return out

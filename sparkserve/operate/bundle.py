@@ -151,7 +151,7 @@ def _plan(cfg: Config) -> Any:
 
 
 def _lock() -> str | None:
-    from sparkserve.deploy.image_build import default_recipe, lock_path_for
+    from sparkserve.image.build import default_recipe, lock_path_for
 
     path = lock_path_for(default_recipe())
     return path.read_text() if path.is_file() else None
@@ -248,7 +248,7 @@ def collect(cfg: Config, nodes: dict[str, Node], unreachable: Mapping[str, Spark
     image: dict[str, Any] = {}
 
     def image_facts() -> Any:
-        from sparkserve.deploy.image import verify_image
+        from sparkserve.image.verify import verify_image
 
         image.update(verify_image(cfg, nodes, facts=True).as_json())
         return image

@@ -19,9 +19,9 @@ import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkserve.deploy.image_build import RecipeFiles, context_files
 from sparkserve.errors import BadInput
-from sparkserve.plan.image_recipe import BaseLock, Lock, PatchLock, lock_json, lock_problems, sha256_hex
+from sparkserve.image.build import RecipeFiles, context_files
+from sparkserve.image.recipe import BaseLock, Lock, PatchLock, lock_json, lock_problems, sha256_hex
 
 
 @dataclass
@@ -121,8 +121,8 @@ def lock_from_wheel(files: RecipeFiles, wheel: Path) -> Lock:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m sparkserve.deploy.image_series RECIPE WHEEL``: write RECIPE's lock from WHEEL."""
-    from sparkserve.deploy.image_build import load_recipe_files
+    """``python -m sparkserve.image.series RECIPE WHEEL``: write RECIPE's lock from WHEEL."""
+    from sparkserve.image.build import load_recipe_files
 
     args = argv if argv is not None else sys.argv[1:]
     files = load_recipe_files(Path(args[0]))

@@ -4,7 +4,7 @@
 
 The source pushes the image into a registry of its own (``docker-registry``: Debian/Ubuntu's package of
 distribution 2.x, or ``registry`` on PATH) bound to its loopback; each target pulls it through a token relay
-on the source's fabric IP (:mod:`sparkserve.nodes.registry_node`), so docker fetches only the layers it does
+on the source's fabric IP (:mod:`sparkserve.image.registry_node`), so docker fetches only the layers it does
 not hold, by the standard distribution protocol (any image store, any docker version). The registry, its
 storage and every temporary tag are removed afterwards, after a failure and after Ctrl-C/SIGTERM/SIGHUP
 alike (the node programs clean up when their SSH channel ends or a signal arrives).
@@ -26,10 +26,11 @@ from collections.abc import Sequence
 
 from sparkserve import interrupts
 from sparkserve.errors import RemoteFailure
+from sparkserve.image.on_nodes import image_identity
+from sparkserve.image.registry_node import pull_program, serve_program
+from sparkserve.image.ship import LayerShip, Progress, ShipPlan, free_bytes, plan_ship
+from sparkserve.image.ship_node import last_json, read_progress
 from sparkserve.nodes.base import CommandResult, Node, NodeError, RemoteProcess
-from sparkserve.nodes.images import LayerShip, Progress, ShipPlan, free_bytes, image_identity, plan_ship
-from sparkserve.nodes.registry_node import pull_program, serve_program
-from sparkserve.nodes.ship_node import last_json, read_progress
 
 TEMP_REPO = "sparkserve-ship/image"
 REGISTRY_PROGRAMS = ("docker-registry", "registry")

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from sparkserve.deploy.image_run import facts_program, run_in_image
+from sparkserve.image.run import facts_program, run_in_image
 from sparkserve.nodes.base import Node, NodeError
 from sparkserve.plan.dialects import Dialect, dialect_from_facts, facts_path, stored_facts
 

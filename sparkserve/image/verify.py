@@ -4,7 +4,7 @@
         check = verify_image(cfg, nodes)                       # ImageCheck: fingerprints + facts per node
         result = ship_image_everywhere(cfg, nodes, "spark-a")  # ShipResult: only the layers each node lacks
 
-"The same image" is the content fingerprint (:mod:`sparkserve.plan.image_identity`), so a node on the
+"The same image" is the content fingerprint (:mod:`sparkserve.image.identity`), so a node on the
 containerd image store and one on the classic store agree on one image. ``verify_image`` also runs the
 facts program in the image on every node (no network, no GPU) and compares: the facts must be equal
 everywhere and, for an image ``sparkserve image build`` made, match the lock inside it.
@@ -17,11 +17,12 @@ from dataclasses import dataclass, field
 
 from sparkserve.config import Config
 from sparkserve.errors import BadInput, RemoteFailure
+from sparkserve.image.identity import facts_problems
+from sparkserve.image.on_nodes import image_identity, same_image_problem
+from sparkserve.image.registry import ship_via_registry
+from sparkserve.image.ship import LayerShip, Progress, ship_layers
 from sparkserve.nodes.base import Node, NodeError
-from sparkserve.nodes.images import LayerShip, Progress, image_identity, same_image_problem, ship_layers
 from sparkserve.nodes.parallel import on_all
-from sparkserve.nodes.registry import ship_via_registry
-from sparkserve.plan.image_identity import facts_problems
 
 Reporter = Callable[[str], None]
 #: Facts that must be equal on every node (``site`` and ``machine`` may legitimately differ in a mixed rig).
@@ -63,7 +64,7 @@ class ImageCheck:
 
     @property
     def gpu_line(self) -> str | None:
-        from sparkserve.deploy.image_gpu import verification_line
+        from sparkserve.image.gpu_smoke import verification_line
 
         return verification_line(next(iter(self.facts.values()))) if self.facts else None
 
@@ -90,7 +91,7 @@ class ShipResult:
 
 def verify_image(cfg: Config, nodes: dict[str, Node], *, facts: bool = True) -> ImageCheck:
     """image.ref on every configured node (in config order): one fingerprint everywhere, equal facts."""
-    from sparkserve.deploy.image_build import image_facts
+    from sparkserve.image.build import image_facts
 
     names = [n.name for n in cfg.nodes]
     ref = cfg.image.ref
@@ -112,7 +113,7 @@ def verify_image(cfg: Config, nodes: dict[str, Node], *, facts: bool = True) -> 
         fact_problems += [f"{head}: {p}" for p in facts_problems(per_node[head], per_node[head].get("lock"))]
     dialect = None
     if facts and problem is None and cfg.runtime == "docker":  # the image's own flag dialect, kept for the plan
-        from sparkserve.deploy.image_dialect import verify_dialect
+        from sparkserve.image.dialect import verify_dialect
 
         d, raw = verify_dialect(nodes[names[0]], ref, str(ids[names[0]]))
         dialect = {"name": d.name if d else None, "vllm_version": raw.get("vllm_version"), "how": raw.get("how"),

@@ -24,7 +24,7 @@ from __future__ import annotations
 import inspect
 import json
 
-from sparkserve.nodes.ship_node import read_token
+from sparkserve.image.ship_node import read_token
 
 
 def _relay(a, b, count) -> None:  # type: ignore[no-untyped-def]

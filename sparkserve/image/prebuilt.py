@@ -19,7 +19,8 @@ from pathlib import Path
 
 import docker.errors
 
-from sparkserve.deploy.image_build import (
+from sparkserve.errors import GateFailed
+from sparkserve.image.build import (
     TAIL_LINES,
     BuildFailed,
     BuildResult,
@@ -30,12 +31,11 @@ from sparkserve.deploy.image_build import (
     push_image,
     untag,
 )
-from sparkserve.deploy.image_run import image_facts, run_in_image
-from sparkserve.errors import GateFailed
+from sparkserve.image.on_nodes import image_identity
+from sparkserve.image.recipe import Lock, image_tag, lock_digest
+from sparkserve.image.run import image_facts, run_in_image
 from sparkserve.nodes.base import Node, NodeError
 from sparkserve.nodes.docker_client import docker_errors
-from sparkserve.nodes.images import image_identity
-from sparkserve.plan.image_recipe import Lock, image_tag, lock_digest
 
 Reporter = Callable[[str], None]
 

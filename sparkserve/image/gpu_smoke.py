@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 import docker.errors
 
-from sparkserve.deploy.image_run import docker_dir, run_in_image
+from sparkserve.image.run import docker_dir, run_in_image
 from sparkserve.nodes.base import Node, NodeError
 from sparkserve.nodes.docker_client import docker_errors
 

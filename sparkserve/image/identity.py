@@ -62,7 +62,7 @@ def chain_ids(diff_ids: Sequence[str]) -> list[str]:
 
 def facts_problems(facts: Mapping[str, Any], lock: Mapping[str, Any] | None) -> list[str]:
     """How an image's facts (``docker/tools/image_facts.py`` output) disagree with its lock (a
-    :class:`~sparkserve.plan.image_recipe.Lock` dumped to a dict), or with themselves; empty when fine.
+    :class:`~sparkserve.image.recipe.Lock` dumped to a dict), or with themselves; empty when fine.
 
     Checked: vLLM imports as the locked version and commit; the files that differ from the wheel's RECORD
     are the files the applied patches touch plus the overlays (the known-dirty set), nothing else; each

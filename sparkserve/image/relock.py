@@ -26,7 +26,8 @@ from collections.abc import Callable
 
 import docker.errors
 
-from sparkserve.deploy.image_build import (
+from sparkserve.errors import BadInput
+from sparkserve.image.build import (
     TAIL_LINES,
     BuildFailed,
     RecipeFiles,
@@ -35,10 +36,7 @@ from sparkserve.deploy.image_build import (
     overlay_bytes,
     run_in_image,
 )
-from sparkserve.errors import BadInput
-from sparkserve.nodes.base import Node, NodeError
-from sparkserve.nodes.docker_client import docker_errors
-from sparkserve.plan.image_recipe import (
+from sparkserve.image.recipe import (
     DIGEST_REF,
     IMAGE_ID,
     BaseLock,
@@ -49,6 +47,8 @@ from sparkserve.plan.image_recipe import (
     lock_problems,
     sha256_hex,
 )
+from sparkserve.nodes.base import Node, NodeError
+from sparkserve.nodes.docker_client import docker_errors
 
 Reporter = Callable[[str], None]
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -126,13 +126,13 @@ def relock(node: Node, files: RecipeFiles, *, lane: str | None = None, pull: boo
     facts = image_facts(node, image_id)
     vllm = facts.get("vllm") or {}
     if recipe.lane == "prebuilt":
-        from sparkserve.deploy.image_prebuilt import verify_in_image
+        from sparkserve.image.prebuilt import verify_in_image
 
         verify_in_image(node, files, image_id, overlays, step="relock")
         patches: list[PatchLock] = []
     else:
         patches = _digest_series(node, files, image_id, overlays)
-    from sparkserve.deploy.image_dialect import read_dialect  # issue 21's reader: the image's own parser
+    from sparkserve.image.dialect import read_dialect  # issue 21's reader: the image's own parser
 
     found = lock_facts(facts, read_dialect(node, image_id))
     say(f"read from the image: vLLM {vllm.get('version')} ({vllm.get('commit')}), "

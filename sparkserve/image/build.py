@@ -29,14 +29,11 @@ from pathlib import Path
 
 from platformdirs import user_cache_dir, user_state_dir
 
-from sparkserve.deploy.image_gpu import GpuSmoke
-from sparkserve.deploy.image_run import _tar, docker_dir, image_facts, run_in_image
 from sparkserve.errors import BadInput, GateFailed, RemoteFailure
-from sparkserve.nodes.base import CommandResult, Node, NodeError
-from sparkserve.nodes.docker_client import docker_errors
-from sparkserve.nodes.images import image_identity
-from sparkserve.plan.image_identity import facts_problems
-from sparkserve.plan.image_recipe import (
+from sparkserve.image.gpu_smoke import GpuSmoke
+from sparkserve.image.identity import facts_problems
+from sparkserve.image.on_nodes import image_identity
+from sparkserve.image.recipe import (
     Lock,
     Recipe,
     build_args,
@@ -49,6 +46,9 @@ from sparkserve.plan.image_recipe import (
     series_names,
     sha256_hex,
 )
+from sparkserve.image.run import _tar, docker_dir, image_facts, run_in_image
+from sparkserve.nodes.base import CommandResult, Node, NodeError
+from sparkserve.nodes.docker_client import docker_errors
 
 Reporter = Callable[[str], None]
 STEP = re.compile(r"^#(\d+) \[(?:(?P<stage>[\w.-]+) )?(?P<n>\d+)/(?P<m>\d+)\] (?P<what>.*)$")
@@ -383,10 +383,10 @@ def untag(node: Node, tag: str) -> None:
 
 
 def gpu_stage(node: Node, tag: str, *, want_capability: str, say: Reporter, mark: bool = True) -> GpuSmoke:
-    """The GPU smoke stage (:mod:`sparkserve.deploy.image_gpu`): GateFailed when it ran and a check failed;
+    """The GPU smoke stage (:mod:`sparkserve.image.gpu_smoke`): GateFailed when it ran and a check failed;
     without a GPU it says so loudly and leaves the image marked "not GPU-verified"; a pass is committed into
     the image (``mark``)."""
-    from sparkserve.deploy.image_gpu import gpu_smoke, mark_gpu_verified
+    from sparkserve.image.gpu_smoke import gpu_smoke, mark_gpu_verified
 
     say(f"GPU smoke stage on {node.name}: docker run --gpus all {tag} gpu_smoke.py")
     gpu = gpu_smoke(node, tag, want_capability=want_capability)
@@ -438,7 +438,7 @@ def _fetch_log(node: Node, remote_log: str) -> str:
 
 def smoke_test(node: Node, tag: str, lock: Lock, *, smoke_import: str | None = "vllm") -> dict:
     """Run the built image: ``import <smoke_import>`` works, and its facts are its lock's
-    (:func:`~sparkserve.plan.image_identity.facts_problems`). GateFailed naming the first problem."""
+    (:func:`~sparkserve.image.identity.facts_problems`). GateFailed naming the first problem."""
     if smoke_import:
         rc, _out, err = run_in_image(node, tag, ["python3", "-c", f"import {smoke_import}"], step="smoke test")
         if rc != 0:
