@@ -1,9 +1,9 @@
 """Day 2: keep a serving stack honest — `sparkserve supervise`, its checks, incidents, bounded recovery,
 the exporter and status page, and the systemd service that runs it.
 
-May import: every lower stage (deploy, nodes, measure, observe, plan, models, ground). deploy/ is the boot
-and stays so: restarts go through :func:`sparkserve.deploy.stack.down` and the `sparkserve up` command (a
-child process: the normal path, gates included).
+May import: every lower stage but campaign (deploy, image, nodes, measure, observe, plan, models, ground).
+deploy/ is the boot and stays so: restarts go through :func:`sparkserve.deploy.stack.down` and the
+`sparkserve up` command (a child process: the normal path, gates included).
 
     checks     pure: round facts → one verdict per check (progress, wedge, ranks, faults, kernel, memory,
                acceptance); state: what the supervisor knows now (the exporter, page and --json read it)
@@ -14,4 +14,5 @@ child process: the normal path, gates included).
     loop       the supervisor: rounds, sd_notify, SIGTERM
     exporter   Prometheus series + the status page on one port; statuspage renders it
     alerts     apprise; sdnotify; service (systemd unit); dashboard (Grafana JSON)
+    bundle     `sparkserve bundle`: one tar.gz for a bug report, secrets scrubbed
 """
