@@ -21,8 +21,9 @@ from sparkserve.nodes.base import Node
 from sparkserve.nodes.hostfacts import HostFacts, host_question, host_verdicts, memory_verdict, storage_parity
 from sparkserve.nodes.parallel import on_all
 from sparkserve.nodes.runtime import engine_for
-from sparkserve.plan.build import Plan, cache_dir
+from sparkserve.plan.build import Plan
 from sparkserve.plan.fabric import FabricError, FabricFacts, compare_nodes, parse_sysfs, resolve
+from sparkserve.plan.mounts import cache_dir
 from sparkserve.profiles import drafter_path
 from sparkserve.units import human_bytes
 

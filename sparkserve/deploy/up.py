@@ -48,9 +48,10 @@ from sparkserve.nodes.parallel import after, on_all
 from sparkserve.nodes.processes import rank_id
 from sparkserve.nodes.runtime import LABEL_ENGINE_ID, engine_for
 from sparkserve.observe.gate_report import GateReport, Verdict
-from sparkserve.plan.build import CACHE_MOUNT, Plan, build_plan, cache_dirs
+from sparkserve.plan.build import Plan, build_plan, cache_dirs
 from sparkserve.plan.dialects import dialect_for, shipped_for_image, stored_facts
 from sparkserve.plan.fabric import FabricFacts, fabric_envs
+from sparkserve.plan.mounts import CACHE_MOUNT
 from sparkserve.plan.validate import refuse_inexpressible
 
 BootWatcher = Callable[[list[NodeView], float], None]

@@ -19,8 +19,10 @@ from typing import TYPE_CHECKING, Protocol
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.engine import ContainerState, Engine, ExecResult, ManagedContainer
 from sparkserve.nodes.processes import LABEL_ENGINE_ID, ProcessEngine
-from sparkserve.plan.build import DRAFTER_MOUNT, Plan, drafter_in_argv
+from sparkserve.plan.build import Plan
 from sparkserve.plan.container import ContainerSpec
+from sparkserve.plan.mounts import DRAFTER_MOUNT
+from sparkserve.plan.serve_argv import drafter_in_argv
 
 if TYPE_CHECKING:
     from sparkserve.config import Config

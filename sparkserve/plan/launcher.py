@@ -29,9 +29,11 @@ import jinja2
 
 from sparkserve.config import Config
 from sparkserve.errors import BadInput
-from sparkserve.plan.build import DRAFTER_MOUNT, build_plan, cache_dirs, image_key, node_env
+from sparkserve.plan.build import build_plan, cache_dirs
 from sparkserve.plan.container import LABEL_MANAGED, ContainerSpec
 from sparkserve.plan.fabric_node import PROGRAM_DELIMITER, program
+from sparkserve.plan.mounts import DRAFTER_MOUNT, image_key
+from sparkserve.plan.rank_env import node_env
 
 LAUNCHER_NAME = "launch_dflash2_tp2.sh"
 TEMPLATE = LAUNCHER_NAME + ".j2"
@@ -122,7 +124,7 @@ def _detect_args(cfg: Config, rank: int) -> str:
 
 def _protected(cfg: Config, rank: int) -> list[str]:
     """The variables detection never replaces on this rank: every one the config sets (``up``'s rule in
-    plan/build.node_env), but for the render-time address range when fabric.addr_range is auto."""
+    plan/rank_env.node_env), but for the render-time address range when fabric.addr_range is auto."""
     env = node_env(cfg, cfg.nodes[rank], None)
     if cfg.fabric.addr_range == "auto":
         env.pop("NCCL_IB_ADDR_RANGE", None)

@@ -37,7 +37,7 @@ def stack(e2e):
 def drafter_mounts(e2e) -> dict[str, str]:
     """node → host path bind-mounted as the drafter in its running sparkserve container (runtime process:
     the drafter its running engine's argv names)."""
-    from sparkserve.plan.build import drafter_in_argv
+    from sparkserve.plan.serve_argv import drafter_in_argv
 
     out = {}
     for n in e2e.rig.nodes:

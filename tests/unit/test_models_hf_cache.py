@@ -15,7 +15,8 @@ from sparkserve.errors import BadInput
 from sparkserve.models.hf_cache import mount_for, parse_repo_id, resolve_local, snapshot_of
 from sparkserve.nodes.hf_models import resolve_target
 from sparkserve.nodes.local import LocalNode
-from sparkserve.plan.build import TARGET_MOUNT, build_plan
+from sparkserve.plan.build import build_plan
+from sparkserve.plan.mounts import TARGET_MOUNT
 
 SHA = "0123456789abcdef0123456789abcdef01234567"
 

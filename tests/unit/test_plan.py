@@ -10,8 +10,9 @@ import pytest
 from _fixtures import config_file
 
 from sparkserve.config import Config, load_config
-from sparkserve.plan.build import DRAFTER_MOUNT, TARGET_MOUNT, build_plan, parity_view
+from sparkserve.plan.build import build_plan, parity_view
 from sparkserve.plan.container import Mount
+from sparkserve.plan.mounts import DRAFTER_MOUNT, TARGET_MOUNT
 
 
 def _cfg(tmp_path: Path, over: dict[str, Any] | None = None) -> Config:

@@ -13,8 +13,10 @@ from _fixtures import config_file
 from sparkserve.config import Config, load_config
 from sparkserve.deploy.up import planned_steps
 from sparkserve.errors import BadInput
-from sparkserve.plan.build import DRAFTER_MOUNT, TARGET_MOUNT, build_plan, drafter_in_argv, parity_view
+from sparkserve.plan.build import build_plan, parity_view
 from sparkserve.plan.dialects import shipped
+from sparkserve.plan.mounts import DRAFTER_MOUNT, TARGET_MOUNT
+from sparkserve.plan.serve_argv import drafter_in_argv
 from sparkserve.plan.validate import check_config
 
 RENDEZVOUS = ("--nnodes", "--node-rank", "--master-addr", "--master-port", "--headless",
