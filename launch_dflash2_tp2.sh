@@ -125,55 +125,21 @@ image_key() {  # image_key RANK: the first 12 hex of the image ID on that node (
 }
 
 FABRIC_PROGRAM="$(cat <<'SPARKSERVE_FABRIC_PROGRAM'
-"""ConnectX-7 facts on a node (sysfs file contents) → the NCCL / GLOO / TP / UCX environment for that node.
-
-    facts = resolve(parse_sysfs(files), cfg.fabric, node_cfg.fabric_ip, node=name)
-    rec = facts.fabric_env()  # FabricEnv: .env, .unset, .rule, .warnings (the record the plan builder reads)
-    rec.env  # dual rail: {"NCCL_SOCKET_IFNAME": "enp1s0f1np1", ..., "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1",
-             #  "NCCL_IB_ROCE_VERSION_NUM": "2", "NCCL_IB_ADDR_FAMILY": "AF_INET",
-             #  "NCCL_IB_ADDR_RANGE": "192.168.200.0/23"}        (no NCCL_IB_GID_INDEX: rec.unset names it)
-    build_plan(cfg, fabric_env=fabric_envs({name: facts, ...}))
-
-How (spark-field-notes.md section 2, realism-review D3): the interface is the netdev whose RDMA device has a
-**RoCE v2** GID entry encoding this node's ``fabric_ip`` (``::ffff:a.b.c.d``). Its PCIe "twin" (``rocep1s0f1`` +
-``roceP2p1s0f1``) joins ``NCCL_IB_HCA`` only when its port is ACTIVE **and** it has its own RoCE v2 IPv4 GID (an
-unaddressed twin has none: NCCL would build its QPs on an empty or link-local GID and fail init).
-
-* One HCA: ``NCCL_IB_GID_INDEX`` is that entry's index, resolved per node (it differs between nodes and drifts
-  after link events; one literal for both ranks wedges NCCL — MiaAI start script).
-* Several HCAs (the dual-rail rule): one global ``NCCL_IB_GID_INDEX`` applies to every listed HCA, and kits
-  exist with the twin's v2 GID at another index (5). So the index is left unset and NCCL picks it per HCA:
-  ``NCCL_IB_ROCE_VERSION_NUM=2``, ``NCCL_IB_ADDR_FAMILY=AF_INET``, ``NCCL_IB_ADDR_RANGE=<subnet>``. NCCL keeps
-  only GIDs inside that range (NVIDIA/nccl ``src/transport/net_ib/connect.cc``: ``envIbAddrRange``,
-  ``matchGidAddrPrefix``, ``ncclUpdateGidIndex``), so the range is the smallest network holding every listed
-  HCA's own address (never narrower than /24): the NVIDIA two-subnet layout (``…100.10/24`` + ``…101.10/24``)
-  gets a /23. sysfs holds no prefix lengths, hence the derivation. :func:`nccl_gid_pick` replays NCCL's own
-  choice on the GID table, so ``doctor`` can show which entry each HCA will use.
-
-Explicit ``fabric.interface`` / ``hca`` / ``gid_index`` values are used as given (and checked). No value is ever
-empty: NCCL reads a defined-empty GID index as 0, the link-local entry.
-
-Pure: :func:`parse_sysfs` (file contents → :class:`SysfsFacts`) and :func:`resolve` (→
-:class:`FabricFacts`), tested on fixture trees. The files are read on the node by the pre-flight probe
-(:mod:`sparkserve.deploy.probe`), in the same round trip as every other node check. :func:`compare_nodes`
-sets the nodes' facts side by side (MTU, link rate, the HCA set).
-"""
-
 from __future__ import annotations
 
+"""A node's ConnectX-7 sysfs, typed: the probe's file contents (``class/net``, ``class/infiniband``: netdevs,
+RDMA devices, their ports and GID tables) → :class:`SysfsFacts`, the input of
+:func:`sparkserve.plan.fabric.resolve`.
+
+Pure: :func:`parse_sysfs` only reads the dict it is given, tested on fixture trees. The files are read on the
+node by the pre-flight probe (:mod:`sparkserve.deploy.probe`), or, for the launcher, by
+:func:`sparkserve.plan.fabric_node.node_read_sysfs`. Standard library only: this source ships to the nodes
+with plan/fabric.py's (:func:`sparkserve.plan.fabric_node.program`).
+"""
+
+
 import ipaddress
-import re
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from sparkserve.config import FabricConfig
-
-ROCE_V2 = "RoCE v2"
-RECOMMENDED_MTU = 9000
-
-
-# -- parsing ----------------------------------------------------------------------------------------------
+from dataclasses import dataclass
 
 
 @dataclass(frozen=True)
@@ -281,6 +247,56 @@ def parse_sysfs(files: dict[str, str]) -> SysfsFacts:
                              files.get(f"{p}/rate", "").strip())
         hcas[dev] = Hca(dev, tuple(listing(f"{b}/device/net")), ports)
     return SysfsFacts(netdevs, hcas)
+
+
+
+"""ConnectX-7 facts on a node (sysfs file contents) → the NCCL / GLOO / TP / UCX environment for that node.
+
+    facts = resolve(parse_sysfs(files), cfg.fabric, node_cfg.fabric_ip, node=name)
+    rec = facts.fabric_env()  # FabricEnv: .env, .unset, .rule, .warnings (the record the plan builder reads)
+    rec.env  # dual rail: {"NCCL_SOCKET_IFNAME": "enp1s0f1np1", ..., "NCCL_IB_HCA": "rocep1s0f1,roceP2p1s0f1",
+             #  "NCCL_IB_ROCE_VERSION_NUM": "2", "NCCL_IB_ADDR_FAMILY": "AF_INET",
+             #  "NCCL_IB_ADDR_RANGE": "192.168.200.0/23"}        (no NCCL_IB_GID_INDEX: rec.unset names it)
+    build_plan(cfg, fabric_env=fabric_envs({name: facts, ...}))
+
+How (spark-field-notes.md section 2, realism-review D3): the interface is the netdev whose RDMA device has a
+**RoCE v2** GID entry encoding this node's ``fabric_ip`` (``::ffff:a.b.c.d``). Its PCIe "twin" (``rocep1s0f1`` +
+``roceP2p1s0f1``) joins ``NCCL_IB_HCA`` only when its port is ACTIVE **and** it has its own RoCE v2 IPv4 GID (an
+unaddressed twin has none: NCCL would build its QPs on an empty or link-local GID and fail init).
+
+* One HCA: ``NCCL_IB_GID_INDEX`` is that entry's index, resolved per node (it differs between nodes and drifts
+  after link events; one literal for both ranks wedges NCCL — MiaAI start script).
+* Several HCAs (the dual-rail rule): one global ``NCCL_IB_GID_INDEX`` applies to every listed HCA, and kits
+  exist with the twin's v2 GID at another index (5). So the index is left unset and NCCL picks it per HCA:
+  ``NCCL_IB_ROCE_VERSION_NUM=2``, ``NCCL_IB_ADDR_FAMILY=AF_INET``, ``NCCL_IB_ADDR_RANGE=<subnet>``. NCCL keeps
+  only GIDs inside that range (NVIDIA/nccl ``src/transport/net_ib/connect.cc``: ``envIbAddrRange``,
+  ``matchGidAddrPrefix``, ``ncclUpdateGidIndex``), so the range is the smallest network holding every listed
+  HCA's own address (never narrower than /24): the NVIDIA two-subnet layout (``…100.10/24`` + ``…101.10/24``)
+  gets a /23. sysfs holds no prefix lengths, hence the derivation. :func:`nccl_gid_pick` replays NCCL's own
+  choice on the GID table, so ``doctor`` can show which entry each HCA will use.
+
+Explicit ``fabric.interface`` / ``hca`` / ``gid_index`` values are used as given (and checked). No value is ever
+empty: NCCL reads a defined-empty GID index as 0, the link-local entry.
+
+Pure: :func:`~sparkserve.plan.fabric_sysfs.parse_sysfs` (file contents → :class:`SysfsFacts`, in
+:mod:`sparkserve.plan.fabric_sysfs`) and :func:`resolve` (→ :class:`FabricFacts`), tested on fixture trees.
+The files are read on the node by the pre-flight probe (:mod:`sparkserve.deploy.probe`), in the same round
+trip as every other node check. :func:`compare_nodes` sets the nodes' facts side by side (MTU, link rate, the
+HCA set).
+"""
+
+
+import ipaddress
+import re
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+
+if TYPE_CHECKING:
+    from sparkserve.config import FabricConfig
+
+ROCE_V2 = "RoCE v2"
+RECOMMENDED_MTU = 9000
 
 
 # -- resolution -------------------------------------------------------------------------------------------
@@ -623,7 +639,7 @@ def compare_nodes(facts: dict[str, FabricFacts]) -> list[Mismatch]:
 def node_read_sysfs(root: str) -> dict[str, str]:
     """On the node: the sysfs files fabric detection needs under ``root`` → {relative path: content}
     (listings as ``<dir>/`` → newline-separated names; unreadable files left out). The layout
-    :func:`sparkserve.plan.fabric.parse_sysfs` reads, as the pre-flight probe writes it."""
+    :func:`sparkserve.plan.fabric_sysfs.parse_sysfs` reads, as the pre-flight probe writes it."""
     import os
 
     out: dict[str, str] = {}

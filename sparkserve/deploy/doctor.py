@@ -22,7 +22,8 @@ from sparkserve.nodes.hostfacts import HostFacts, host_question, host_verdicts, 
 from sparkserve.nodes.parallel import on_all
 from sparkserve.nodes.runtime import engine_for
 from sparkserve.plan.build import Plan
-from sparkserve.plan.fabric import FabricError, FabricFacts, compare_nodes, parse_sysfs, resolve
+from sparkserve.plan.fabric import FabricError, FabricFacts, compare_nodes, resolve
+from sparkserve.plan.fabric_sysfs import parse_sysfs
 from sparkserve.plan.mounts import cache_dir
 from sparkserve.profiles import drafter_path
 from sparkserve.units import human_bytes

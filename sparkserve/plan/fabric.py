@@ -26,10 +26,11 @@ unaddressed twin has none: NCCL would build its QPs on an empty or link-local GI
 Explicit ``fabric.interface`` / ``hca`` / ``gid_index`` values are used as given (and checked). No value is ever
 empty: NCCL reads a defined-empty GID index as 0, the link-local entry.
 
-Pure: :func:`parse_sysfs` (file contents → :class:`SysfsFacts`) and :func:`resolve` (→
-:class:`FabricFacts`), tested on fixture trees. The files are read on the node by the pre-flight probe
-(:mod:`sparkserve.deploy.probe`), in the same round trip as every other node check. :func:`compare_nodes`
-sets the nodes' facts side by side (MTU, link rate, the HCA set).
+Pure: :func:`~sparkserve.plan.fabric_sysfs.parse_sysfs` (file contents → :class:`SysfsFacts`, in
+:mod:`sparkserve.plan.fabric_sysfs`) and :func:`resolve` (→ :class:`FabricFacts`), tested on fixture trees.
+The files are read on the node by the pre-flight probe (:mod:`sparkserve.deploy.probe`), in the same round
+trip as every other node check. :func:`compare_nodes` sets the nodes' facts side by side (MTU, link rate, the
+HCA set).
 """
 
 from __future__ import annotations
@@ -39,121 +40,13 @@ import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from sparkserve.plan.fabric_sysfs import Gid, Hca, Port, SysfsFacts
+
 if TYPE_CHECKING:
     from sparkserve.config import FabricConfig
 
 ROCE_V2 = "RoCE v2"
 RECOMMENDED_MTU = 9000
-
-
-# -- parsing ----------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Gid:
-    index: int
-    gid: str
-    type: str  # "RoCE v2", "IB/RoCE v1", or "" when unreadable
-    ndev: str  # netdev the entry belongs to ("" when unknown)
-
-    @property
-    def ipv4(self) -> str | None:
-        try:
-            mapped = ipaddress.IPv6Address(self.gid).ipv4_mapped
-        except ValueError:
-            return None
-        return str(mapped) if mapped else None
-
-
-@dataclass(frozen=True)
-class Port:
-    number: int
-    state: str  # "ACTIVE", "DOWN", ...
-    phys_state: str  # "LinkUp", "Disabled", ...
-    link_layer: str  # "Ethernet" for RoCE
-    gids: tuple[Gid, ...]
-    rate: str = ""  # sysfs `rate`, e.g. "200 Gb/sec (4X HDR)" ("" when unreadable)
-
-    @property
-    def active(self) -> bool:
-        return self.state == "ACTIVE"
-
-
-@dataclass(frozen=True)
-class Hca:
-    name: str
-    netdevs: tuple[str, ...]
-    ports: dict[int, Port]
-
-
-@dataclass(frozen=True)
-class NetDev:
-    name: str
-    operstate: str
-    mtu: int | None
-    carrier: bool | None
-
-    @property
-    def up(self) -> bool:
-        return self.operstate == "up" or (self.operstate == "unknown" and self.carrier is True)
-
-
-@dataclass(frozen=True)
-class SysfsFacts:
-    netdevs: dict[str, NetDev]
-    hcas: dict[str, Hca]
-
-
-def _state(text: str | None) -> str:
-    # "4: ACTIVE" → "ACTIVE", "5: LinkUp" → "LinkUp"
-    if not text:
-        return ""
-    return text.split(":", 1)[1].strip() if ":" in text else text.strip()
-
-
-def _int(text: str | None) -> int | None:
-    try:
-        return int(text) if text is not None else None
-    except ValueError:
-        return None
-
-
-def parse_sysfs(files: dict[str, str]) -> SysfsFacts:
-    """Probe output → typed facts (pure)."""
-
-    def listing(rel: str) -> list[str]:
-        text = files.get(rel + "/", "")
-        return [n for n in text.split("\n") if n]
-
-    netdevs = {}
-    for name in listing("class/net"):
-        b = f"class/net/{name}"
-        carrier = _int(files.get(f"{b}/carrier"))
-        netdevs[name] = NetDev(name, files.get(f"{b}/operstate", "").strip().lower(),
-                               _int(files.get(f"{b}/mtu")), None if carrier is None else carrier == 1)
-    hcas = {}
-    for dev in listing("class/infiniband"):
-        b = f"class/infiniband/{dev}"
-        ports = {}
-        for pname in listing(f"{b}/ports"):
-            pn = _int(pname)
-            if pn is None:
-                continue
-            p = f"{b}/ports/{pname}"
-            gids = []
-            for iname in listing(f"{p}/gids"):
-                idx = _int(iname)
-                gid = files.get(f"{p}/gids/{iname}")
-                if idx is None or not gid:
-                    continue
-                gids.append(Gid(idx, gid.strip(), files.get(f"{p}/gid_attrs/types/{iname}", "").strip(),
-                                files.get(f"{p}/gid_attrs/ndevs/{iname}", "").strip()))
-            gids.sort(key=lambda g: g.index)
-            ports[pn] = Port(pn, _state(files.get(f"{p}/state")), _state(files.get(f"{p}/phys_state")),
-                             files.get(f"{p}/link_layer", "").strip(), tuple(gids),
-                             files.get(f"{p}/rate", "").strip())
-        hcas[dev] = Hca(dev, tuple(listing(f"{b}/device/net")), ports)
-    return SysfsFacts(netdevs, hcas)
 
 
 # -- resolution -------------------------------------------------------------------------------------------

@@ -2,9 +2,10 @@
 
 ``up`` reads each node's sysfs in its pre-flight probe and resolves it here with :mod:`sparkserve.plan.fabric`
 (``parse_sysfs`` → ``resolve`` → ``FabricFacts.env()``: interface, HCA(s), GID per the dual-rail rule).
-The launcher has no sparkserve on the nodes, so :func:`program` ships that very module's source plus the two
-functions below (stdlib only) to each node, where ``python3 -c`` runs them on the node's own sysfs and
-prints the fabric variables as ``NAME=value`` lines. One source: a change to the rule changes both.
+The launcher has no sparkserve on the nodes, so :func:`program` ships those very modules' source
+(plan/fabric_sysfs.py, plan/fabric.py) plus the two functions below (stdlib only) to each node, where
+``python3 -c`` runs them on the node's own sysfs and prints the fabric variables as ``NAME=value`` lines. One
+source: a change to the rule changes both.
 
 Pure here (the functions run on the node); :func:`program` only assembles source text.
 """
@@ -13,9 +14,11 @@ from __future__ import annotations
 
 import inspect
 from pathlib import Path
+from types import ModuleType
 
-from sparkserve.plan import fabric
-from sparkserve.plan.fabric import FabricError, parse_sysfs, resolve
+from sparkserve.plan import fabric, fabric_sysfs
+from sparkserve.plan.fabric import FabricError, resolve
+from sparkserve.plan.fabric_sysfs import parse_sysfs
 
 PROGRAM_DELIMITER = "SPARKSERVE_FABRIC_PROGRAM"
 
@@ -23,7 +26,7 @@ PROGRAM_DELIMITER = "SPARKSERVE_FABRIC_PROGRAM"
 def node_read_sysfs(root: str) -> dict[str, str]:
     """On the node: the sysfs files fabric detection needs under ``root`` → {relative path: content}
     (listings as ``<dir>/`` → newline-separated names; unreadable files left out). The layout
-    :func:`sparkserve.plan.fabric.parse_sysfs` reads, as the pre-flight probe writes it."""
+    :func:`sparkserve.plan.fabric_sysfs.parse_sysfs` reads, as the pre-flight probe writes it."""
     import os
 
     out: dict[str, str] = {}
@@ -93,9 +96,18 @@ def _node_main() -> None:
     sys.exit(code)
 
 
+def _shipped(module: ModuleType) -> str:
+    """A module's source as the node program carries it: without ``from __future__`` (the program's first line)
+    and without its ``from sparkserve.…`` imports (what it imports is earlier in the same program)."""
+    text = Path(inspect.getsourcefile(module) or str(module.__file__)).read_text()
+    return "".join(line for line in text.splitlines(keepends=True)
+                   if not line.startswith(("from __future__ import", "from sparkserve.")))
+
+
 def program() -> str:
-    """The python3 program the launcher runs on each node: plan/fabric.py's source, then the functions above."""
-    source = Path(inspect.getsourcefile(fabric) or fabric.__file__).read_text()
+    """The python3 program the launcher runs on each node: plan/fabric_sysfs.py's and plan/fabric.py's source,
+    then the functions above."""
+    source = "from __future__ import annotations\n\n" + "\n\n".join(_shipped(m) for m in (fabric_sysfs, fabric))
     own = "\n\n".join(inspect.getsource(f) for f in (node_read_sysfs, node_detect, _node_main))
     text = f"{source}\n\n{own}\n\nif __name__ == \"__main__\":\n    _node_main()\n"
     assert PROGRAM_DELIMITER not in text

@@ -18,16 +18,14 @@ from sparkserve.deploy.probe import PROBE_PROGRAM, probe_node
 from sparkserve.nodes import LocalNode
 from sparkserve.plan.fabric import (
     FabricError,
-    Gid,
-    Port,
     addr_range,
     compare_nodes,
     fabric_env_records,
     nccl_gid_pick,
-    parse_sysfs,
     resolve,
     twin_key,
 )
+from sparkserve.plan.fabric_sysfs import Gid, Port, parse_sysfs
 
 FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
 IP = {"spark-a": "192.168.200.1", "spark-b": "192.168.200.2", "spark-c": "192.168.200.3"}
@@ -316,7 +314,7 @@ def test_doctor_compares_the_nodes_fabrics(tmp_path: Path, monkeypatch: pytest.M
 def test_a_gid_nccl_would_pick_over_the_hcas_own_entry_is_a_warning() -> None:
     """An address of another netdev (a VLAN on the twin) inside the range, before the twin's own entry: NCCL's walk
     takes it; doctor says so."""
-    from sparkserve.plan.fabric import Hca, NetDev, SysfsFacts
+    from sparkserve.plan.fabric_sysfs import Hca, NetDev, SysfsFacts
 
     def v4(ip: str) -> str:
         a, b, c, d = (int(x) for x in ip.split("."))

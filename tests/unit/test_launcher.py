@@ -348,8 +348,9 @@ def _env_of(argv: list[str]) -> dict[str, str]:
 
 @pytest.mark.parametrize("twin", [False, True], ids=["one-hca", "dual-rail"])
 def test_fabric_left_on_auto_is_detected_on_each_node_as_up_would(tmp_path: Path, twin: bool) -> None:
-    from sparkserve.plan.fabric import parse_sysfs, resolve
+    from sparkserve.plan.fabric import resolve
     from sparkserve.plan.fabric_node import node_read_sysfs
+    from sparkserve.plan.fabric_sysfs import parse_sysfs
 
     sysfs = write_fake_sysfs(tmp_path / "sys", twin=twin)
     rig = Rig(tmp_path, over={"fabric": {"interface": "auto", "hca": "auto", "gid_index": "auto",
