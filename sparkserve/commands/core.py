@@ -319,7 +319,8 @@ def drafter_inspect(
     from sparkserve.models.drafter import inspect_drafter
     from sparkserve.models.manifest import manifest
     from sparkserve.models.target import inspect_target
-    from sparkserve.plan.validate import Report, check_drafter, check_target
+    from sparkserve.plan.findings import Report
+    from sparkserve.plan.model_checks import check_drafter, check_target
 
     cfg = load_config(config)
     d = inspect_drafter(path)

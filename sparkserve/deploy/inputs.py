@@ -25,7 +25,8 @@ from sparkserve.deploy.drafter import drafter_words, local_drafter
 from sparkserve.deploy.remotemeta import fetch_metas
 from sparkserve.errors import BadInput
 from sparkserve.nodes.base import Node
-from sparkserve.plan.validate import Finding, Report, validate
+from sparkserve.plan.findings import Finding, Report
+from sparkserve.plan.validate import validate
 from sparkserve.profiles import uses_drafter
 
 

@@ -17,7 +17,7 @@ from sparkserve.models.drafter_identity import DrafterIdentity, identify
 from sparkserve.profiles import uses_drafter  # noqa: F401 - validate: profile_checks.uses_drafter
 
 
-class Report(Protocol):  # plan.validate.Report (not imported: validate calls this module)
+class Report(Protocol):  # what the checks below use of plan.findings.Report
     def warn(self, where: str, what: str) -> None: ...
 
 

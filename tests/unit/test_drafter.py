@@ -264,7 +264,8 @@ SPECULATORS_KEYS = ["transformer_layer_config", "speculators_config", "speculato
 def _judged(path: Path) -> None:
     """inspect + every rule + the --json rendering: only BadInput may come out."""
     from sparkserve.config import load_config
-    from sparkserve.plan.validate import Report, check_drafter
+    from sparkserve.plan.findings import Report
+    from sparkserve.plan.model_checks import check_drafter
 
     try:
         d = inspect_drafter(path)

@@ -17,8 +17,8 @@ from sparkserve.config import load_config
 from sparkserve.models import drafter_identity
 from sparkserve.models.drafter import inspect_drafter
 from sparkserve.models.drafter_identity import identify
+from sparkserve.plan.findings import Report
 from sparkserve.plan.profile_checks import check_identity, check_profile
-from sparkserve.plan.validate import Report
 
 EFG = DrafterSpec(hidden_size=4096, num_hidden_layers=8, block_size=8, mask_token_id=154856,
                   target_layer_ids=[5, 9, 14, 19, 24, 28, 33, 38, 42], weights=False)

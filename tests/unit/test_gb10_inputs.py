@@ -15,7 +15,8 @@ from sparkserve.config import load_config
 from sparkserve.journal import Journal
 from sparkserve.models.target import inspect_target
 from sparkserve.models.target_manifest import TargetManifest, target_manifest
-from sparkserve.plan.validate import Report, check_max_model_len
+from sparkserve.plan.findings import Report
+from sparkserve.plan.model_checks import check_max_model_len
 
 
 def one_error_line(p, field: str) -> str:

@@ -31,7 +31,8 @@ from safetensors.numpy import save_file
 from tiny_models import drop_tensor
 
 from sparkserve.config import load_config
-from sparkserve.plan.validate import Report, check_config, validate
+from sparkserve.plan.findings import Report
+from sparkserve.plan.validate import check_config, validate
 
 
 @pytest.fixture(scope="module")
