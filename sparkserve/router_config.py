@@ -1,5 +1,5 @@
 """The ``router:`` section: vLLM's own router (``vllm-router`` 0.1.17, a Rust binary in a PyPI wheel) in front of
-``replicas: N`` copies of the stack. Its own module so config.py (the whole contract) does not grow; config.py
+``replicas: N`` copies of the stack. Its own module beside the config/ package; config/root.py
 imports :class:`RouterConfig` and checks the rules that need the rest of the config (the port clash).
 
 Defaults and why (facts: docs/replicas-facts.md, measured on the 0.1.17 wheel):
@@ -119,7 +119,7 @@ WILDCARDS = (None, "0.0.0.0", "::")
 
 def router_rules(router: RouterConfig, *, replicas: int, nodes: int, local_ports: set[int],
                  serve_host: str | None = None, first_head: tuple[str, str] = ("", "")) -> str | None:
-    """The first rule the section breaks against the rest of the config, as ``@field: what`` (config.py's
+    """The first rule the section breaks against the rest of the config, as ``@field: what`` (the config's
     model-level error form), or None. ``local_ports``: the ports this control machine already serves for
     sparkserve (a node with ``local: true``: its API and rendezvous ports; the supervise exporter);
     ``first_head``: the first node's (host, fabric_ip), the only specific serve.host a fleet may name."""

@@ -8,10 +8,10 @@ Nothing in the template builds an argv of its own.
 What only the nodes know is filled in at run time, by the rules ``up`` applies:
 
 * the fabric left on ``auto`` (interface, HCA(s), GID per the dual-rail rule, the detected address range):
-  each node runs :func:`sparkserve.plan.fabric_node.program` — plan/fabric.py's own source — on its sysfs,
-  and its ``NAME=value`` lines become ``-e`` items of that rank's ``docker run`` (never over a variable the
-  config sets). A fabric_ip that is not IPv4 cannot be detected (RoCE v2 IPv4 GIDs): rendering refuses then
-  while ``fabric.interface``/``hca``/``gid_index`` are ``auto``;
+  each node runs :func:`sparkserve.plan.fabric_node.program` — plan/fabric_sysfs.py's and plan/fabric.py's own
+  source — on its sysfs, and its ``NAME=value`` lines become ``-e`` items of that rank's ``docker run`` (never
+  over a variable the config sets). A fabric_ip that is not IPv4 cannot be detected (RoCE v2 IPv4 GIDs):
+  rendering refuses then while ``fabric.interface``/``hca``/``gid_index`` are ``auto``;
 * the cache directory's image key: the first 12 hex of the image ID on that node (``up``'s key), in place
   of the render-time ``ref-…`` key.
 """
