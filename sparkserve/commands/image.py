@@ -64,13 +64,8 @@ def build_cmd(
 ) -> None:
     import os
 
-    from sparkserve.image.build import (
-        build_image,
-        default_recipe,
-        load_recipe_files,
-        overlay_bytes,
-        write_lock,
-    )
+    from sparkserve.image.build import build_image
+    from sparkserve.image.context import default_recipe, load_recipe_files, overlay_bytes, write_lock
     from sparkserve.image.relock import effective_recipe, require_lock
     from sparkserve.image.relock import relock as do_relock
 
@@ -301,7 +296,7 @@ def series_check_cmd(
 ) -> None:
     """Apply the recipe's series to each wheel (unpacked in a temp dir) with the lock's digests; the files
     that then differ from the wheel's RECORD must be exactly the series' files. Exit 1 on any difference."""
-    from sparkserve.image.build import default_recipe, load_recipe_files
+    from sparkserve.image.context import default_recipe, load_recipe_files
     from sparkserve.image.series import check_series_on_wheel
 
     files = load_recipe_files(recipe or default_recipe())

@@ -60,7 +60,7 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
     """Every check for one node (one remote round trip). Raises only when the node cannot be reached at all.
 
     ``lean``: `up`'s pre-flight — free memory is judged just before the ranks start, after the page-cache drop
-    (:func:`sparkserve.deploy.up.memory_before_start`), so neither the GPU nor sudo is asked here;
+    (:func:`sparkserve.deploy.preflight.memory_before_start`), so neither the GPU nor sudo is asked here;
     ``host_out``/``target_out`` receive the node's host facts and target manifest (compared across nodes by
     :func:`check_all`); ``storage_out`` the docker storage driver (`doctor`: one more docker question).
 

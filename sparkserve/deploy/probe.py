@@ -28,7 +28,7 @@ from typing import Any
 from sparkserve.deploy.sync_remote import manifest_source
 from sparkserve.models.target_manifest import NODE_SOURCE as TARGET_SOURCE
 from sparkserve.nodes.base import Node, NodeError
-from sparkserve.nodes.hostfacts import NODE_SOURCE as HOST_SOURCE
+from sparkserve.nodes.hostfacts_node import NODE_SOURCE as HOST_SOURCE
 from sparkserve.plan.fabric_node import node_read_sysfs
 
 # -- run on the node (stdlib only, self-contained; shipped by source) -----------------------------------
@@ -107,7 +107,7 @@ class NodeFacts:
     meminfo: str
     sysfs: dict[str, str] | None
     manifest: dict[str, Any] | None = None  # the manifest program's answer, or {"error": …}; None: not asked
-    host: dict[str, Any] | None = None  # nodes.hostfacts._node_host's answer; None: not asked
+    host: dict[str, Any] | None = None  # nodes.hostfacts_node._node_host's answer; None: not asked
     target: dict[str, Any] | None = None  # models.target_manifest's answer; None: not asked
 
 

@@ -3,13 +3,13 @@
     with open_nodes(cfg) as nodes:
         result = up(cfg, nodes)   # validate + preflight → image → drafter → start → wait → parity → gates
 
-:func:`planned_steps` says what those steps will do for a config (`sparkserve plan` prints it); :func:`up`
-takes them. A stack that already runs this exact deployment (same fingerprint, healthy, ranks in parity,
-gates passed for this very boot — judged now when the journal has no verdict for it) is left alone; one
-that runs anything else is replaced. After the gates pass, every rank is watched for ``gates.settle_s``
-before `up` says it serves: a rank that dies then fails `up`. On any failure or Ctrl-C, every container this
-run started is stopped (gracefully) and removed on every node, each node's log is saved first, and the
-error names the node, the step and the lines that explain it (deploy.teardown).
+:func:`planned_steps` says what those steps will do for a config (`sparkserve plan` prints it); :func:`up` takes
+them, the read-only ones first (:mod:`sparkserve.deploy.preflight`). A stack that already runs this exact
+deployment (same fingerprint, healthy, ranks in parity, gates passed for this very boot — judged now when the
+journal has no verdict for it) is left alone; one that runs anything else is replaced. After the gates pass, every
+rank is watched for ``gates.settle_s`` before `up` says it serves: a rank that dies then fails `up`. On any failure
+or Ctrl-C, every container this run started is stopped (gracefully) and removed on every node, each node's log is
+saved first, and the error names the node, the step and the lines that explain it (deploy.teardown).
 """
 
 from __future__ import annotations
@@ -18,7 +18,6 @@ import hashlib
 import json
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, fields
 from types import ModuleType
 from typing import Any
@@ -26,32 +25,27 @@ from typing import Any
 from sparkserve import interrupts
 from sparkserve.config import Config, resolve_api_key
 from sparkserve.deploy import lock
-from sparkserve.deploy.doctor import Check, check_all, check_ports
-from sparkserve.deploy.drafter import DrafterSync, all_cached, drafter_words, local_drafter, sync_drafter, sync_words
-from sparkserve.deploy.inputs import validate_inputs
+from sparkserve.deploy.doctor import check_ports
+from sparkserve.deploy.drafter import drafter_words, local_drafter, sync_words
 from sparkserve.deploy.parity import check_parity
-from sparkserve.deploy.probe import probe_node
-from sparkserve.deploy.stack import managed_on_all
-from sparkserve.deploy.sync import RemoteState
+from sparkserve.deploy.preflight import Found, learn_dialect, make_cache_dirs, memory_before_start, preflight
 from sparkserve.deploy.teardown import Reporter, explain_failure, interrupted, interrupted_what, quiet, teardown
-from sparkserve.deploy.timings import span, timed
+from sparkserve.deploy.timings import span
 from sparkserve.deploy.wait import NodeView, daemons_answer, served_models, wait_ready, wait_running, watch_alive
 from sparkserve.deploy.watchdog import watchdog_floors
-from sparkserve.errors import BadInput, CheckRefused, GateFailed, RemoteFailure, SparkserveError
-from sparkserve.image.on_nodes import ensure_same_engine
+from sparkserve.errors import GateFailed, RemoteFailure, SparkserveError
 from sparkserve.journal import record
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.engine import ManagedContainer
 from sparkserve.nodes.factory import docker_opening
-from sparkserve.nodes.hostfacts import HostFacts, host_question, memory_verdict, sudoers_fix
-from sparkserve.nodes.parallel import after, on_all
+from sparkserve.nodes.hostfacts import HostFacts
+from sparkserve.nodes.parallel import on_all
 from sparkserve.nodes.processes import rank_id
 from sparkserve.nodes.runtime import LABEL_ENGINE_ID, engine_for
 from sparkserve.observe.gate_report import GateReport, Verdict
-from sparkserve.plan.build import Plan, build_plan, cache_dirs
-from sparkserve.plan.dialects import dialect_for, shipped_for_image, stored_facts
-from sparkserve.plan.fabric import FabricFacts, fabric_envs
-from sparkserve.plan.mounts import CACHE_MOUNT
+from sparkserve.plan.build import Plan, build_plan
+from sparkserve.plan.dialects import dialect_for
+from sparkserve.plan.fabric import fabric_envs
 from sparkserve.plan.validate import refuse_inexpressible
 
 BootWatcher = Callable[[list[NodeView], float], None]
@@ -157,19 +151,6 @@ def up(
             raise
 
 
-@dataclass
-class _Found:
-    """What the preflight learned: every node's checks and fabric facts, the one image ID, the managed
-    containers already there, and the drafter every node holds."""
-
-    checks: list[Check]
-    fabric: dict[str, FabricFacts]
-    image_id: str
-    existing: dict[str, list[ManagedContainer]]
-    drafter: DrafterSync
-    hosts: dict[str, HostFacts] = field(default_factory=dict)  # after the page-cache drop, just before the start
-
-
 def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool, break_lock: bool,
         say: Reporter, on_update: BootWatcher | None) -> UpResult:
     t0 = time.monotonic()
@@ -178,13 +159,13 @@ def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool,
     # each node's docker connection opens (read-only) while the lock is taken
     with docker_opening(docker_nodes), lock.held(nodes[cfg.head.name], what="up", break_lock=break_lock):
         with span("preflight"):
-            found = _preflight(cfg, nodes, validate=validate, copy_drafter=copy_drafter, say=say)
+            found = preflight(cfg, nodes, validate=validate, copy_drafter=copy_drafter, say=say)
         fp = deploy_fingerprint(cfg, found.image_id, found.drafter.digest)
         # the image ID keys the caches and picks the image's own dialect facts; a setting that dialect
         # cannot express is refused here, before any container starts (exit 2)
         image_id = found.image_id if cfg.runtime == "docker" else None
         if image_id is not None:
-            _learn_dialect(cfg, nodes, image_id, say)
+            learn_dialect(cfg, nodes, image_id, say)
         dialect = dialect_for(cfg, image_id=image_id)
         refuse_inexpressible(cfg, dialect)
         plan = build_plan(cfg, fabric_env=fabric_envs(found.fabric), fingerprint=fp, api_key=resolve_api_key(cfg),
@@ -196,7 +177,7 @@ def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool,
                 gates = _keep(cfg, nodes, plan, running, say, run_gates=run_gates)
             return UpResult("unchanged", plan.api_url, plan.served_name, fp, found.image_id, found.drafter.digest,
                             time.monotonic() - t0, containers=running, sync=found.drafter.summary, gates=gates)
-        _make_cache_dirs(cfg, nodes, plan)
+        make_cache_dirs(cfg, nodes, plan)
         with span("clear the way"):
             status = _clear_the_way(cfg, nodes, found, say)
         with span("memory before start"):
@@ -204,141 +185,6 @@ def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool,
         with span("boot (start, wait, parity, gates, settle)"):
             return _boot(cfg, nodes, plan, found, status=status, t0=t0, run_gates=run_gates, say=say,
                          on_update=on_update)
-
-
-def _learn_dialect(cfg: Config, nodes: dict[str, Node], image_id: str, say: Reporter) -> None:
-    """An image nothing is known about (no override, no stored facts of this image ID, not in the shipped table):
-    read its engine dialect from inside it on the head, once — the same reader `image verify` runs. Best effort:
-    when it cannot be read, the shipped table / vLLM 0.33.0 apply, as before."""
-    if cfg.serve.vllm_version or shipped_for_image(cfg.image.ref) is not None:
-        return
-    entry = (stored_facts().get("by_ref") or {}).get(cfg.image.ref)
-    if isinstance(entry, dict) and entry.get("image_id") == image_id:
-        return
-    from sparkserve.image.dialect import verify_dialect
-
-    try:
-        d, raw = verify_dialect(nodes[cfg.head.name], cfg.image.ref, image_id)
-    except SparkserveError as e:
-        say(f"warning: image: its engine dialect could not be read ({e.what}); vLLM 0.33.0's flag names apply")
-        return
-    say(f"image: engine dialect {d.describe() if d else 'unknown (vLLM 0.33.0 applies)'}, read from "
-        f"{cfg.image.ref} ({raw.get('how') or 'nothing'})")
-
-
-def _make_cache_dirs(cfg: Config, nodes: dict[str, Node], plan: Plan) -> None:
-    """The image's cache dirs on every node (docker bind mounts need their sources), under the cache root the
-    preflight made. RemoteFailure naming the node that refuses."""
-    dirs = cache_dirs(plan)
-
-    def make(name: str) -> None:
-        for d in dirs.get(name, []):
-            try:
-                nodes[name].makedirs(d)
-            except OSError as e:
-                raise RemoteFailure(f"{name}: cache", f"cannot create {d}: {e.strerror or e} (container.cache_root)",
-                                    node=name, step="cache") from None
-
-    if any(dirs.values()):
-        on_all([n.name for n in cfg.nodes], make)
-
-
-def _preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_drafter: bool,
-               say: Reporter) -> _Found:
-    """Every read-only question at once, each node in parallel: input validation, node checks (one round
-    trip: paths, disk, ports, memory, fabric facts, the drafter's manifest from the node's cache when there
-    is nothing to copy, and the containers' writable mount dirs made), image identity, the running
-    containers. Failures are then reported in that order; a drafter to copy is copied only once every check
-    passed."""
-    say("preflight: checking every node")
-    fabric: dict[str, FabricFacts] = {}
-    # the drafter's manifest from each node's cache reads no weights, so the node probe answers it too
-    # (before validation: one python3 start per node for every check); a cache miss is read in full after
-    cached: dict[str, RemoteState | None] | None = None if copy_drafter else {}
-    # the cache root is made (and so proven writable) here; the image's own dirs under it once its ID is known
-    rw = {s.node: [m.source.rsplit("/", 1)[0] for m in s.mounts if m.target == CACHE_MOUNT]
-          for s in build_plan(cfg).specs}
-    with ThreadPoolExecutor(max_workers=6) as pool:
-        f_valid = pool.submit(timed("preflight: validate", validate_inputs), cfg, nodes) if validate else None
-        f_checks = pool.submit(timed("preflight: node checks", check_all), cfg, nodes, None, check_ports=True,
-                               mkdirs=rw, fabric_out=fabric,
-                               manifest_out=cached, lean=True)
-        f_image = pool.submit(timed("preflight: engine identity", ensure_same_engine), cfg,
-                              [nodes[n.name] for n in cfg.nodes])
-        # docker: after the image question, so each node's questions share one connection (each more
-        # connection starts another `docker system dial-stdio` on the node)
-        f_existing = pool.submit(timed("preflight: running ranks", after), f_image if cfg.runtime == "docker" else None,
-                                 managed_on_all, nodes, cfg)
-        if f_valid is not None:
-            f_valid.result()  # BadInput (exit 2): nothing was started
-        checks = f_checks.result()
-        _raise_failed_checks(checks)
-        for c in checks:  # the host's known GB10 hazards, each with its fix: said, not refused
-            if c.status == "warn" and c.name in HOST_WARNINGS:
-                say(f"warning: {c.node}: {c.name}: {c.detail}")
-        image_id = f_image.result()
-        say(f"image: {cfg.image.ref} is {image_id[:19]} on every node" if cfg.runtime == "docker" else
-            f"engine: serve.vllm {cfg.serve.vllm} is {image_id[:19]} on every node")
-        existing = f_existing.result()
-    # Hashing the drafter on a node whose cache missed comes after validation: a wrong drafter must not cost
-    # a full read of its weights before its exit 2.
-    with span("preflight: drafter"):
-        drafter = sync_drafter(cfg, nodes, say, None if cached is None else all_cached(cfg, cached))
-    return _Found(checks, fabric, image_id, existing, drafter)
-
-
-#: Host checks whose warnings `up` says before it boots (nodes.hostfacts.host_verdicts).
-HOST_WARNINGS = ("iommu", "swappiness", "earlyoom", "shm", "nccl", "kernel parity", "driver parity",
-                 "firmware parity", "nccl parity")
-#: Failed checks that refuse the run although every node answered (exit 1, CheckRefused), in the order judged.
-REFUSING = ("kernel", "target manifest", "memory")
-
-
-def _raise_failed_checks(checks: list[Check]) -> None:
-    """The first failed node check as the error, the others as its details. Busy ports are judged later:
-    the stack being replaced may be what holds them. Free memory is judged by :func:`memory_before_start`, just
-    before the ranks start."""
-    bad = [c for c in checks if c.status == "fail" and not c.name.startswith("port ")
-           and c.name not in REFUSING]
-    if bad:
-        c = bad[0]
-        raise RemoteFailure(f"{c.node}: preflight {c.name}", c.detail, node=c.node, step=f"preflight {c.name}",
-                            details=[f"{x.node}: {x.name}: {x.detail}" for x in bad[1:]])
-    _raise_refusals(checks, ("kernel", "target manifest"))
-
-
-def _raise_refusals(checks: list[Check], names: tuple[str, ...]) -> None:
-    """The first failed check among ``names`` as a CheckRefused (exit 1), the others as its details."""
-    bad = [c for c in checks if c.status == "fail" and c.name in names]
-    if bad:
-        c = bad[0]
-        raise CheckRefused(f"{c.node}: preflight {c.name}", c.detail, node=c.node, step=f"preflight {c.name}",
-                           details=[f"{x.node}: {x.name}: {x.detail}" for x in bad[1:]])
-
-
-def memory_before_start(cfg: Config, nodes: dict[str, Node], say: Reporter) -> dict[str, HostFacts]:
-    """Just before the ranks start, on every node at once: sync, drop the page cache and compact (``sudo -n``;
-    watchdog.drop_caches), then free accelerator memory against gpu_memory_utilization x total — MemFree on
-    unified memory, the driver's free memory on a discrete GPU. CheckRefused (exit 1) naming the node when it
-    falls short: vLLM would refuse it minutes later. Returns each node's host facts (the watchdog's and the
-    journal's)."""
-    drop = cfg.watchdog.drop_caches
-    by_name = {n.name: n for n in cfg.nodes}
-    facts = on_all([nodes[n.name] for n in cfg.nodes],
-                   lambda node: HostFacts.from_answer(probe_node(node, host=host_question(cfg, drop=drop)).host or {}),
-                   name=lambda node: node.name)
-    checks = [Check(name, check, status, detail) for name, f in facts.items()
-              for check, status, detail in memory_verdict(cfg, by_name[name], f, dropped=drop)]
-    kv = next((c for c in checks if c.name == "kv_cache" and c.status == "fail"), None)
-    if kv is not None:  # an absurd serve.kv_cache_memory_bytes is bad input (exit 2), found before any rank starts
-        raise BadInput("serve.kv_cache_memory_bytes", kv.detail.removeprefix("serve.kv_cache_memory_bytes "))
-    _raise_refusals(checks, ("memory",))
-    for name, f in facts.items():
-        mem = f.memory([])
-        if f.drop and mem is not None and mem.unified:
-            say(f"warning: {name}: the page cache was not dropped before the boot ({f.drop}) — "
-                f"{sudoers_fix(by_name[name].user, str(cfg.host.proc_root))}")
-    return facts
 
 
 def _healthy_existing(cfg: Config, plan: Plan,
@@ -386,7 +232,7 @@ def _settle(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[st
         watch_alive(plan, nodes, containers, seconds=cfg.gates.settle_s)
 
 
-def _clear_the_way(cfg: Config, nodes: dict[str, Node], found: _Found, say: Reporter) -> str:
+def _clear_the_way(cfg: Config, nodes: dict[str, Node], found: Found, say: Reporter) -> str:
     """Remove whatever other stack runs, then make sure the ports are free; return "started" or "replaced"."""
     busy = [c for c in found.checks if c.name.startswith("port ") and c.status == "fail"]
     old = {k: [c.id for c in v] for k, v in found.existing.items() if v}
@@ -403,7 +249,7 @@ def _clear_the_way(cfg: Config, nodes: dict[str, Node], found: _Found, say: Repo
     return status
 
 
-def _boot(cfg: Config, nodes: dict[str, Node], plan: Plan, found: _Found, *, status: str, t0: float,
+def _boot(cfg: Config, nodes: dict[str, Node], plan: Plan, found: Found, *, status: str, t0: float,
           run_gates: bool, say: Reporter, on_update: BootWatcher | None) -> UpResult:
     """Start every rank, wait until the head serves, check parity, run the gates, journal the outcome;
     on any failure (Ctrl-C included) tear down everything this run started and explain why."""

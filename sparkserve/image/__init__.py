@@ -7,6 +7,7 @@
                 runtime's vLLM by its bytes): what ``up`` asks before it boots
     dialect     the engine's flag dialect read from the image's stored facts
     run         one throwaway container from the image (facts program, smoke)
+    context     the recipe's files read here, each overlay checked against its sha256, the build context tar
     build       ``image build``: the recipe built, facts recorded, lock checked; gpu_smoke its GPU stage
     series      the lock's series (one recipe, several vLLM releases); relock; prebuilt (a published image
                 taken as the base, its facts read back)

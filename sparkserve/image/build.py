@@ -1,6 +1,6 @@
 """`sparkserve image build`: the recipe's image, built on a node (the head by default), smoke-tested, tagged.
 
-    files = load_recipe_files(Path("docker/recipe.yaml"))    # BadInput before any node is touched
+    files = load_recipe_files(Path("docker/recipe.yaml"))    # (image.context) BadInput before any node
     lock = require_lock(files)     # (image_relock) BadInput: no lock / it disagrees (unless relock)
     lock = relock(node, files)     # (image_relock) resolve the pins there, digest the series
     result = build_image(node, files, lock, say=say)         # BuildResult; BuildFailed names stage + lines
@@ -18,7 +18,6 @@ RECORD = the series' files, DFlash2 classes); a failed smoke test removes the ta
 from __future__ import annotations
 
 import contextlib
-import json
 import re
 import secrets
 import threading
@@ -27,26 +26,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from platformdirs import user_cache_dir, user_state_dir
+from platformdirs import user_state_dir
 
 from sparkserve.errors import BadInput, GateFailed, RemoteFailure
+from sparkserve.image.context import RecipeFiles, build_context, overlay_bytes
 from sparkserve.image.gpu_smoke import GpuSmoke
 from sparkserve.image.identity import facts_problems
 from sparkserve.image.on_nodes import image_identity
-from sparkserve.image.recipe import (
-    Lock,
-    Recipe,
-    build_args,
-    image_tag,
-    lock_digest,
-    lock_json,
-    overlay_plan,
-    parse_lock,
-    parse_recipe,
-    series_names,
-    sha256_hex,
-)
-from sparkserve.image.run import _tar, docker_dir, image_facts, run_in_image
+from sparkserve.image.recipe import Lock, Recipe, build_args, image_tag, lock_digest
+from sparkserve.image.run import image_facts, run_in_image
 from sparkserve.nodes.base import CommandResult, Node, NodeError
 from sparkserve.nodes.docker_client import docker_errors
 
@@ -59,19 +47,6 @@ TAIL_LINES = 15
 
 class BuildFailed(RemoteFailure):
     """The image build failed on the node: which stage, its last lines, where the full log is."""
-
-
-@dataclass
-class RecipeFiles:
-    """A recipe and the files it names, read on this machine."""
-
-    path: Path
-    recipe: Recipe
-    lock_path: Path
-    lock: Lock | None
-    series_text: str
-    series: list[tuple[str, bytes]]
-    checks: bytes | None
 
 
 @dataclass
@@ -93,118 +68,6 @@ class BuildResult:
                 "pushed": self.pushed, "vllm": self.facts.get("vllm"),
                 "differing_from_record": (self.facts.get("record") or {}).get("differing"),
                 "gpu_smoke": self.gpu, "gpu_verified": bool(self.gpu and self.gpu.get("ok"))}
-
-
-def default_recipe() -> Path:
-    return docker_dir() / "recipe.yaml"
-
-
-def lock_path_for(recipe: Path) -> Path:
-    return recipe.with_name(recipe.stem + ".lock.json")
-
-
-def _read(path: Path, what: str) -> bytes:
-    try:
-        return path.read_bytes()
-    except OSError as e:
-        raise BadInput(str(path), f"cannot read the {what}: {e.strerror or e}") from None
-
-
-def load_recipe_files(path: Path) -> RecipeFiles:
-    """Read a recipe, its series and patches, its upstream checks and its lock (if there is one)."""
-    recipe = parse_recipe(_read(path, "recipe").decode(errors="replace"), str(path))
-    series_text, series = "", []
-    if recipe.series:
-        series_path = (path.parent / recipe.series).resolve()
-        series_text = _read(series_path, "series file").decode(errors="replace")
-        series = [(name, _read(series_path.parent / name, "patch")) for name in series_names(series_text)]
-    checks = _read((path.parent / recipe.upstream_checks).resolve(), "upstream checks") \
-        if recipe.upstream_checks else None
-    lock_path = lock_path_for(path)
-    lock = parse_lock(lock_path.read_text(), str(lock_path)) if lock_path.is_file() else None
-    return RecipeFiles(path, recipe, lock_path, lock, series_text, series, checks)
-
-
-# ----------------------------------------------------------------------------------------- build context
-
-
-TOOLS = ("apply_series.py", "image_facts.py", "gpu_smoke.py", "wheel_pins.py")
-
-
-def context_files(files: RecipeFiles, lock: Lock | None, overlays: dict[str, bytes] | None = None
-                  ) -> dict[str, bytes]:
-    """The build context: Dockerfile, tools/, series/, upstream-checks.json, lock.json, overlays.json and the
-    overlays' bytes as ``overlays/<path>`` (``overlays``: from :func:`overlay_bytes`)."""
-    d = docker_dir()
-    out = {
-        "Dockerfile": (d / "Dockerfile").read_bytes(),
-        "series/series": files.series_text.encode(),
-        "upstream-checks.json": files.checks if files.checks is not None else b"[]\n",
-        "lock.json": lock_json(lock).encode() if lock is not None else b"{}\n",
-        "overlays.json": (json.dumps(overlay_plan(files.recipe), indent=1, sort_keys=True) + "\n").encode(),
-    }
-    out |= {f"tools/{name}": (d / "tools" / name).read_bytes() for name in TOOLS}
-    out |= {f"series/{name}": data for name, data in files.series}
-    out |= {f"overlays/{rel}": data for rel, data in (overlays or {}).items()}
-    return out
-
-
-def build_context(files: RecipeFiles, lock: Lock, overlays: dict[str, bytes] | None = None) -> bytes:
-    """The build context tar (see :func:`context_files`)."""
-    return _tar(context_files(files, lock, overlays))
-
-
-def _overlay_cache() -> Path:
-    return Path(user_cache_dir("sparkserve")) / "overlays"
-
-
-def overlay_bytes(files: RecipeFiles, *, fetch_timeout: float = 60.0) -> dict[str, bytes]:
-    """Each overlay's bytes, checked against its sha256 here, before anything goes to a node: a local path
-    (relative to the recipe) is read; an ``https://`` source is fetched once into the cache (by sha256).
-    BadInput (exit 2) naming the overlay and its source when a file is missing or its sha256 is not the
-    recipe's."""
-    out: dict[str, bytes] = {}
-    for o in files.recipe.overlays:
-        if o.source is None:  # a prebuilt image's overlays are only checked in it, never copied
-            continue
-        where = f"{files.path}: overlays: {o.path}"
-        if o.source.startswith(("https://", "http://")):
-            cached = _overlay_cache() / o.sha256
-            data = cached.read_bytes() if cached.is_file() else _fetch(o.source, where, fetch_timeout)
-        else:
-            data = _read((files.path.parent / o.source).resolve(), f"overlay {o.path}")
-        got = sha256_hex(data)
-        if got != o.sha256:
-            raise BadInput(where, f"{o.source} is sha256 {got[:16]}…, the recipe says {o.sha256[:16]}… "
-                           "(refused before the build)")
-        if o.source.startswith(("https://", "http://")):
-            with contextlib.suppress(OSError):
-                _overlay_cache().mkdir(parents=True, exist_ok=True)
-                (_overlay_cache() / o.sha256).write_bytes(data)
-        out[o.path] = data
-    return out
-
-
-def _fetch(url: str, where: str, timeout: float) -> bytes:
-    import urllib.error
-    import urllib.request
-
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:  # noqa: S310 (the recipe's https source)
-            return bytes(r.read())
-    except (urllib.error.URLError, OSError) as e:
-        raise BadInput(where, f"cannot fetch {url}: {getattr(e, 'reason', e)}") from None
-
-
-# -------------------------------------------------------------------------------------------------- lock
-
-
-def write_lock(files: RecipeFiles, lock: Lock) -> None:
-    files.lock_path.write_text(lock_json(lock))
-    files.lock = lock
-
-
-# ------------------------------------------------------------------------------------------------- build
 
 
 def builder_argv(node: Node) -> list[str]:

@@ -20,17 +20,8 @@ from pathlib import Path
 import docker.errors
 
 from sparkserve.errors import GateFailed
-from sparkserve.image.build import (
-    TAIL_LINES,
-    BuildFailed,
-    BuildResult,
-    RecipeFiles,
-    context_files,
-    gpu_stage,
-    overlay_bytes,
-    push_image,
-    untag,
-)
+from sparkserve.image.build import TAIL_LINES, BuildFailed, BuildResult, gpu_stage, push_image, untag
+from sparkserve.image.context import RecipeFiles, context_files, overlay_bytes
 from sparkserve.image.on_nodes import image_identity
 from sparkserve.image.recipe import Lock, image_tag, lock_digest
 from sparkserve.image.run import image_facts, run_in_image

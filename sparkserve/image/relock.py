@@ -27,15 +27,8 @@ from collections.abc import Callable
 import docker.errors
 
 from sparkserve.errors import BadInput
-from sparkserve.image.build import (
-    TAIL_LINES,
-    BuildFailed,
-    RecipeFiles,
-    context_files,
-    image_facts,
-    overlay_bytes,
-    run_in_image,
-)
+from sparkserve.image.build import TAIL_LINES, BuildFailed
+from sparkserve.image.context import RecipeFiles, context_files, overlay_bytes
 from sparkserve.image.recipe import (
     DIGEST_REF,
     IMAGE_ID,
@@ -47,6 +40,7 @@ from sparkserve.image.recipe import (
     lock_problems,
     sha256_hex,
 )
+from sparkserve.image.run import image_facts, run_in_image
 from sparkserve.nodes.base import Node, NodeError
 from sparkserve.nodes.docker_client import docker_errors
 

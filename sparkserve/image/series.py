@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkserve.errors import BadInput
-from sparkserve.image.build import RecipeFiles, context_files
+from sparkserve.image.context import RecipeFiles, context_files
 from sparkserve.image.recipe import BaseLock, Lock, PatchLock, lock_json, lock_problems, sha256_hex
 
 
@@ -122,7 +122,7 @@ def lock_from_wheel(files: RecipeFiles, wheel: Path) -> Lock:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m sparkserve.image.series RECIPE WHEEL``: write RECIPE's lock from WHEEL."""
-    from sparkserve.image.build import load_recipe_files
+    from sparkserve.image.context import load_recipe_files
 
     args = argv if argv is not None else sys.argv[1:]
     files = load_recipe_files(Path(args[0]))

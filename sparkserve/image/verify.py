@@ -91,7 +91,7 @@ class ShipResult:
 
 def verify_image(cfg: Config, nodes: dict[str, Node], *, facts: bool = True) -> ImageCheck:
     """image.ref on every configured node (in config order): one fingerprint everywhere, equal facts."""
-    from sparkserve.image.build import image_facts
+    from sparkserve.image.run import image_facts
 
     names = [n.name for n in cfg.nodes]
     ref = cfg.image.ref

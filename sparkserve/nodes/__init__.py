@@ -7,8 +7,9 @@ and never imports paramiko or asks which kind it has.
   nodes (``open_nodes``); ``parallel`` — one step on every node, every failure collected;
 * ``docker_client`` — the docker SDK over the node's own SSH connection; ``engine`` — containers
   (run a ``ContainerSpec``'s SDK rendering, list, stop, logs, exec, parity facts); ``hostfacts`` — a GB10
-  host's memory, GPU and kernel facts; ``hf_models`` — the target in every node's HF cache; ``router`` —
-  the ``vllm-router`` process on this machine. The image's identity and shipping are the ``image`` stage.
+  host's memory, GPU and kernel facts (+ ``hostfacts_node``: its node-side programs); ``hf_models`` — the
+  target in every node's HF cache; ``router`` — the ``vllm-router`` process on this machine. The image's
+  identity and shipping are the ``image`` stage.
 
 May import: every lower stage (``measure``, ``observe``, ``plan``, ``models``, ground) — in practice only
 ``plan`` (the ContainerSpec it runs) and the ground modules. Never ``image``, ``deploy`` or the CLI: what to run, and

@@ -151,7 +151,7 @@ def _plan(cfg: Config) -> Any:
 
 
 def _lock() -> str | None:
-    from sparkserve.image.build import default_recipe, lock_path_for
+    from sparkserve.image.context import default_recipe, lock_path_for
 
     path = lock_path_for(default_recipe())
     return path.read_text() if path.is_file() else None

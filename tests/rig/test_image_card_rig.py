@@ -156,7 +156,8 @@ def test_verify_shows_the_not_gpu_verified_mark(built, rig, tmp_path: Path) -> N
 
 
 def test_a_wrong_overlay_byte_refuses_the_build_and_names_the_file(built, rig, recipe_dir, monkeypatch) -> None:
-    from sparkserve.image.build import BuildFailed, build_image, load_recipe_files, overlay_bytes
+    from sparkserve.image.build import BuildFailed, build_image
+    from sparkserve.image.context import load_recipe_files, overlay_bytes
     from sparkserve.image.relock import require_lock
     from sparkserve.nodes.local import LocalNode
 

@@ -68,7 +68,7 @@ def _unreachable(tmp_path: Path) -> Path:
 
 def test_source_lane_refuses_without_a_lock_and_relocks_on_the_head(rig, source_recipe: Path,
                                                                     tmp_path: Path) -> None:
-    from sparkserve.image.build import load_recipe_files
+    from sparkserve.image.context import load_recipe_files
     from sparkserve.image.relock import require_lock
 
     res = cli("image", "build", "-c", str(_unreachable(tmp_path)), "--recipe", str(source_recipe))
@@ -110,7 +110,7 @@ def test_source_lane_refuses_without_a_lock_and_relocks_on_the_head(rig, source_
 def test_overlay_lane_refuses_a_changed_patch_until_relocked(rig, source_recipe: Path, tmp_path: Path) -> None:
     """The same recipe built as the overlay lane (--lane overlay): its lock is another lane's, so refused;
     relocked for overlay; then a patch edit is refused again, naming the patch."""
-    from sparkserve.image.build import load_recipe_files
+    from sparkserve.image.context import load_recipe_files
     from sparkserve.image.relock import require_lock
 
     copy = tmp_path / "overlay"

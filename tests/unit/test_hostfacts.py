@@ -19,7 +19,6 @@ from sparkserve.deploy.watchdog import Phase, watchdog_floors
 from sparkserve.nodes import LocalNode
 from sparkserve.nodes.hostfacts import (
     HostFacts,
-    _node_kernel,
     high_order_free,
     host_question,
     host_verdicts,
@@ -27,6 +26,7 @@ from sparkserve.nodes.hostfacts import (
     memory_verdict,
     sudoers_line,
 )
+from sparkserve.nodes.hostfacts_node import _node_kernel
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "rig"))
 import rig as riglib  # noqa: E402

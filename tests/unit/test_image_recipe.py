@@ -194,7 +194,7 @@ def test_the_census_refuses_a_12_1a_only_build(tmp_path: Path) -> None:
 
 
 def test_shipped_locks_agree_with_their_recipes_but_say_unresolved() -> None:
-    from sparkserve.image.build import load_recipe_files
+    from sparkserve.image.context import load_recipe_files
     from sparkserve.image.recipe import unresolved_lock
 
     recipes = [REPO / "docker/recipe.yaml", *sorted((REPO / "docker/recipes").glob("*.yaml"))]
@@ -212,7 +212,7 @@ def test_shipped_locks_agree_with_their_recipes_but_say_unresolved() -> None:
 
 def test_the_default_is_the_cards_lane_and_the_prebuilt_one_checks_the_same_facts() -> None:
     """The card's Dockerfile @121cecc: the fork base by digest, the two files with their sha256, its gate."""
-    from sparkserve.image.build import default_recipe, load_recipe_files
+    from sparkserve.image.context import default_recipe, load_recipe_files
 
     card = load_recipe_files(default_recipe()).recipe
     assert card.lane == "overlay" and card.experimental is None and card.series is None

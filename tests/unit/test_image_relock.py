@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from sparkserve.errors import BadInput
-from sparkserve.image.build import RecipeFiles
+from sparkserve.image.context import RecipeFiles
 from sparkserve.image.recipe import BaseLock, Lock, parse_recipe
 from sparkserve.image.relock import effective_recipe, require_lock, source_fields, source_lock_problems
 

@@ -177,7 +177,7 @@ def test_image_ci_series_on_both_real_wheels_with_the_shipped_recipe() -> None:
 def test_series_check_applies_a_real_patch_to_a_real_wheel_and_checks_record(tmp_path: Path, site: Path) -> None:
     from vllm_standin import vllm_wheel
 
-    from sparkserve.image.build import load_recipe_files, write_lock
+    from sparkserve.image.context import load_recipe_files, write_lock
     from sparkserve.image.series import check_series_on_wheel, lock_from_wheel
 
     series = _patch(tmp_path, site)

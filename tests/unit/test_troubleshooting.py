@@ -74,7 +74,7 @@ def test_the_ssh_lines_are_what_doctor_prints(tmp_path: Path, anchor: str) -> No
 def test_the_lines_built_inline_are_the_codes() -> None:
     doctor = (REPO / "sparkserve" / "deploy" / "doctor.py").read_text()
     assert 'f"' + docs_first_contact.PORT_IN_USE + '"' in doctor
-    up = (REPO / "sparkserve" / "deploy" / "up.py").read_text()
+    up = (REPO / "sparkserve" / "deploy" / "preflight.py").read_text()
     assert 'say(f"warning: {name}: the page cache was not dropped before the boot ({f.drop}) — "' in up
     assert re.search(r"sudo -n cannot drop the page cache \(\{f\.sudo\}\) — \"", (
         REPO / "sparkserve" / "nodes" / "hostfacts.py").read_text())
