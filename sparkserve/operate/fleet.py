@@ -199,14 +199,15 @@ class FleetSupervisor:
                     sub.open_failure = checks
             return None
         due.sort(key=self._in)  # one already out of the router first: its restart costs no capacity
+        free = []
         for sub in due:
             held = self._held(sub)
             if held is None:
-                return self._recover(sub)
-            if frozenset(v.check for v in self._bad(sub)) != sub.open_failure:
+                free.append(sub)
+            elif frozenset(v.check for v in self._bad(sub)) != sub.open_failure:
                 sub._incident(self.last[sub.replica.index], note=held)
                 sub.open_failure = frozenset(v.check for v in self._bad(sub))
-        return None
+        return self._recover(free[0]) if free else None
 
     def _held(self, sub: ReplicaSupervisor) -> str | None:
         """Why ``sub`` must stay in the router now (it is the last one there while another replica is down and may
@@ -229,13 +230,15 @@ class FleetSupervisor:
                 self.api.remove_worker(sub.replica.api_url)
                 self.taken_out.add(sub.replica.index)
                 self.members.pop(sub.replica.api_url, None)
-                sub._set_phase("incident", f"out of the router ({', '.join(others)} keep serving)")
+                verb = "keeps" if len(others) == 1 else "keep"
+                sub._set_phase("incident", f"out of the router ({', '.join(others)} {verb} serving)")
             except RemoteFailure as e:
                 sub._set_phase("incident", f"could not be taken out of the router: {e.what}")
         elif not self._in(sub):
             self.taken_out.add(sub.replica.index)
         before = sub.state.recoveries
         self._phase("recovering", f"recovering {sub.label}")
+        self._publish()  # the page and `status` see it out while it restarts
         code = sub._recover(self.last[sub.replica.index])
         if code is not None:  # its budget is spent: it was stopped; it stays out
             self.taken_out.discard(sub.replica.index)
