@@ -106,6 +106,12 @@ def test_supervise_takes_a_dead_replica_out_restarts_it_alone_and_restarts_a_dea
             st, t_out = _wait(sup_url, lambda s: not _rep(s, 2)["in_router"], 60, sup, log)
             _, t_back = _wait(sup_url, lambda s: _rep(s, 2)["ok"] and _rep(s, 2)["recoveries"] >= 1, 300, sup, log)
             time.sleep(5)  # requests go to replica 2 again
+        # the breaker sparkserve renders (3 failures, 10 s) opened on the dead replica only: replica 1 kept serving
+        url1 = e4.json("status", cfg=cfg)["replicas"][0]["api_url"]
+        rm = httpx.get(f"http://127.0.0.1:{e4.load(cfg).router.metrics_port}/metrics", timeout=5).text
+        cb = [ln for ln in rm.splitlines() if ln.startswith("vllm_router_cb_")]
+        print("\nrouter breaker series: " + "; ".join(cb))
+        assert not [ln for ln in cb if url1 in ln and 'to="open"' in ln and not ln.rstrip().endswith(" 0")], cb
         fail = {k: [f for f in load.failures if f[0] == k] for k in ("plain", "stream")}
         after_out = [f for f in load.failures if f[1] >= t_out]
         print(f"\nkill -9 of replica 2's head under load, supervised: {json.dumps(load.done)} requests "
