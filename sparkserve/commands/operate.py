@@ -164,7 +164,7 @@ def service_install_cmd(config: ConfigOpt = None, scope: ScopeOpt = "user", unit
     path = find_config_path(config)
     if path is None:
         raise BadInput("--config", "the service needs a config file (-c sparkserve.yaml)")
-    cfg = config_from(path, check=True)
+    cfg = config_from(path, check=True, replicas=True)  # supervise knows replicas
     r = install(cfg, path, scope=_scope(scope), start=not no_start, dest=unit_dir, run_systemctl=unit_dir is None)
     print(f"service: wrote {r.path}" + (f"; systemctl {', '.join(r.systemctl)}" if r.systemctl else ""))
     if r.note:
@@ -198,7 +198,7 @@ def service_wait_cmd(config: ConfigOpt = None, timeout: Annotated[float, typer.O
     path = find_config_path(config)
     if path is None:
         raise BadInput("--config", "no config file (-c sparkserve.yaml)")
-    waited = wait_for_nodes(config_from(path, check=True), timeout_s=timeout, say=print)
+    waited = wait_for_nodes(config_from(path, check=True, replicas=True), timeout_s=timeout, say=print)
     print(f"service: every node answers (after {waited:.0f}s)")
 
 

@@ -174,8 +174,11 @@ class FleetSupervisor:
 
     def _act(self) -> int | None:
         """This round's actions, in the module docstring's order. An int: the fleet gave up."""
-        if self.router.ok is False:
+        if self.router.ok is False and self.s.recover:
             self._restart_router()
+        elif self.router.ok is False and self.state.phase != "incident":
+            self._phase("incident", f"router: {self.router.summary} (supervise.recover is off: not started again)")
+            self._alert("router down", self.router.summary, "failure")
         for sub in self.subs:
             bad = self._bad(sub)
             sub.fault_rounds = sub.fault_rounds + 1 if bad else 0
