@@ -6,13 +6,17 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import typer
 
 from sparkserve.commands._common import AcceptNew, ConfigOpt, JsonOpt, config_from, emit_json
 from sparkserve.config import find_config_path
 from sparkserve.errors import BadInput, GateFailed
+
+if TYPE_CHECKING:
+    from sparkserve.config import Config
+    from sparkserve.nodes.base import Node
 
 ScopeOpt = Annotated[str, typer.Option("--scope", help="user (~/.config/systemd/user) or system (/etc/systemd)")]
 UnitDirOpt = Annotated[Path | None, typer.Option("--unit-dir", help="write the unit here instead (no systemctl)")]
@@ -41,33 +45,18 @@ def supervise_cmd(
     from sparkserve.deploy.active_drafter import kept_drafter
     from sparkserve.nodes.factory import open_nodes
 
-    cfg = config_from(config, accept_new=accept_new, check=True)
+    cfg = config_from(config, accept_new=accept_new, check=True, replicas=True)
     run_cfg, _ = kept_drafter(cfg)
     with open_nodes(run_cfg) as nodes:
         from sparkserve.nodes.hf_models import resolve_target
         from sparkserve.operate.exporter import serve
-        from sparkserve.operate.loop import Supervisor
 
         run_cfg = resolve_target(run_cfg, nodes)
-        if up_first:
-            from sparkserve.deploy.up import up
-
-            r = up(run_cfg, nodes, run_gates=True, say=_say)
-            _say(f"supervise: {r.status}: {r.served_name} at {r.api_url}")
         path = find_config_path(config)
         assert path is not None  # config_from refused a run without a config file
-        sup = Supervisor(run_cfg, nodes, config_path=path.resolve(), say=_say)
+        sup = _supervisor(run_cfg, nodes, path.resolve(), up_first=up_first)
         if once:
-            verdicts = sup.round()
-            bad = [v for v in verdicts if v.ok is False]
-            if json_out:
-                emit_json({"ok": not bad, "verdicts": [v.to_json() for v in verdicts]})
-            else:
-                for v in verdicts:
-                    mark = "PASS" if v.ok else "FAIL" if v.ok is False else "----"
-                    print(f"{mark}  {v.check:<10}  {v.summary}")
-            if bad:
-                raise GateFailed("supervise", f"{len(bad)} check(s) failed: " + "; ".join(v.summary for v in bad))
+            _once(sup, json_out)
             return
         server = serve(sup.state, run_cfg.supervise.listen, refresh_s=run_cfg.supervise.interval_s) \
             if run_cfg.supervise.listen else None
@@ -86,6 +75,53 @@ def supervise_cmd(
     if code:
         raise GateFailed("supervise", "gave up after the restart budget: every rank was stopped; read the "
                          "incidents, fix the cause, then `sparkserve up`")
+
+
+def _supervisor(cfg: Config, nodes: dict[str, Node], path: Path, *, up_first: bool) -> Any:
+    """The single-stack supervisor, or with ``replicas`` > 1 the fleet's (operate/fleet.py); `up` first when
+    asked (idempotent: what already serves this deployment is left alone)."""
+    if cfg.replicas > 1:
+        from sparkserve.operate.fleet import FleetSupervisor
+
+        if up_first:
+            from sparkserve.deploy.replicas import up_replicas
+
+            fleet = up_replicas(cfg, nodes, run_gates=True, say=_say)
+            _say(f"supervise: serving {len(fleet.serving)} of {len(fleet.replicas)} replicas at {fleet.router['url']}")
+        return FleetSupervisor(cfg, nodes, config_path=path, say=_say)
+    from sparkserve.operate.loop import Supervisor
+
+    if up_first:
+        from sparkserve.deploy.up import up
+
+        r = up(cfg, nodes, run_gates=True, say=_say)
+        _say(f"supervise: {r.status}: {r.served_name} at {r.api_url}")
+    return Supervisor(cfg, nodes, config_path=path, say=_say)
+
+
+def _once(sup: Any, json_out: bool) -> None:
+    """`supervise --once`: one round, every verdict printed (per replica, and the router's, for a fleet)."""
+    from sparkserve.operate.checks import failing
+
+    if hasattr(sup, "subs"):
+        got, router = sup.round()
+        groups = [(f"{s.label}: ", got.get(s.replica.index, [])) for s in sup.subs] + [("", [router])]
+        doc = {"replicas": [{"replica": s.replica.index, "label": s.label, "ok": not failing(got.get(
+            s.replica.index, [])), "verdicts": [v.to_json() for v in got.get(s.replica.index, [])]}
+            for s in sup.subs], "router": router.to_json()}
+    else:
+        groups = [("", sup.round())]
+        doc = {"verdicts": [v.to_json() for v in groups[0][1]]}
+    bad = [(who, v) for who, vs in groups for v in failing(vs)]
+    if json_out:
+        emit_json({"ok": not bad, **doc})
+    else:
+        for who, vs in groups:
+            for v in vs:
+                mark = "PASS" if v.ok else "FAIL" if v.ok is False else "----"
+                print(f"{mark}  {v.check:<10}  {who}{v.summary}")
+    if bad:
+        raise GateFailed("supervise", f"{len(bad)} check(s) failed: " + "; ".join(f"{w}{v.summary}" for w, v in bad))
 
 
 def dashboard_grafana_cmd(
@@ -128,7 +164,7 @@ def service_install_cmd(config: ConfigOpt = None, scope: ScopeOpt = "user", unit
     path = find_config_path(config)
     if path is None:
         raise BadInput("--config", "the service needs a config file (-c sparkserve.yaml)")
-    cfg = config_from(path, check=True)
+    cfg = config_from(path, check=True, replicas=True)  # supervise knows replicas
     r = install(cfg, path, scope=_scope(scope), start=not no_start, dest=unit_dir, run_systemctl=unit_dir is None)
     print(f"service: wrote {r.path}" + (f"; systemctl {', '.join(r.systemctl)}" if r.systemctl else ""))
     if r.note:
@@ -162,7 +198,7 @@ def service_wait_cmd(config: ConfigOpt = None, timeout: Annotated[float, typer.O
     path = find_config_path(config)
     if path is None:
         raise BadInput("--config", "no config file (-c sparkserve.yaml)")
-    waited = wait_for_nodes(config_from(path, check=True), timeout_s=timeout, say=print)
+    waited = wait_for_nodes(config_from(path, check=True, replicas=True), timeout_s=timeout, say=print)
     print(f"service: every node answers (after {waited:.0f}s)")
 
 

@@ -67,9 +67,11 @@ def status_fleet(cfg: Config, *, json_out: bool) -> None:
     from sparkserve.deploy.replicas import status_replicas
     from sparkserve.deploy.stack import STATUS_LEFT, unreachable_error
     from sparkserve.nodes.factory import open_reachable
+    from sparkserve.operate.supervisor_view import supervisor_view, view_lines
 
     with open_reachable(cfg) as (nodes, unreachable):
         doc: dict[str, Any] = status_replicas(cfg, nodes, unreachable=unreachable)
+    doc["supervisor"] = supervisor_view(cfg)  # per-replica verdicts when `supervise` watches this fleet
     if json_out:
         emit_json(doc)
     else:
@@ -82,9 +84,10 @@ def status_fleet(cfg: Config, *, json_out: bool) -> None:
             _print(f"replica {rep['replica']} {rep['api_url']}: {'serving' if rep['serving'] else 'NOT serving'}, "
                    f"gates {rep['gates']}, {'in' if rep['in_router'] else 'NOT in'} the router — {ranks}")
         _print(f"serving {doc['serving']} of {doc['of']} replicas")
+        _print("\n".join(view_lines(doc["supervisor"])))
     if unreachable:
         raise unreachable_error(unreachable, STATUS_LEFT)
-    if not doc["ok"]:
+    if not doc["ok"] or doc["supervisor"].get("failing_now"):
         raise typer.Exit(1)
 
 

@@ -203,6 +203,12 @@ def _router_up(cfg: Config, exe: str, passed: list[Replica], say: Reporter, *,
             "workers": [r.api_url for r in passed]}
 
 
+def restart_router(cfg: Config, serving: list[Replica], say: Reporter = quiet) -> dict[str, Any]:
+    """The router started again with ``serving`` as its workers, through `up`'s own start (supervise restarts a
+    dead or silent router this way)."""
+    return _router_up(cfg, router_executable(cfg.router.executable), serving, say, rebooted=[])
+
+
 def _until_healthy(url: str, want: list[str], *, timeout_s: float) -> None:
     """Until the router's own health checks hold every one of ``want`` healthy; RemoteFailure (step "router")
     naming those still unhealthy after ``timeout_s``."""

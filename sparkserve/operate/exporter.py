@@ -14,6 +14,14 @@ Series (all gauges unless ``_total``):
   ``sparkserve_acceptance_band_length``, ``sparkserve_acceptance_band_per_position{position}``;
 * ``sparkserve_incidents_total``, ``sparkserve_restarts_total``, ``sparkserve_gave_up``;
 * ``sparkserve_node_memfree_bytes{node}``, ``sparkserve_node_memfree_floor_bytes{node}``.
+
+With ``replicas: N`` (operate/fleet.py) the per-stack series carry a ``replica`` label ("1", "2", …) instead:
+``sparkserve_gate_ok{gate,replica}``, ``sparkserve_canary_ok{replica}``, ``sparkserve_canary_latency_seconds{replica}``,
+``sparkserve_acceptance_length{replica}``, ``sparkserve_acceptance_band_length{replica}``,
+``sparkserve_replica_restarts_total{replica}``; and ``sparkserve_replica_serving{replica}`` (in the router, every
+gate passing), ``sparkserve_replica_in_router{replica}``, ``sparkserve_router_ok``,
+``sparkserve_router_restarts_total``. The fleet-wide counters (rounds, incidents, restarts, gave_up) and the
+per-node memory keep their names.
 """
 
 from __future__ import annotations
@@ -39,6 +47,10 @@ class StateCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         s = self.state.snapshot()
+        if s.get("replicas"):
+            yield from _fleet_series(s)
+            yield from _common_series(s)
+            return
         g = GaugeMetricFamily("sparkserve_gate_ok", "Verdict of each supervise gate: 1 pass, 0 fail, -1 not judged",
                               labels=["gate"])
         for name, v in s["gates"].items():
@@ -72,18 +84,64 @@ class StateCollector(Collector):
             for i, x in enumerate(b["per_position"]):
                 bp.add_metric([str(i)], x)
             yield bp
-        yield CounterMetricFamily("sparkserve_incidents", "Incidents opened", value=len(s["incidents"]))
-        yield CounterMetricFamily("sparkserve_restarts", "Restarts made by supervise", value=s["restarts"])
-        yield GaugeMetricFamily("sparkserve_gave_up", "1 once the give-up budget was spent",
-                                value=1.0 if s["gave_up"] else 0.0)
-        mf = GaugeMetricFamily("sparkserve_node_memfree_bytes", "Each node's MemFree", labels=["node"])
-        fl = GaugeMetricFamily("sparkserve_node_memfree_floor_bytes", "Each node's MemFree floor", labels=["node"])
-        for node, v in s["memfree"].items():
+        yield from _common_series(s)
+
+
+def _common_series(s: dict[str, Any]) -> Iterator[Metric]:
+    yield CounterMetricFamily("sparkserve_incidents", "Incidents opened", value=len(s["incidents"]))
+    yield CounterMetricFamily("sparkserve_restarts", "Restarts made by supervise", value=s["restarts"])
+    yield GaugeMetricFamily("sparkserve_gave_up", "1 once the give-up budget was spent",
+                            value=1.0 if s["gave_up"] else 0.0)
+    mf = GaugeMetricFamily("sparkserve_node_memfree_bytes", "Each node's MemFree", labels=["node"])
+    fl = GaugeMetricFamily("sparkserve_node_memfree_floor_bytes", "Each node's MemFree floor", labels=["node"])
+    for node, v in s["memfree"].items():
+        if v is not None:
+            mf.add_metric([node], float(v))
+        fl.add_metric([node], float(s["memfree_floor"]))
+    yield mf
+    yield fl
+
+
+def _fleet_series(s: dict[str, Any]) -> Iterator[Metric]:
+    """The per-replica series of a fleet's supervisor (module docstring)."""
+    reps = s["replicas"]
+    gate = GaugeMetricFamily("sparkserve_gate_ok", "Verdict of each supervise gate per replica: 1 pass, 0 fail, "
+                             "-1 not judged", labels=["gate", "replica"])
+    fams = {k: GaugeMetricFamily(f"sparkserve_{k}", h, labels=["replica"]) for k, h in (
+        ("canary_ok", "The replica's last canary generation finished in time"),
+        ("canary_latency_seconds", "Seconds the replica's last canary took"),
+        ("acceptance_length", "The replica's live acceptance length (last window)"),
+        ("acceptance_band_length", "Banked acceptance length of the replica's drafter"),
+        ("replica_serving", "1 when the replica is in the router and every gate passes"),
+        ("replica_in_router", "1 when the router holds the replica as a worker"))}
+    restarts = CounterMetricFamily("sparkserve_replica_restarts", "Restarts of the replica made by supervise",
+                                   labels=["replica"])
+    for r in reps:
+        i = str(r["replica"])
+        for name, v in r["gates"].items():
+            gate.add_metric([name, i], 1.0 if v["ok"] is True else 0.0 if v["ok"] is False else -1.0)
+        w, b = r.get("window"), r.get("band")
+        for k, v in (("canary_ok", None if r["canary_ok"] is None else float(r["canary_ok"])),
+                     ("canary_latency_seconds", r["canary_s"]),
+                     ("acceptance_length", w.get("acceptance_length") if w else None),
+                     ("acceptance_band_length", b["acceptance_length"] if b else None),
+                     ("replica_serving", float(bool(r["ok"]))), ("replica_in_router", float(bool(r["in_router"])))):
             if v is not None:
-                mf.add_metric([node], float(v))
-            fl.add_metric([node], float(s["memfree_floor"]))
-        yield mf
-        yield fl
+                fams[k].add_metric([i], float(v))
+        restarts.add_metric([i], float(r["restarts"]))
+    yield gate
+    yield from fams.values()
+    yield restarts
+    router = s.get("router") or {}
+    yield GaugeMetricFamily("sparkserve_router_ok", "The router runs and answers /workers",
+                            value=1.0 if router.get("ok") else 0.0)
+    yield CounterMetricFamily("sparkserve_router_restarts", "Router restarts made by supervise",
+                              value=float(router.get("restarts") or 0))
+    yield GaugeMetricFamily("sparkserve_supervise_up", "The supervisor runs", value=1.0)
+    yield CounterMetricFamily("sparkserve_supervise_rounds", "Rounds of checks", value=s["rounds"])
+    if s["last_round_at"] is not None:
+        yield GaugeMetricFamily("sparkserve_supervise_last_round_timestamp_seconds", "End of the last round",
+                                value=s["last_round_at"])
 
 
 def parse_listen(listen: str) -> tuple[str, int]:

@@ -83,8 +83,9 @@ def rank_selectors(cfg: Config, node: Node, ranks: list[ManagedContainer]) -> di
 
 def open_incident(cfg: Config, nodes: dict[str, Node], verdicts: list[Verdict], *, ranks: dict[str, list[
         ManagedContainer]], metrics_text: str | None, metrics_note: str, kernel_seen: dict[str, list[str]],
-        fingerprint: str | None, say: Any = None) -> Incident:
-    """Write the incident directory (every node in parallel) and journal it. Never stops anything."""
+        fingerprint: str | None, say: Any = None, about: dict[str, Any] | None = None) -> Incident:
+    """Write the incident directory (every node in parallel) and journal it. Never stops anything. ``about``:
+    more keys for ``incident.json`` (a fleet's ``replica`` and its ``note``)."""
     bad = [v for v in verdicts if v.ok is False]
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     root = incidents_root(cfg)
@@ -161,6 +162,7 @@ def open_incident(cfg: Config, nodes: dict[str, Node], verdicts: list[Verdict], 
         "verdict": [v.to_json() for v in bad], "round": [v.to_json() for v in verdicts],
         "metrics": "metrics.txt" if metrics_text is not None else None, "metrics_note": metrics_note,
         "memory": memory, "logs": logs_index, "pyspy": pyspy_index, "pyspy_ok": pyspy_ok, "dir": str(path),
+        **(about or {}),
     }
     write("incident.json", json.dumps(summary, indent=2, default=str) + "\n")
     record("supervise_event", fingerprint=fingerprint, event="incident", event_json=json.dumps(summary, default=str))

@@ -29,7 +29,7 @@ from sparkserve.config import Config, resolve_api_key
 from sparkserve.deploy.stack import managed_where_reachable
 from sparkserve.deploy.wait import daemon_fault
 from sparkserve.errors import GateFailed, RemoteFailure, SparkserveError
-from sparkserve.journal import lookup, record
+from sparkserve.journal import record
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.engine import ManagedContainer, NoSuchContainer
 from sparkserve.nodes.parallel import on_all
@@ -50,45 +50,24 @@ from sparkserve.operate.checks import (
 )
 from sparkserve.operate.incident import open_incident
 from sparkserve.operate.nodefacts import HostFacts, host_facts
-from sparkserve.operate.probes import AcceptanceWindows, Scrape, canary, scrape_metrics
+from sparkserve.operate.probes import SMOKE_CELLS as SMOKE_CELLS  # the journal test's import
+from sparkserve.operate.probes import AcceptanceWindows, Scrape, banked_band, canary, incident_metrics, scrape_metrics
 from sparkserve.operate.recovery import Budget, LockBusy, restart, stop_everything
+from sparkserve.operate.sdnotify import Heartbeat
 from sparkserve.operate.state import SuperviseState
 from sparkserve.plan.build import build_plan
 
 GAVE_UP_EXIT = 1
 FACTS_EVERY = 3  # rounds between two looks at each node's memory and kernel log
 RELIST_ROUNDS = 12  # list every node's ranks again this often (a rank started by hand, a node back)
-#: The gates' own smoke run, journalled as a bench cell: a few short requests, too few drafts to bank a band.
-SMOKE_CELLS = ("smoke@gates",)
-
-
-class Heartbeat:
-    """WATCHDOG=1 every half watchdog period, only while the loop's last promise (``expect(s)``) holds."""
-
-    def __init__(self, env: dict[str, str] | None = None) -> None:
-        self.period = sdnotify.watchdog_interval_s(env)
-        self.until = time.monotonic() + 60.0
-        self._stop = threading.Event()
-        if self.period:
-            threading.Thread(target=self._beat, name="supervise-watchdog", daemon=True).start()
-
-    def expect(self, seconds: float) -> None:
-        self.until = time.monotonic() + seconds
-
-    def _beat(self) -> None:
-        assert self.period
-        while not self._stop.wait(self.period):
-            if time.monotonic() < self.until:
-                sdnotify.notify("WATCHDOG=1")
-
-    def stop(self) -> None:
-        self._stop.set()
 
 
 class Supervisor:
     def __init__(self, cfg: Config, nodes: dict[str, Node], *, config_path: Path,
-                 state: SuperviseState | None = None, say: Callable[[str], None] = print) -> None:
+                 state: SuperviseState | None = None, say: Callable[[str], None] = print, label: str = "",
+                 heartbeat: Heartbeat | None = None) -> None:
         self.cfg = cfg
+        self.label = label  # "replica 2 (spark-c, spark-d)" under a fleet: every phase line, alert and incident
         self.config_path = config_path
         self.nodes = nodes
         self.s = cfg.supervise
@@ -104,7 +83,7 @@ class Supervisor:
         self.state.memfree_floor = self.s.memfree_floor_bytes
         self.engines: dict[str, Runtime] = {n: engine_for(node, cfg) for n, node in nodes.items()}
         self.budget = Budget.from_config(cfg)
-        self.heartbeat = Heartbeat()
+        self.heartbeat = heartbeat or Heartbeat()
         self.kernel_seen: dict[str, list[str]] = {}
         self._reset_watch()
         self.fingerprint: str | None = None
@@ -227,26 +206,8 @@ class Supervisor:
             return None
         if self.band_for == self.fingerprint and self.band is not None:
             return self.band
-        fp = self.fingerprint
-
-        def read(j: Any) -> Band | None:
-            for bid, cell, raw in j.bench_results_for(fp):
-                if cell in SMOKE_CELLS:
-                    continue
-                try:
-                    d = json.loads(raw)
-                except ValueError:
-                    continue
-                if d.get("acceptance_length"):
-                    return Band(float(d["acceptance_length"]), tuple(d.get("per_position_acceptance") or ()),
-                                f"bench #{bid}")
-            for _id, _t, _k, raw in j.supervise_events(fp, "band", limit=1):
-                d = json.loads(raw)
-                return Band(float(d["acceptance_length"]), tuple(d["per_position"]), d["source"])
-            return None
-
-        self.band = lookup(read, None)
-        self.band_for = fp
+        self.band = banked_band(self.fingerprint)
+        self.band_for = self.fingerprint
         return self.band
 
     def round(self) -> list[Verdict]:
@@ -315,6 +276,7 @@ class Supervisor:
     # -- the loop -------------------------------------------------------------------------------------
 
     def _set_phase(self, phase: str, text: str | None = None) -> None:
+        text = f"{self.label}: {text}" if text and self.label else text
         with self.state.lock:
             self.state.phase = phase
             if text:
@@ -324,7 +286,8 @@ class Supervisor:
             sdnotify.notify(f"STATUS={text[:200]}")
 
     def _alert(self, title: str, body: str, level: alerts.Level) -> None:
-        alerts.send(self.s.alert_urls, f"sparkserve {self.model}: {title}", body, level=level)
+        who = f"{self.label}: " if self.label else ""
+        alerts.send(self.s.alert_urls, f"sparkserve {self.model}: {who}{title}", body, level=level)
 
     def _sleep(self, seconds: float) -> None:
         self.heartbeat.expect(seconds + 30.0)
@@ -372,9 +335,10 @@ class Supervisor:
         finally:
             self.heartbeat.stop()
 
-    def _incident(self, verdicts: list[Verdict]) -> Any:
+    def _incident(self, verdicts: list[Verdict], note: str = "") -> Any:
         bad = failing(verdicts)
-        self._set_phase("incident", "; ".join(v.summary for v in bad))
+        self._set_phase("incident", "; ".join(v.summary for v in bad) + (f" — {note}" if note else ""))
+        about = {k: v for k, v in (("replica", self.label), ("note", note)) if v}
         self.heartbeat.expect(300.0)
         box: dict[str, Any] = {}
 
@@ -382,7 +346,7 @@ class Supervisor:
             try:
                 box["inc"] = open_incident(self.cfg, self.nodes, verdicts, ranks=self.ranks,
                                            metrics_text=self._metrics_now(), metrics_note=self._metrics_note,
-                                           kernel_seen=self.kernel_seen, fingerprint=self.fingerprint)
+                                           kernel_seen=self.kernel_seen, fingerprint=self.fingerprint, about=about)
             except BaseException as e:  # noqa: BLE001 - handed to the main thread below
                 box["error"] = e
 
@@ -398,22 +362,15 @@ class Supervisor:
         with self.state.lock:
             self.state.incidents.append(inc.summary)
         self.say(f"supervise: incident recorded in {inc.path}")
-        self._alert("incident", "\n".join([*(v.summary for v in bad), f"forensics: {inc.path}"]), "warning")
+        self._alert("incident", "\n".join([*(v.summary for v in bad), *([note] if note else []),
+                                           f"forensics: {inc.path}"]), "warning")
         return inc
 
     _metrics_note = ""
 
     def _metrics_now(self) -> str | None:
-        s = self._scrape(timeout=5.0)
-        if s is not None:
-            self._metrics_note = "scraped when the incident opened"
-            return s.text
-        if self.last_scrape is not None:
-            self._metrics_note = (f"/metrics did not answer; this is the last good scrape, "
-                                  f"{time.time() - self.last_scrape.at:.0f}s old")
-            return self.last_scrape.text
-        self._metrics_note = "/metrics never answered"
-        return None
+        text, self._metrics_note = incident_metrics(self._scrape(timeout=5.0), self.last_scrape)
+        return text
 
     def _recover(self, verdicts: list[Verdict]) -> int | None:
         """Forensics, then a restart within the budget — or the give-up. None: go on watching."""
@@ -426,8 +383,7 @@ class Supervisor:
         self._sleep(decision.wait_s)
         self.heartbeat.expect(self.cfg.serve.ready_timeout_s + 600.0)
         try:
-            stop_s, up_s = restart(self.cfg, self.nodes, say=lambda m: self.say(f"  {m}"),
-                                   config_path=self.config_path)
+            stop_s, up_s = self._restart()
         except LockBusy as e:  # someone else's run holds the stack: no restart was made, none is counted
             self.awaiting_lock = True
             self._set_phase("incident", f"not restarted: {e.what}; looking again next round")
@@ -463,6 +419,10 @@ class Supervisor:
                                       "restarts_in_window": len(self.budget.restarts)}))
         self._alert("recovered", f"serving again after a restart of {took:.1f}s", "success")
         return None
+
+    def _restart(self) -> tuple[float, float]:
+        """The restart itself (stop, up seconds): graceful `down`, then `sparkserve up` as a child process."""
+        return restart(self.cfg, self.nodes, say=lambda m: self.say(f"  {m}"), config_path=self.config_path)
 
     def _give_up(self, why: str) -> int:
         self._set_phase("gave_up", f"giving up: {why}; stopping every rank on every node")

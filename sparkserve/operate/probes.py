@@ -9,14 +9,17 @@
 
 from __future__ import annotations
 
+import json
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from sparkserve.journal import lookup
 from sparkserve.measure.metrics import MetricsError, Snapshot, acceptance, counter_delta, parse_metrics
-from sparkserve.operate.checks import CanaryResult, MetricsPoint, Window
+from sparkserve.operate.checks import Band, CanaryResult, MetricsPoint, Window
 
 RUNNING = "vllm:num_requests_running"
 CANARY_PROMPT = "Reply with one word: ok"
@@ -106,3 +109,38 @@ class AcceptanceWindows:
         self.start = s
         self.last = Window(fig.drafts or 0, fig.acceptance_length, tuple(fig.per_position))
         return self.last
+
+def incident_metrics(fresh: Scrape | None, last: Scrape | None) -> tuple[str | None, str]:
+    """``/metrics`` for an incident and a note on its age: scraped now, else the last good scrape, else none."""
+    if fresh is not None:
+        return fresh.text, "scraped when the incident opened"
+    if last is not None:
+        return last.text, f"/metrics did not answer; this is the last good scrape, {time.time() - last.at:.0f}s old"
+    return None, "/metrics never answered"
+
+
+#: The gates' own smoke run, journalled as a bench cell: a few short requests, too few drafts to bank a band.
+SMOKE_CELLS = ("smoke@gates",)
+
+
+def banked_band(fp: str) -> Band | None:
+    """The band banked for deployment ``fp``: a bench result (not the gates' smoke), else the first window after
+    boot that a supervisor banked; None when neither is journalled."""
+
+    def read(j: Any) -> Band | None:
+        for bid, cell, raw in j.bench_results_for(fp):
+            if cell in SMOKE_CELLS:
+                continue
+            try:
+                d = json.loads(raw)
+            except ValueError:
+                continue
+            if d.get("acceptance_length"):
+                return Band(float(d["acceptance_length"]), tuple(d.get("per_position_acceptance") or ()),
+                            f"bench #{bid}")
+        for _id, _t, _k, raw in j.supervise_events(fp, "band", limit=1):
+            d = json.loads(raw)
+            return Band(float(d["acceptance_length"]), tuple(d["per_position"]), d["source"])
+        return None
+
+    return lookup(read, None)

@@ -75,7 +75,7 @@ class LockBusy(RemoteFailure):
     supervisor must not fight it. Not a failed restart: it waits and looks again."""
 
 
-def _busy(what: str) -> bool:
+def busy(what: str) -> bool:
     return LOCK_BUSY in what
 
 
@@ -99,7 +99,7 @@ def restart(cfg: Config, nodes: dict[str, Node], say: Say, *, config_path: Path)
     try:
         stop_everything(cfg, nodes, say)
     except RemoteFailure as e:
-        if _busy(e.what):
+        if busy(e.what):
             raise LockBusy(e.where, e.what) from None
         raise
     t1 = time.monotonic()
@@ -121,7 +121,7 @@ def restart(cfg: Config, nodes: dict[str, Node], say: Say, *, config_path: Path)
         raise
     if code != 0:
         err = next((ln for ln in lines if ln.startswith("error: ")), f"exit {code}")
-        if _busy(err):
+        if busy(err):
             raise LockBusy("up", err.removeprefix("error: "))
         raise RemoteFailure("up", f"the restart's `up` failed ({err.removeprefix('error: ')})", details=lines[-5:])
     return t1 - t0, time.monotonic() - t1

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
+import time
 
 
 def notify(state: str, *, env: dict[str, str] | None = None) -> bool:
@@ -36,3 +38,26 @@ def watchdog_interval_s(env: dict[str, str] | None = None) -> float | None:
     if not usec or not usec.isdigit() or (pid and pid.isdigit() and int(pid) != os.getpid()):
         return None
     return int(usec) / 2e6
+
+
+class Heartbeat:
+    """WATCHDOG=1 every half watchdog period, only while the loop's last promise (``expect(s)``) holds."""
+
+    def __init__(self, env: dict[str, str] | None = None) -> None:
+        self.period = watchdog_interval_s(env)
+        self.until = time.monotonic() + 60.0
+        self._stop = threading.Event()
+        if self.period:
+            threading.Thread(target=self._beat, name="supervise-watchdog", daemon=True).start()
+
+    def expect(self, seconds: float) -> None:
+        self.until = time.monotonic() + seconds
+
+    def _beat(self) -> None:
+        assert self.period
+        while not self._stop.wait(self.period):
+            if time.monotonic() < self.until:
+                notify("WATCHDOG=1")
+
+    def stop(self) -> None:
+        self._stop.set()

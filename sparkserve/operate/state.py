@@ -36,6 +36,8 @@ class SuperviseState:
     restarts: int = 0
     recoveries: int = 0
     gave_up: bool = False
+    replicas: list[dict[str, Any]] = field(default_factory=list)  # a fleet: each replica's own view (operate/fleet)
+    router: dict[str, Any] | None = None  # a fleet: the router's verdict, pid, workers
     history: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=HISTORY))
     events: deque[dict[str, Any]] = field(default_factory=lambda: deque(maxlen=50))
     lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -60,4 +62,6 @@ class SuperviseState:
                 "incidents": copy.deepcopy(self.incidents[-20:]), "restarts": self.restarts,
                 "recoveries": self.recoveries, "gave_up": self.gave_up,
                 "history": list(self.history), "events": list(self.events),
+                **({"replicas": copy.deepcopy(self.replicas), "router": copy.deepcopy(self.router)}
+                   if self.replicas else {}),
             }

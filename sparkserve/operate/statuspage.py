@@ -65,6 +65,23 @@ def _chart(live: list[float], band: list[float]) -> str:
     return "".join(parts)
 
 
+def _replicas(s: dict[str, Any]) -> str:
+    """A fleet's replicas (each one's phase, place in the router, failing gates) and its router; "" otherwise."""
+    if not s.get("replicas"):
+        return ""
+    rows = []
+    for r in s["replicas"]:
+        bad = "; ".join(f"{k}: {g['summary']}" for k, g in r["gates"].items() if g["ok"] is False)
+        rows.append(f"<tr class='gate {'ok' if r['ok'] else 'fail'}' id='replica-{_e(r['replica'])}'>"
+                    f"<td><b>{_e(r['label'])}</b></td><td>{_e(r['phase'])}</td>"
+                    f"<td>{'in the router' if r['in_router'] else 'OUT of the router'}</td>"
+                    f"<td>{_e(bad or 'all gates pass')} · restarts {_e(r['restarts'])}</td></tr>")
+    router = s.get("router") or {}
+    return (f"<h2>Replicas</h2><p id='router'>router: {_e(router.get('summary', '—'))}</p>"
+            f"<table id='replicas'><tr><th>replica</th><th>phase</th><th>router</th><th>gates</th></tr>"
+            f"{''.join(rows)}</table>")
+
+
 def render(s: dict[str, Any], *, refresh_s: float = 5.0, now: float | None = None) -> str:
     now = time.time() if now is None else now
     st = s["stack"]
@@ -98,6 +115,7 @@ def render(s: dict[str, Any], *, refresh_s: float = 5.0, now: float | None = Non
  {_e(st.get('api_url', ''))} · nodes {_e(', '.join(st.get('nodes', [])))} · runtime {_e(st.get('runtime', ''))}
  · deployment <code>{_e(str(st.get('fingerprint') or '')[:12])}</code> · round {s['rounds']}
  ({_ago(s['last_round_at'], now)}) · restarts {s['restarts']} · incidents {len(s.get('incidents') or [])}</p>
+{_replicas(s)}
 <h2>Gates</h2><table id="gates"><tr><th>gate</th><th>verdict</th><th>evidence</th></tr>{''.join(rows)}</table>
 <h2>Acceptance per position</h2><p>live acceptance length {al} · band {bal} · canary
  {f"{s['canary_s']:.2f}s" if s.get('canary_s') is not None else '—'} · MemFree {mem}</p>{_chart(live, bandp)}

@@ -18,6 +18,7 @@ import httpx
 from sparkserve.config import Config
 from sparkserve.operate.exporter import parse_listen
 from sparkserve.plan.build import build_plan
+from sparkserve.plan.replicas import router_url
 
 FAILING_PHASES = ("incident", "recovering", "gave_up")
 
@@ -37,9 +38,10 @@ def supervisor_view(cfg: Config, *, timeout: float = 2.0) -> dict[str, Any]:
         st = r.json()
     except (httpx.HTTPError, ValueError) as e:
         return {"running": False, "url": url, "why": f"nothing answers at {url} ({type(e).__name__})"}
-    plan = build_plan(cfg)
+    api_url, served = (router_url(cfg), cfg.model.served_name) if cfg.replicas > 1 else \
+        (build_plan(cfg).api_url, build_plan(cfg).served_name)
     stack = st.get("stack") or {}
-    if stack.get("api_url") != plan.api_url or stack.get("served_name") != plan.served_name:
+    if stack.get("api_url") != api_url or stack.get("served_name") != served:
         return {"running": False, "url": url, "why": f"the supervisor at {url} watches {stack.get('served_name')} "
                                                      f"at {stack.get('api_url')}, not this deployment"}
     failing = [{"check": g.get("check", name), "summary": g.get("summary", ""), "node": g.get("node")}
@@ -56,7 +58,22 @@ def supervisor_view(cfg: Config, *, timeout: float = 2.0) -> dict[str, Any]:
             "dir": last.get("dir"), "time": last.get("time"),
             "checks": sorted({v.get("check") for v in last.get("verdict") or []}), "pyspy_ok": last.get("pyspy_ok")},
         "failing_now": bool(failing) or st.get("phase") in FAILING_PHASES,
+        **_fleet(st),
     }
+
+
+def _fleet(st: dict[str, Any]) -> dict[str, Any]:
+    """A fleet supervisor's per-replica verdicts and its router's (nothing for a single stack)."""
+    if not st.get("replicas"):
+        return {}
+    reps = [{"replica": r.get("replica"), "label": r.get("label"), "phase": r.get("phase"), "ok": r.get("ok"),
+             "in_router": r.get("in_router"), "gave_up": r.get("gave_up"), "restarts": r.get("restarts"),
+             "failing": [{"check": g.get("check", name), "summary": g.get("summary", ""), "node": g.get("node")}
+                         for name, g in (r.get("gates") or {}).items() if g.get("ok") is False]}
+            for r in st["replicas"]]
+    router = st.get("router") or {}
+    return {"replicas": reps, "router": {k: router.get(k) for k in ("ok", "summary", "pid", "restarts")},
+            **({"failing_now": True} if router.get("ok") is False or any(r["failing"] for r in reps) else {})}
 
 
 def view_lines(v: dict[str, Any]) -> list[str]:
@@ -68,6 +85,11 @@ def view_lines(v: dict[str, Any]) -> list[str]:
     out = [head + f" ({v['url']})"]
     for f in v["failing"]:
         out.append(f"  FAILING {f['check']}: {f['summary']}")
+    for r in v.get("replicas") or []:
+        out.append(f"  {r['label']}: {r['phase']}, {'in' if r['in_router'] else 'NOT in'} the router"
+                   + "".join(f"; FAILING {f['check']}: {f['summary']}" for f in r["failing"]))
+    if v.get("router"):
+        out.append(f"  router: {'ok' if v['router']['ok'] else 'FAILING'} — {v['router']['summary']}")
     inc = v.get("last_incident")
     if inc:
         out.append(f"  last incident {inc['time']}: {', '.join(inc['checks']) or 'manual'} — {inc['dir']}")
