@@ -58,6 +58,7 @@ class ReplicaSupervisor(Supervisor):
         super().__init__(r.cfg, {n: nodes[n] for n in r.nodes if n in nodes}, config_path=config_path, say=say,
                          label=label_of(r), heartbeat=heartbeat)
         self.replica = r
+        self.owns_service = False  # the fleet says STOPPING=1, once every replica gave up
 
     def _restart(self) -> tuple[float, float]:
         from sparkserve.deploy.up import up

@@ -67,6 +67,7 @@ class Supervisor:
                  state: SuperviseState | None = None, say: Callable[[str], None] = print, label: str = "",
                  heartbeat: Heartbeat | None = None) -> None:
         self.cfg = cfg
+        self.owns_service = True  # this process's systemd service is this stack's (False: a fleet's replica)
         self.label = label  # "replica 2 (spark-c, spark-d)" under a fleet: every phase line, alert and incident
         self.config_path = config_path
         self.nodes = nodes
@@ -441,5 +442,6 @@ class Supervisor:
                event_json=json.dumps({"why": why, "removed": removed}))
         self._alert("GAVE UP — stack stopped", text, "failure")
         self.say(f"supervise: {text}")
-        sdnotify.notify("STOPPING=1")
+        if self.owns_service:  # under a fleet, one replica giving up does not stop the service
+            sdnotify.notify("STOPPING=1")
         return GAVE_UP_EXIT

@@ -196,3 +196,19 @@ def _text(m: Any) -> str:
     reg = CollectorRegistry(auto_describe=False)
     reg.register(One())  # type: ignore[arg-type]
     return generate_latest(reg).decode()
+
+
+def test_one_replica_giving_up_does_not_tell_systemd_the_service_stops(fleet: Any, monkeypatch) -> None:
+    said: list[str] = []
+    monkeypatch.setattr(fleet_mod.sdnotify, "notify", said.append)
+    monkeypatch.setattr(fleet_mod, "stop_router", lambda port: None)
+    from sparkserve.operate import loop as loop_mod
+    monkeypatch.setattr(loop_mod.sdnotify, "notify", said.append)
+    monkeypatch.setattr(loop_mod, "stop_everything", lambda cfg, nodes, say: {})
+    for sub in fleet.subs:
+        sub.budget.max_restarts = 0
+    fleet.script[1] = [bad_round()] * 3
+    assert step(fleet) is None and fleet.subs[0].state.gave_up  # replica 1 gave up; replica 2 still serves
+    assert "STOPPING=1" not in said
+    fleet.script[2] = [bad_round()] * 3
+    assert step(fleet) == 1 and said.count("STOPPING=1") == 1  # the fleet gave up: said once
