@@ -353,7 +353,7 @@ def ab_run(
         with open_nodes(cfg) as nodes:
             outcome = run_campaign(cfg, nodes, req, say=say, progress=not json_out)
     if json_out:
-        emit_json(outcome.report.model_dump(mode="json") | {"restored": outcome.restored})
+        emit_json(outcome.report.model_dump(mode="json") | {"restored": outcome.restored, "timings": outcome.timings})
         return
     _print_report(outcome.report)
     err_console.print(f"[dim]·[/dim] {outcome.restored}")
