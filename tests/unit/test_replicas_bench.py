@@ -5,6 +5,9 @@ where a fixed placement would read it as a drafter difference."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter
@@ -163,3 +166,37 @@ def test_the_report_states_the_design() -> None:
     assert {w["replica"] for w in r.waves} == {1, 2}
     seq = build_report(5, "done", spec(["A", "B"]), [], [])
     assert "Design: sequential: one stack boots the drafters in turn" in markdown(seq)
+
+
+def _cli(tmp_path: Path, cfg: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    home = tmp_path / "home"
+    home.mkdir(exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKSERVE_")}
+    env.update(HOME=str(home), SSJOURNAL_PATH=str(tmp_path / "j.sqlite"), COLUMNS="200",
+               PYTHONPATH=str(Path(__file__).parents[2]))
+    return subprocess.run([sys.executable, "-m", "sparkserve", *args, "-c", str(cfg)], capture_output=True,
+                          text=True, timeout=120, env=env, cwd=home)
+
+
+@pytest.mark.parametrize(("replicas", "args", "says"), [
+    (2, ["bench", "--cell", "smoke", "--replica", "3"], "error: --replica: 3 is not a replica of this config "
+     "(replicas: 2)"),
+    (2, ["bench", "--cell", "smoke", "--replica", "0"], "error: --replica: 0 is not a replica"),
+    (1, ["bench", "--cell", "smoke", "--replica", "1"], "error: --replica: 1 is not a replica of this config "
+     "(replicas: 1)"),
+    (2, ["bench", "--cell", "smoke", "--replica", "1", "--url", "http://127.0.0.1:9"], "error: --replica: --url "
+     "names the server itself"),
+    (1, ["ab", "run", "--drafter", "A={d}", "--drafter", "B={d}", "--rounds", "2", "--design", "crossed"],
+     "error: --design: crossed runs every drafter at once"),
+    (2, ["ab", "run", "--drafter", "A={d}", "--drafter", "B={d}", "--design", "crossed"], "error: --rounds: the "
+     "crossed design rotates 2 drafters"),
+    (2, ["ab", "run", "--resume", "3", "--design", "crossed"], "error: --resume: takes the campaign's own"),
+])
+def test_bad_replica_or_design_is_one_line_and_exit_2_before_any_node(tmp_path, replicas, args, says) -> None:
+    d = tmp_path / "d"
+    d.mkdir()
+    cfg = tmp_path / "cfg.yaml"
+    cfg.write_text(yaml.safe_dump(_cfg(tmp_path, replicas).model_dump(mode="json", exclude_none=True)))
+    p = _cli(tmp_path, cfg, *[a.replace("{d}", str(d)) for a in args])
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.strip().splitlines()[-1].startswith(says), p.stderr
