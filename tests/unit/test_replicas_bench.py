@@ -146,15 +146,18 @@ def test_crossing_over_cancels_a_slower_replica_that_a_fixed_placement_reads_as_
     steps = {1: 0.010, 2: 0.012}  # replica 2 is 20 % slower; A and B are the same drafter
     crossed = {(0, "A"): 1, (0, "B"): 2, (1, "A"): 2, (1, "B"): 1}
     fixed = {(0, "A"): 1, (0, "B"): 2, (1, "A"): 1, (1, "B"): 2}
-    sp = spec(["A", "B"], rounds=2).model_copy(update={"design": CROSSED})
 
-    def delta(placement: dict) -> dict:
+    def delta(design: str, placement: dict):  # noqa: ANN202
+        sp = spec(["A", "B"], rounds=2).model_copy(update={"design": design})
         a = analyze(sp, _crossed_waves(steps, placement), [])
         return next(d for d in a.deltas if d.cell == "c16" and d.metric == "output_tok_s").rel
 
-    x, f = delta(crossed), delta(fixed)
+    x, f = delta(CROSSED, crossed), delta(CROSSED, fixed)
     assert abs(x.point) < 0.03 and x.spans_zero, x  # the replica's speed cancels: a tie, as it should
+    assert x.hi - x.lo < 0.08, x  # boots matched by replica: A on 1 against B on 1, A on 2 against B on 2
     assert f.point < -0.12 and not f.spans_zero, f  # fixed: B "loses" by the replica's 20 %
+    by_round = delta(SEQUENTIAL, crossed)  # the same waves matched by round: the replica gap becomes width
+    assert by_round.point == x.point and by_round.hi - by_round.lo > 0.25, by_round
 
 
 def test_the_report_states_the_design() -> None:
