@@ -21,7 +21,7 @@ from typing import Any
 
 from sparkserve import interrupts
 from sparkserve.campaign.slots import (
-    _Clock,
+    Clock,
     bank_boot,
     bank_wave,
     done_cells,
@@ -56,7 +56,7 @@ def _sub(nodes: dict[str, Node], r: Replica) -> dict[str, Node]:
     return {n: nodes[n] for n in r.nodes}
 
 
-def run_crossed(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, clock: _Clock, *,
+def run_crossed(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, clock: Clock, *,
                 say: Reporter, progress: bool) -> None:
     """Round by round: the round's unfinished slots booted at once, then each cell on all of them at once."""
     prompt_set = prompts_of(spec.prompts_source)
@@ -101,7 +101,7 @@ def run_crossed(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpe
 
 
 def _boot_at_once(nodes: dict[str, Node], cid: int, spec: CampaignSpec, todo: list[int], reps: dict[int, Replica],
-                  clock: _Clock, *, say: Reporter) -> list[tuple[int, Boot, UpResult | None, Replica]]:
+                  clock: Clock, *, say: Reporter) -> list[tuple[int, Boot, UpResult | None, Replica]]:
     """Each slot's `up` on its replica in a thread of its own; then every boot banked (from this thread)."""
     order = spec.order
     slots = [(i, reps[order[i].replica or 1]) for i in todo]

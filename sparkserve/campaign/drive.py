@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sparkserve import interrupts
-from sparkserve.campaign.slots import _Clock, run_sequential
+from sparkserve.campaign.slots import Clock, run_sequential
 from sparkserve.campaign.spec import (
     CampaignRequest,
     arm_config,
@@ -107,7 +107,7 @@ def _serving_before(cfg: Config, nodes: dict[str, Node]) -> Config | None:
     return None
 
 
-def _run_design(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, clock: _Clock, *,
+def _run_design(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, clock: Clock, *,
                 say: Reporter, progress: bool) -> None:
     if spec.design == CROSSED:
         from sparkserve.campaign.crossed import run_crossed
@@ -120,7 +120,7 @@ def _run_design(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpe
 
 def _drive(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, *, say: Reporter,
            progress: bool) -> CampaignOutcome:
-    clock = _Clock()
+    clock = Clock()
     before = _serving_before(cfg, nodes)
     try:
         if cfg.replicas > 1:

@@ -1,7 +1,7 @@
 """A campaign's boots and cells: one slot booted (`up` with the drafter's bind mount, gates), its cells run and
 banked wave by wave with their pins, and the sequential design's loop over the slots.
 
-    _Clock().eta(boots_left, cells_left)                 # the ETA the progress lines show
+    Clock().eta(boots_left, cells_left)                 # the ETA the progress lines show
     boot, res = boot_slot(cfg, nodes, cid, spec, i, slot, clock, say)   # banked; res None: excluded
     run_sequential(cfg, nodes, cid, spec, clock, say=say, progress=True)
 
@@ -30,7 +30,7 @@ from sparkserve.nodes.base import Node
 
 
 @dataclass
-class _Clock:
+class Clock:
     """Seconds spent per kind of step, for the ETA and bench/bench_ab.py."""
 
     t0: float = field(default_factory=time.monotonic)
@@ -87,7 +87,7 @@ def up_slot(cfg: Config, nodes: dict[str, Node], spec: CampaignSpec, slot: Slot,
 
 
 def bank_boot(cfg: Config, nodes: dict[str, Node], cid: int, i: int, slot: Slot, res: UpResult | None,
-              excluded: str | None, seconds: float, clock: _Clock) -> tuple[Boot, UpResult | None]:
+              excluded: str | None, seconds: float, clock: Clock) -> tuple[Boot, UpResult | None]:
     """The boot's journal row (with its pins when it came up); ``res`` back only when the boot counts."""
     clock.boots.append(seconds)
     boot = Boot(slot=i, round=slot.round, drafter=slot.drafter, ok=excluded is None, excluded=excluded,
@@ -100,7 +100,7 @@ def bank_boot(cfg: Config, nodes: dict[str, Node], cid: int, i: int, slot: Slot,
     return boot, (res if excluded is None else None)
 
 
-def boot_slot(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, i: int, slot: Slot, clock: _Clock,
+def boot_slot(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, i: int, slot: Slot, clock: Clock,
               say: Reporter) -> tuple[Boot, UpResult | None]:
     res, excluded, seconds = up_slot(cfg, nodes, spec, slot, say=say)
     return bank_boot(cfg, nodes, cid, i, slot, res, excluded, seconds, clock)
@@ -128,7 +128,7 @@ def wave_line(cs: CellSpec, result: BenchResult, wave: Wave, wid: int) -> str:
             + (f" — excluded: {wave.excluded}" if wave.excluded else ""))
 
 
-def run_sequential(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, clock: _Clock, *,
+def run_sequential(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, clock: Clock, *,
                    say: Reporter, progress: bool) -> None:
     """The sequential design: the slots in the interleaved order, one boot at a time on this one stack."""
     prompt_set = prompts_of(spec.prompts_source)
@@ -149,7 +149,7 @@ def run_sequential(cfg: Config, nodes: dict[str, Node], cid: int, spec: Campaign
 
 
 def _one_slot(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, i: int, slot: Slot,
-              done: set[str], prompt_set: PromptSet, clock: _Clock, *, where: str, say: Reporter,
+              done: set[str], prompt_set: PromptSet, clock: Clock, *, where: str, say: Reporter,
               progress: bool, boots_left: int, cells_left: dict[str, int], sampling: Sampling = Sampling(),
               template: ChatTemplate | None = None) -> None:
     """Boot slot ``i`` and run its cells not yet banked (``done``); ``boots_left`` / ``cells_left``: what
