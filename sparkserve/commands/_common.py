@@ -38,7 +38,7 @@ def config_from(path: Path | None, *, accept_new: bool = False, check: bool = Fa
     if cfg.replicas > 1 and not replicas:  # a command that would treat N stacks as one: refused (exit 2)
         raise BadInput("replicas", f"this command is not replica-aware yet (replicas: {cfg.replicas}); run it with a "
                        "config holding one replica's nodes and replicas: 1 (`up`, `down`, `status`, `swap-drafter`, "
-                       "`supervise`, `render`, `doctor` and `image` know replicas)")
+                       "`supervise`, `render`, `doctor`, `image`, `bench` and `ab` know replicas)")
     if nodes:
         refuse_placeholders(cfg)
     if accept_new:

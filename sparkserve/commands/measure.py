@@ -40,6 +40,11 @@ class CellName(StrEnum):
     mt4096 = "mt4096"
 
 
+class DesignName(StrEnum):
+    sequential = "sequential"
+    crossed = "crossed"
+
+
 class ProtocolName(StrEnum):
     card = "card"
     forced = "forced"
@@ -86,27 +91,34 @@ def bench(
                                                  "1200, the card client's)")
     ] = None,
     stall: Annotated[float, typer.Option("--stall-timeout", help="forced: silent this long = hung, s")] = 60.0,
+    replica: Annotated[int | None, typer.Option("--replica", help="replicas: N — bench replica K's own head API "
+                                                "(default: through the router)")] = None,
 ) -> None:
     """Run one cell of the model card's bench protocol and record it in the journal."""
     the_cell = _sized(cell.value, size)
     if protocol is ProtocolName.forced and chat_template is not None:
         raise BadInput("--chat-template", "only the card protocol renders prompts client-side")
-    cfg = config_from(config, nodes=False)  # HTTP to the API only: no SSH, so no placeholder check
+    cfg = config_from(config, nodes=False, replicas=True)  # HTTP to the API only: no SSH, no placeholder check
+    _check_replica(cfg.replicas, replica, url)
     prompts = prompts or (cfg.bench.prompts.expanduser() if cfg.bench.prompts else None)  # the card's holdout
-    if url is None:  # the config's own stack: every rank alive first, or the dead one named at once
+    if url is None:  # the config's own stack(s): every rank alive first, or the dead one named at once
         from sparkserve.deploy.stack import ranks_alive
         from sparkserve.nodes.factory import open_reachable
+        from sparkserve.plan.replicas import replicas_of
 
         say = (lambda _: None) if json_out else (lambda line: err_console.print(line, markup=False))
         try:
             with open_reachable(cfg) as (nodes, unreachable):
-                ranks_alive(cfg, nodes, unreachable, say=say)
+                for r in replicas_of(cfg):
+                    if replica in (None, r.index):
+                        ranks_alive(r.cfg, {n: nodes[n] for n in r.nodes if n in nodes},
+                                    {n: e for n, e in unreachable.items() if n in r.nodes}, say=say)
         except BadInput as e:  # nodes it cannot even try (a placeholder host): the API alone is benched
             say(f"warning: ranks' liveness not checked: {e.where}: {e.what}")
     result, bench_id = bench_and_record(
         cfg, the_cell, prompts, url=url, model=model,
         config_given=config is not None, deadline_s=deadline, stall_timeout_s=stall, progress=not json_out,
-        protocol=protocol.value, chat_template=chat_template,
+        protocol=protocol.value, chat_template=chat_template, replica=replica,
     )
     if json_out:
         print(result.to_json(), end="")
@@ -114,6 +126,15 @@ def bench(
         _print_result(result, bench_id)
     if result.refused:
         raise GateFailed(f"bench {result.cell}", f"refused: {result.refused[0]}", details=result.refused[1:])
+
+
+def _check_replica(replicas: int, replica: int | None, url: str | None) -> None:
+    if replica is None:
+        return
+    if url is not None:
+        raise BadInput("--replica", "--url names the server itself: give one of them")
+    if replicas < 2 or not 1 <= replica <= replicas:
+        raise BadInput("--replica", f"{replica} is not a replica of this config (replicas: {replicas})")
 
 
 def _fmt(x: float | None, spec: str = ".3f") -> str:
@@ -126,7 +147,14 @@ def _print_result(r: BenchResult, bench_id: int | None) -> None:
     t = Table(title=title, show_header=False)
     t.add_column(style="bold")
     t.add_column()
-    t.add_row("server", f"{r.node + ' ' if r.node else ''}{r.url}  (boot id {_fmt(r.boot_id, '.0f')})")
+    if r.router:  # replicas: N through the router, each replica's share counted on its own /metrics
+        share = " · ".join(f"replica {p['replica']}: {p['requests'] if p['requests'] is not None else '?'}"
+                           for p in r.per_replica)
+        t.add_row("server", f"router {r.url} ({r.router['policy']}) → {r.router['replicas']} replicas")
+        t.add_row("requests per replica", share)
+    else:
+        t.add_row("server", f"{f'replica {r.replica} ' if r.replica else ''}{r.node + ' ' if r.node else ''}"
+                  f"{r.url}  (boot id {_fmt(r.boot_id, '.0f')})")
     t.add_row("protocol", f"{r.protocol}: {r.endpoint or ''}" + (
         f", prompts rendered with {r.chat_template}" if r.chat_template else ""))
     t.add_row("requests ok", f"{r.requests_ok} / {r.prompts}")
@@ -254,6 +282,9 @@ def ab_run(
         "--drafter", help="NAME=PATH, repeated; the first is the baseline (A)")] = None,
     cells: Annotated[str, typer.Option("--cells", help="comma-separated: smoke, c16, c1, c16-k4")] = "smoke,c16,c1",
     rounds: Annotated[int, typer.Option("--rounds", help="boots per drafter, interleaved ABBA…")] = 1,
+    design: Annotated[DesignName, typer.Option("--design", help="sequential: one stack boots the drafters in turn "
+                      "· crossed (replicas: N): each drafter on a replica of its own at once, rotated each round "
+                      "(--rounds a multiple of the drafters)")] = DesignName.sequential,
     prompts: Annotated[Path | None, typer.Option("--prompts", help="JSONL prompts (default: bench.prompts, else the "
                                                  "built-in set)")] = None,
     size: Annotated[list[str] | None, typer.Option(
@@ -287,16 +318,17 @@ def ab_run(
     from sparkserve.measure.ab_records import CellSpec, parse_size
     from sparkserve.nodes.factory import open_nodes
 
-    cfg = config_from(config, accept_new=accept_new, check=True)
+    cfg = config_from(config, accept_new=accept_new, check=True, replicas=True)
     if cfg.speculative.method == "mtp":
         raise BadInput("speculative.method", "mtp serves the target's built-in head: an A/B of drafters needs a "
                        "DFlash profile (`sparkserve profiles`)")
     say = _say(json_out)
     if resume is not None:
-        if (drafter or size or seed is not None or primary is not None or prompts is not None
-                or chat_template is not None or protocol is not ProtocolName.card):
+        if (drafter or size or seed is not None or primary is not None or prompts is not None or chat_template
+                is not None or protocol is not ProtocolName.card or design is not DesignName.sequential):
             raise BadInput("--resume", "takes the campaign's own drafters, cells, seed, prompts and protocol: give "
-                           "none of --drafter, --size, --seed, --primary, --prompts, --protocol, --chat-template")
+                           "none of --drafter, --size, --seed, --primary, --prompts, --protocol, --chat-template, "
+                           "--design")
         check_resume(cfg, resume)  # before any node is touched
         with open_nodes(cfg) as nodes:
             outcome = resume_campaign(cfg, nodes, resume, say=say, progress=not json_out)
@@ -316,12 +348,12 @@ def ab_run(
         req = CampaignRequest(drafters=[_drafter_arg(d) for d in drafter or []], cells=specs, rounds=rounds,
                               prompts=prompts or (cfg.bench.prompts.expanduser() if cfg.bench.prompts else None),
                               seed=seed, primary=primary, bootstrap=bootstrap,
-                              protocol=protocol.value, chat_template=chat_template)
+                              protocol=protocol.value, chat_template=chat_template, design=design.value)
         check_request(cfg, req)  # before any node is touched
         with open_nodes(cfg) as nodes:
             outcome = run_campaign(cfg, nodes, req, say=say, progress=not json_out)
     if json_out:
-        emit_json(outcome.report.model_dump(mode="json") | {"restored": outcome.restored})
+        emit_json(outcome.report.model_dump(mode="json") | {"restored": outcome.restored, "timings": outcome.timings})
         return
     _print_report(outcome.report)
     err_console.print(f"[dim]·[/dim] {outcome.restored}")

@@ -8,8 +8,16 @@ Example::
     wave = Wave.of(result, outcomes, slot=2, round=1, drafter="A", boot_row=5, pins=pins)
     wave.excluded                       # None, or why the wave is not counted (restart, contamination, …)
 
-The order interleaves the drafters ABBA-style: every pair of rounds draws one seeded permutation and runs
-it forwards, then backwards, so no drafter always boots first (a warm node, a cold cache) or last.
+Two designs (``CampaignSpec.design``, chosen and recorded before the first boot):
+
+* ``sequential`` (the default; campaigns from before it were all this): one stack (replica 1 of a
+  ``replicas: N`` config) boots the drafters in turn, interleaved ABBA-style: every pair of rounds draws one
+  seeded permutation and runs it forwards, then backwards, so no drafter always boots first (a warm node, a
+  cold cache) or last.
+* ``crossed`` (``replicas: N`` with N ≥ the drafters): every round boots each drafter on a replica of its own
+  and benches them at the same time; the next round rotates them (A on 1 and B on 2, then A on 2 and B on 1),
+  so over a multiple of the drafters' count in rounds every drafter meets every replica once per cycle and a
+  replica's own speed cancels in the delta. The first round's placement is drawn from the seed.
 """
 
 from __future__ import annotations
@@ -26,6 +34,8 @@ from sparkserve.measure.records import CELLS, BenchResult, Cell, RequestOutcome
 DEFAULT_PRIMARY = "c16"
 DEFAULT_METRIC = "output_tok_s"
 METRICS = ("output_tok_s", "acceptance_length")
+SEQUENTIAL, CROSSED = "sequential", "crossed"
+DESIGNS = (SEQUENTIAL, CROSSED)
 
 
 class Arm(BaseModel):
@@ -71,10 +81,11 @@ class Rule(BaseModel):
 
 @dataclass(frozen=True)
 class Slot:
-    """One planned boot: which round, which drafter."""
+    """One planned boot: which round, which drafter, and (crossed design) on which replica."""
 
     round: int
     drafter: str
+    replica: int | None = None
 
 
 class CampaignSpec(BaseModel):
@@ -90,10 +101,23 @@ class CampaignSpec(BaseModel):
     rule: Rule
     bootstrap: int = 2000
     sampling: dict[str, object] = Field(default_factory=dict)
+    design: str = SEQUENTIAL  # or CROSSED (campaigns from before the choice existed were sequential)
 
     @property
     def order(self) -> list[Slot]:
-        return interleaved_order([a.name for a in self.drafters], self.rounds, self.seed)
+        names = [a.name for a in self.drafters]
+        if self.design == CROSSED:
+            return crossed_order(names, self.rounds, self.seed)
+        return interleaved_order(names, self.rounds, self.seed)
+
+    def design_text(self) -> str:
+        """The design in words, as `ab report` states it."""
+        if self.design == CROSSED:
+            n = len(self.drafters)
+            return (f"crossed over on {n} replicas: each round benches every drafter at the same time, each on a "
+                    f"replica of its own, and the next round rotates them (seed {self.seed}), so a replica's own "
+                    "speed cancels")
+        return f"sequential: one stack boots the drafters in turn, interleaved order (seed {self.seed})"
 
     def arm(self, name: str) -> Arm:
         return next(a for a in self.drafters if a.name == name)
@@ -112,6 +136,20 @@ def interleaved_order(names: list[str], rounds: int, seed: int) -> list[Slot]:
         else:
             seq = list(reversed(perm))
         out += [Slot(r, n) for n in seq]
+    return out
+
+
+def crossed_order(names: list[str], rounds: int, seed: int) -> list[Slot]:
+    """The crossed design's boots, round by round: in round r drafter i of a seeded permutation runs on replica
+    ``(i + r) mod n + 1`` (n drafters on replicas 1..n; a Latin square over n rounds). Within a round the slots
+    are listed by replica; they boot and bench at the same time."""
+    perm = list(names)
+    random.Random(seed).shuffle(perm)
+    n = len(perm)
+    out: list[Slot] = []
+    for r in range(rounds):
+        placed = sorted(((i + r) % n + 1, name) for i, name in enumerate(perm))
+        out += [Slot(r, name, replica) for replica, name in placed]
     return out
 
 
@@ -176,6 +214,7 @@ class Wave(BaseModel):
     pins: Pins
     excluded: str | None = None
     id: int | None = None  # the journal row, once banked
+    replica: int | None = None  # the replica it ran on (replicas: N); None: the config's one stack
 
     @property
     def counts(self) -> bool:
@@ -210,3 +249,4 @@ class Boot(BaseModel):
     drafter_digest: str | None = None
     boot_id: str | None = None
     seconds: float | None = None
+    replica: int | None = None  # the replica it booted on (replicas: N); None: the config's one stack

@@ -41,6 +41,7 @@ class Report(BaseModel):
     spec: CampaignSpec
     rule: str
     analysis: Analysis
+    design: str = ""  # the campaign's design in words (spec.design_text())
     boots: list[Boot]
     waves: list[dict[str, object]]  # id, slot, round, drafter, cell, excluded, pins: each number's journal row
 
@@ -48,11 +49,11 @@ class Report(BaseModel):
 def build_report(campaign_id: int, status: str, spec: CampaignSpec, waves: list[Wave], boots: list[Boot]) -> Report:
     return Report(
         campaign=campaign_id, status=status, spec=spec, rule=spec.rule.text(), analysis=analyze(spec, waves, boots),
-        boots=boots,
+        boots=boots, design=spec.design_text(),
         waves=[{"id": w.id, "slot": w.slot, "round": w.round + 1, "drafter": w.drafter, "cell": w.cell,
                 "boot": w.boot_row, "excluded": w.excluded, "output_tok_s": w.result.output_tok_s,
                 "acceptance_length": w.result.acceptance_length, "k": _wave_k(w),
-                "protocol": w.result.protocol, "pins": w.pins.model_dump()} for w in waves],
+                "protocol": w.result.protocol, "replica": w.replica, "pins": w.pins.model_dump()} for w in waves],
     )
 
 
@@ -199,7 +200,7 @@ def _protocol(r: Report) -> str:
                "streamed, EOS ends a request)")
     else:
         how = "the forced protocol (streamed chat completions)"
-    return (f"Protocol: {how}; {cells}; {r.spec.rounds} round(s), interleaved order (seed {r.spec.seed}); "
+    return (f"Protocol: {how}; {cells}; {r.spec.rounds} round(s), design {r.spec.design_text()}; "
             f"temperature {s.get('temperature')}, top_p {s.get('top_p')}, thinking "
             f"{'on' if s.get('enable_thinking') else 'off'}, "
             f"forced output length {'on' if s.get('forced_length') else 'off'}; prompts {r.spec.prompts_source} "
@@ -213,7 +214,7 @@ def markdown(r: Report) -> str:
     out += [_md_table(*card_rows(r)), ""]
     out += ["### Holdout-table shape", "", _md_table(*holdout_rows(r)), ""]
     out += ["### Intervals, deltas and latency", "", _md_table(*interval_rows(r)), ""]
-    out += ["### Verdicts", "", f"Rule: {r.rule}.", ""]
+    out += ["### Verdicts", "", f"Rule: {r.rule}.", "", f"Design: {r.spec.design_text()}.", ""]
     vh, vr = verdict_rows(r)
     out += [_md_table(vh, vr) if vr else "No verdict (no comparable primary waves).", ""]
     out += ["### Honest read", "", r.analysis.honest_read, ""]
@@ -247,6 +248,7 @@ def render_rich(r: Report) -> list[object]:
     if vr:
         out.append(table("verdicts", vh, vr))
     out.append(Text(f"Rule: {r.rule}."))
+    out.append(Text(f"Design: {r.spec.design_text()}."))
     out.append(Text(r.analysis.honest_read))
     out += [Text(f"excluded: {e}", style="yellow") for e in r.analysis.excluded]
     out.append(Text(_protocol(r), style="dim"))

@@ -16,7 +16,8 @@ How the intervals are made (seeded: the same banked rows give the same intervals
 * **across boots** (a drafter with ≥ 2 counted boots of a cell) the boots are resampled too, and a
   replicate is the mean of its boots' replicates (a two-level bootstrap: boot, then prompt).
 * **deltas** resample both drafters with the same draws — the same prompt indices, and boots matched by
-  round — so what the two have in common cancels; the delta is relative, ``x / baseline − 1``.
+  round (the crossed design: by replica, then round) — so what the two have in common cancels; the delta is
+  relative, ``x / baseline − 1``.
 * per-position acceptance comes from the counters only: its interval is across boots, none with one boot.
 * a figure without within-boot replicates (acceptance length under the card protocol: its replies are not
   streamed, so no chunks count the engine steps) gets the across-boots interval alone, none with one boot.
@@ -34,7 +35,7 @@ from collections.abc import Sequence
 import numpy as np
 from pydantic import BaseModel
 
-from sparkserve.measure.ab_records import Boot, CampaignSpec, Wave
+from sparkserve.measure.ab_records import CROSSED, Boot, CampaignSpec, Wave
 
 LEVEL = 0.95
 
@@ -206,7 +207,11 @@ def _tpot(w: Wave) -> list[float]:
     return out
 
 
-def _by_round(waves: list[Wave]) -> list[Wave]:
+def _by_round(waves: list[Wave], crossed: bool = False) -> list[Wave]:
+    """The order in which two drafters' boots are matched: by round; crossed, by replica first, so a resampled
+    boot of A and the matching one of B ran on the same replica (its own speed cancels in the pair)."""
+    if crossed:
+        return sorted(waves, key=lambda w: (w.replica or 0, w.round, w.slot))
     return sorted(waves, key=lambda w: (w.round, w.slot))
 
 
@@ -220,7 +225,8 @@ def analyze(spec: CampaignSpec, waves: list[Wave], boots: list[Boot]) -> Analysi
         draws = _Draws(spec.seed, ci, spec.bootstrap)
         reps: dict[tuple[str, str], tuple[float | None, np.ndarray | None]] = {}
         for arm in spec.drafters:
-            mine = _by_round([w for w in counted if w.drafter == arm.name and w.cell == cs.name])
+            mine = _by_round([w for w in counted if w.drafter == arm.name and w.cell == cs.name],
+                             crossed=spec.design == CROSSED)
             if not mine:
                 continue
             tok = reps[(arm.name, "output_tok_s")] = _arm_reps(mine, "output_tok_s", draws)

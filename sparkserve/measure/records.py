@@ -151,6 +151,11 @@ class BenchResult(BaseModel):
     chat_template: str | None = None  # card: the file the prompts were rendered with
     chat_template_sha256: str | None = None
     k: int | None = None  # speculative tokens per draft, as the counters show (Δdraft_tokens / Δdrafts)
+    # replicas: N — through the router: {url, policy, replicas}; each replica's share (measure/fleet.py); or
+    # the one replica benched on its own head API (--replica K)
+    router: dict[str, Any] | None = None
+    per_replica: list[dict[str, Any]] = Field(default_factory=list)
+    replica: int | None = None
 
     def to_json(self) -> str:
         """The record as ``bench --json`` prints it and the journal stores it."""

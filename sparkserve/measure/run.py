@@ -45,6 +45,7 @@ from sparkserve.interrupts import run_async
 from sparkserve.measure.chat_template import ChatTemplate, TemplateError, load_chat_template
 from sparkserve.measure.client import CHAT_PATH, request_body, stream_request
 from sparkserve.measure.completions import CARD_DEADLINE_S, COMPLETIONS_PATH, card_body, complete_request
+from sparkserve.measure.fleet import combine, scrape_replicas, shares
 from sparkserve.measure.httpstream import StreamConnection
 from sparkserve.measure.metrics import Snapshot
 from sparkserve.measure.prompts import Prompt, PromptSet, builtin_prompts, load_prompts
@@ -62,6 +63,7 @@ from sparkserve.measure.scrape import check_model, scrape
 from sparkserve.measure.summary import summarize
 from sparkserve.models.hf_cache import DEFAULT_HUB, parse_repo_id, resolve_local
 from sparkserve.plan.build import build_plan
+from sparkserve.plan.replicas import replica_config, replicas_of, router_url
 
 
 def default_deadline_s(cell: Cell, protocol: str = "forced") -> float:
@@ -203,12 +205,13 @@ async def run_cell_async(
     progress: bool = False,
     check_served_model: bool = True,
     template: ChatTemplate | None = None,
+    metrics_urls: dict[int, str] | None = None,
 ) -> BenchResult:
     """:func:`run_cell` inside a running event loop."""
     result, _ = await run_cell_outcomes_async(
         base_url, model, cell, prompt_set, sampling=sampling, node=node, api_key=api_key, deadline_s=deadline_s,
         stall_timeout_s=stall_timeout_s, progress=progress, check_served_model=check_served_model,
-        template=template,
+        template=template, metrics_urls=metrics_urls,
     )
     return result
 
@@ -227,11 +230,13 @@ async def run_cell_outcomes_async(
     progress: bool = False,
     check_served_model: bool = True,
     template: ChatTemplate | None = None,
+    metrics_urls: dict[int, str] | None = None,
 ) -> tuple[BenchResult, list[RequestOutcome]]:
     """:func:`run_cell_async`, with every request's outcome beside the record (an A/B campaign keeps them:
     its intervals are bootstrapped over prompts). The card protocol (``sampling.protocol == "card"``)
     needs the target's chat ``template``; it runs the first ``cell.prompts`` prompts (fewer when the set
-    holds fewer, with a warning), never cycling."""
+    holds fewer, with a warning), never cycling. ``metrics_urls`` (replicas behind a router at ``base_url``):
+    the counters come from each replica's own /metrics, summed, each one's share kept (:mod:`.fleet`)."""
     base_url = base_url.rstrip("/")
     where = _where(base_url, node)
     card = sampling.protocol == CARD
@@ -253,7 +258,12 @@ async def run_cell_outcomes_async(
     async with httpx.AsyncClient(timeout=30.0, headers=headers, trust_env=False) as client:
         if check_served_model:
             await check_model(client, base_url, model, where)
-        before = await scrape(client, base_url, model, where)
+        each: dict[int, Snapshot] = {}
+        if metrics_urls:
+            each = await scrape_replicas(client, metrics_urls, model, where)
+            before = combine(list(each.values()))
+        else:
+            before = await scrape(client, base_url, model, where)
         started_at = datetime.now(UTC).isoformat(timespec="seconds")
         live = _Live()
         t0 = time.perf_counter()
@@ -267,8 +277,13 @@ async def run_cell_outcomes_async(
         else:
             outcomes = await runner
         duration = time.perf_counter() - t0
+        each_after: dict[int, Snapshot] = {}
         try:
-            after: Snapshot | RemoteFailure = await scrape(client, base_url, model, where)
+            if metrics_urls:
+                each_after = await scrape_replicas(client, metrics_urls, model, where)
+                after: Snapshot | RemoteFailure = combine(list(each_after.values()))
+            else:
+                after = await scrape(client, base_url, model, where)
         except RemoteFailure as e:  # the server died during the cell: keep what the requests showed
             after = e
     result = summarize(
@@ -276,6 +291,8 @@ async def run_cell_outcomes_async(
         prompt_set=None if card else prompt_set, started_at=started_at,
     )
     result.warnings += notes
+    if metrics_urls:
+        result.per_replica = shares(metrics_urls, each, each_after)
     result.endpoint = COMPLETIONS_PATH if card else CHAT_PATH
     result.prompts_source, result.prompts_sha256 = prompt_set.source, prompt_set.sha256
     if card and template is not None:
@@ -326,6 +343,7 @@ def bench_and_record(
     progress: bool = False,
     protocol: str = CARD,
     chat_template: Path | None = None,
+    replica: int | None = None,
 ) -> tuple[BenchResult, int | None]:
     """``sparkserve bench``: run ``cell`` against ``url`` (default: the plan's head) with ``prompts``
     (default: the built-in set) by ``protocol`` (the card's by default) and record it in the journal;
@@ -334,7 +352,14 @@ def bench_and_record(
 
     The record carries the config's deployment fingerprint only when it is known to be that stack's:
     the URL is the plan's own, or the config was named (``config_given``) alongside the URL.
+
+    ``replicas: N``: by default the cell goes through the router (its URL; the counters from every replica's
+    own /metrics, each one's share in ``per_replica``); ``replica`` K benches that replica's own head API, as
+    the single stack it is (its own deployment fingerprint).
     """
+    fleet = cfg.replicas > 1 and replica is None and url is None
+    if cfg.replicas > 1 and replica is not None:
+        cfg = replica_config(cfg, replica)
     plan = build_plan(cfg)
     prompt_set = load_prompts(prompts) if prompts else builtin_prompts()
     sampling = sampling_for(protocol)
@@ -344,12 +369,14 @@ def bench_and_record(
     if url is None or config_given:
         fingerprint = journal.lookup(lambda j: j.latest_fingerprint_for_config(cfg.fingerprint()),
                                      None) or cfg.fingerprint()
+    metrics_urls = {r.index: r.api_url for r in replicas_of(cfg)} if fleet else None
     result = run_cell(
-        url or plan.api_url,
+        url or (router_url(cfg) if fleet else plan.api_url),
         model or plan.served_name,
         cell,
         prompt_set,
-        node=None if url else plan.head.node,
+        metrics_urls=metrics_urls,
+        node=None if url or fleet else plan.head.node,
         api_key=api_key,
         deadline_s=deadline_s,
         stall_timeout_s=stall_timeout_s,
@@ -357,6 +384,9 @@ def bench_and_record(
         sampling=sampling,
         template=template,
     )
+    if fleet:
+        result.router = {"url": router_url(cfg), "policy": cfg.router.policy, "replicas": cfg.replicas}
+    result.replica = replica
     # the journal is a record, not a gate: a damaged one gets a warning and the fallback file, not a lost run
     bench_id = journal.record("bench", fingerprint=fingerprint, cell=result.cell, result_json=result.to_json())
     return result, bench_id

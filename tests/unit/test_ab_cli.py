@@ -149,7 +149,7 @@ def test_campaign_rows_round_trip_in_the_journal(tmp_path) -> None:
 
 
 def test_a_slot_is_finished_once_its_cells_are_banked_or_its_boot_was_excluded() -> None:
-    from sparkserve.campaign.drive import _slot_finished
+    from sparkserve.campaign.slots import slot_finished as _slot_finished
 
     sp, waves = campaign(["A", "B"], rounds=1)
     first = [w for w in waves if w.slot == 0]
