@@ -4,7 +4,7 @@
 the requests in the record) and `--replica 2` benches replica 2's head API alone. `ab run --design crossed` runs
 A and B at once, one per replica, swapped in round 2; `ab run --design sequential` boots them in turn on
 replica 1. Both designs run the same cells and rounds; the test prints each one's wall time and interval widths
-(issue 34 Deliver 4) and checks the crossed one takes clearly less time, finds the better drafter, names its
+(issue 34 Deliver 4; bench/bench_ab_designs.py reads them) and checks each finds the better drafter, names its
 design in `ab report`, and leaves the fleet serving behind the router as before.
 
 A separate four-node rig (addresses 127.0.0.40-43, as test_replicas: the test lock keeps them apart) is brought
@@ -14,6 +14,7 @@ up for this module and removed after it.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import time
 from pathlib import Path
@@ -144,7 +145,11 @@ def test_bench_through_the_router_and_one_replica_then_both_ab_designs(e4, tmp_p
               f"[{d['rel']['lo'] * 100:+.1f}, {d['rel']['hi'] * 100:+.1f}], width {_width(out, 'output_tok_s')}"
               f" · acceptance length width {_width(out, 'acceptance_length')} · timings "
               f"{ {k: round(v, 1) for k, v in out.get('timings', {}).items()} }")
-    assert runs["crossed"][0] < runs["sequential"][0], {k: v[0] for k, v in runs.items()}
+    if os.environ.get("AB_DESIGNS_OUT"):  # bench/bench_ab_designs.py: the figures, not a timed assertion here
+        Path(os.environ["AB_DESIGNS_OUT"]).write_text(json.dumps({design: {
+            "wall_s": wall, "timings": out.get("timings", {}),
+            "deltas": [x for x in out["analysis"]["deltas"] if x["cell"] == "c16"]}
+            for design, (wall, out) in runs.items()}))
 
     rep = e4.cli("ab", "report", str(crossed["campaign"]), cfg=None)
     assert rep.returncode == 0 and "Design: crossed over on 2 replicas" in rep.stdout, rep.stdout
