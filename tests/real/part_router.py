@@ -15,15 +15,17 @@ API port.
    run holds /tmp/sparkserve.deploy.lock"); and each node lists every rank under the one ``process.run_dir``, so a
    replica booted there later would "replace" (stop) the other one's ranks. The step records what `up` said and
    ``status --json``.
-2. The nearest honest way, when `up` serves 1 of 2 (``router-replica2-up``, ``router-add-replica2``): replica 1
-   and the router stay as the fleet's `up` left them; replica 2 comes up as a stack of its own (``replicas: 1``,
-   node gpu-b, its own ``process.run_dir``) and is added to the router with sparkserve's ``RouterAPI.add_worker``
-   (what `up` does for a replica booted again, and the rolling swap). Anything else (``router-split-up``): the
+2. The nearest honest way, when `up` serves 1 of 2 (``router-alone-up``, ``router-add-alone``): the replica that
+   won the lock and the router stay as the fleet's `up` left them; the one left out comes up as a stack of its own
+   (``replicas: 1``, its node, its own ``process.run_dir``) and is added to the router with sparkserve's
+   ``RouterAPI.add_worker`` (what `up` does for a replica booted again, and the rolling swap); it is the one
+   killed. Anything else (``router-split-up``): the
    fleet is downed, both replicas come up as stacks of their own one after the other, and the router is started
    by sparkserve's own code (``plan.replicas.router_argv`` with the fleet's router settings,
    ``nodes.router.start_router``).
-3. ``router-kill``: 3 streaming + 3 non-streaming clients through the router; after 10 s, kill -9 of replica 2's
-   ``VLLM::EngineCore`` (the emulator: its one process); the router's ``/workers`` polled every 0.5 s; 60 s on.
+3. ``router-kill``: 3 streaming + 3 non-streaming clients through the router; after 10 s, kill -9 of one replica's
+   ``VLLM::EngineCore`` (the one on its own; replica 2 when both came from the fleet; the emulator: its one
+   process); the router's ``/workers`` polled every 0.5 s; 60 s on.
    Figures: requests sent, failed non-streaming, cut streams (HTTP 200 without ``[DONE]``), 5xx, other errors, the
    time until the killed replica is out of rotation (unhealthy or gone in ``/workers``) and the last failure.
 4. ``router-down``: the fleet's `sparkserve down` (the router, then its replicas), each own stack's `down`, a
@@ -66,7 +68,8 @@ class _Router:
         self.router_port = _free_port()
         self.url = f"http://127.0.0.1:{self.router_port}"
         self.replica_urls = [f"http://{h}:{API_PORT}" for h in HOSTS]
-        self.mode: str | None = None  # "fleet" or "split": what serves when the load starts
+        self.mode: str | None = None  # "fleet", "fleet+replicaN" or "split": what serves when the load starts
+        self.victim_index = 2  # the replica whose EngineCore is killed (the one on its own, when one is)
 
     # -- configs -----------------------------------------------------------------------------------------------
 
@@ -133,41 +136,42 @@ class _Router:
         if n == 2:
             self.mode = "fleet"
             return
-        if n == 1 and self.replica_urls[0] in self.workers_urls():
-            self.add_second()
+        inside = self.workers_urls()
+        if n == 1 and len(inside) == 1 and inside[0] in self.replica_urls:
+            self.add_left_out(2 if inside[0] == self.replica_urls[0] else 1)  # whichever lost the lock race
             if self.mode:
                 return
         self.down("router-down-before-split")  # what the fleet left running; then the fallback: both on their own
+        self.split_up()
 
-    def add_second(self) -> None:
-        """Replica 1 and the router serve from the fleet's `up`; replica 2 as a stack of its own (its own run dir:
-        the fleet's would have "replaced" replica 1's ranks), then added to the fleet's router with sparkserve's
-        RouterAPI.add_worker (what `up` and the rolling swap do)."""
+    def add_left_out(self, i: int) -> None:
+        """The other replica and the router serve from the fleet's `up`; replica ``i`` as a stack of its own (its
+        own run dir: the fleet's would have "replaced" the other's ranks), then added to the fleet's router with
+        sparkserve's RouterAPI.add_worker (what `up` and the rolling swap do). It is the one killed later."""
         from sparkserve.nodes.router import RouterAPI
 
         s = self.s
         self.write_split()
-        p, took = s.sparkserve("router-replica2-up", "up", "-c", str(self.split[1]), timeout=400)
+        self.victim_index = i
+        p, took = s.sparkserve("router-alone-up", "up", "-c", str(self.split[i - 1]), timeout=400)
         ok = p.returncode == 0
-        s.say("router-replica2-up", f"{took:.1f}s rc={p.returncode}: "
+        s.say("router-alone-up", f"replica {i} on its own: {took:.1f}s rc={p.returncode}: "
               f"{_after(p.stdout + p.stderr, 'serving tiny at') or _last(p.stderr)}", ok=ok, wall_s=round(took, 1))
         if not ok:
             return
         t = time.monotonic()
         try:
-            RouterAPI(self.url).add_worker(self.replica_urls[1])
+            RouterAPI(self.url).add_worker(self.replica_urls[i - 1])
             healthy = self.wait_healthy(30)
             why = ""
         except Exception as e:  # noqa: BLE001 — said; the fallback follows
             healthy, why = 0, f"{type(e).__name__}: {e}"
-        self.mode = "fleet+replica2" if healthy == 2 else None
-        s.say("router-add-replica2", f"POST /add_worker {self.replica_urls[1]}: {healthy} of 2 workers healthy in "
+        self.mode = f"fleet+replica{i}" if healthy == 2 else None
+        s.say("router-add-alone", f"POST /add_worker {self.replica_urls[i - 1]}: {healthy} of 2 workers healthy in "
               f"{time.monotonic() - t:.1f}s {why}", ok=healthy == 2)
 
     def split_up(self) -> None:
         s = self.s
-        if self.mode is not None:
-            return
         self.split = []
         self.write_split()
         walls = []
@@ -245,12 +249,12 @@ class _Router:
             pid, title = victim
             t_kill = time.monotonic()
             os.kill(pid, signal.SIGKILL)
-            s.say("router-kill-sent", f"kill -9 {pid} ({title[:40]}) after {WARM_S:.0f}s of load: "
-                  f"{before['sent']} sent, {before['failed']} failed so far")
+            s.say("router-kill-sent", f"kill -9 {pid} ({title[:40]}) of replica {self.victim_index} after "
+                  f"{WARM_S:.0f}s of load: {before['sent']} sent, {before['failed']} failed so far")
             time.sleep(AFTER_KILL_S)
         stop.set()
         pt.join(5)
-        killed = self.replica_urls[1]
+        killed = self.replica_urls[self.victim_index - 1]
         out_at = next((t - t_kill for t, ws in poll if t > t_kill and not any(
             str(w.get("url")) == killed and w.get("is_healthy") for w in ws)), None)
         back = [t - t_kill for t, ws in poll if t > t_kill + (out_at or 0) + 1 and any(
@@ -273,10 +277,11 @@ class _Router:
     def victim(self) -> tuple[int, str] | None:
         import psutil
 
-        run = self.s.work / ("run-fleet" if self.mode == "fleet" else "run-replica2")  # replica 2's own otherwise
+        i = self.victim_index
+        run = self.s.work / ("run-fleet" if self.mode == "fleet" else f"run-replica{i}")  # its own otherwise
         mans = [json.loads(p.read_text()) for p in sorted(run.glob("*/rank*.json"))]
-        if self.mode == "fleet":  # both replicas' ranks share the run dir: replica 2's binds 127.0.0.2
-            mans = [m for m in mans if HOSTS[1] in json.dumps(m)]
+        if self.mode == "fleet":  # both replicas' ranks share the run dir: the victim's binds its own address
+            mans = [m for m in mans if HOSTS[i - 1] in json.dumps(m)]
         for m in mans:
             with contextlib.suppress(psutil.Error):
                 rank = psutil.Process(m["pid"])
@@ -302,7 +307,7 @@ class _Router:
             return
         t = time.monotonic()
         rcs: dict[str, int] = {}
-        if self.mode in ("fleet", "fleet+replica2"):
+        if self.mode is not None and self.mode.startswith("fleet"):
             st = self.status(self.fleet, "router-status-after")
             s.say("router-status-after", f"status: {st.get('serving')} of {st.get('of')} serving; router workers "
                   f"{[(w.get('url'), w.get('healthy')) for w in (st.get('router') or {}).get('workers', [])]}",
@@ -374,7 +379,8 @@ class _Load:
                     raise
                 if r.status_code != 200:
                     return f"HTTP {r.status_code} {text[:80]}", r.status_code
-                if '"error"' in text and "data: [DONE]" not in text:
+                if '"error"' in text:  # vLLM 0.25.1 ends a stream whose EngineCore died with an error event AND
+                    # [DONE] (session 7: counting [DONE] alone missed both cut streams)
                     return f"cut: error event {text[text.find(chr(34) + 'error'):][:80]}", 200
                 return (None if "data: [DONE]" in text else "cut: no [DONE]"), 200
             r = c.post(self.url + "/v1/chat/completions", json=body)
@@ -469,5 +475,5 @@ def _ours_alive(work: Path) -> list[str]:
 def steps(s: Any) -> list[tuple[str, Callable[[], None], int]]:
     h = _Router(s)
     s.part_down = h.down  # real_scenario.py's finally: this part's own down instead of the main stack's
-    return [("router-fleet-up", h.fleet_up, 200), ("router-split-up", h.split_up, 200),
-            ("router-kill", h.kill, 80)]
+    # fleet_up: the fleet's `up`, then (1 of 2) the left-out replica on its own, or (else) the split fallback
+    return [("router-fleet-up", h.fleet_up, 380), ("router-kill", h.kill, 80)]
