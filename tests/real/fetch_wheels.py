@@ -44,7 +44,8 @@ opentelemetry-api opentelemetry-exporter-otlp opentelemetry-semantic-conventions
 fastapi-cloud-cli email-validator pywin32"""
 OVERRIDE = {"apache-tvm-ffi": "apache-tvm-ffi>=0.1.11,<0.2"}
 EXTRA = ["uvicorn", "python-multipart", "apache-tvm-ffi",  # fastapi[standard] pieces vLLM imports; xgrammar's need
-         "py-spy"]  # `supervise`'s forensics dump every rank's stacks with it (tests/real/part_supervise.py)
+         "py-spy",  # `supervise`'s forensics dump every rank's stacks with it (tests/real/part_supervise.py)
+         "vllm-router==0.1.17"]  # `replicas: N`: vLLM's router (pyproject's replicas extra; tests/real/part_router.py)
 ENV = {"python_version": "3.12", "python_full_version": "3.12.3", "platform_system": "Linux", "sys_platform": "linux",
        "platform_machine": "x86_64", "os_name": "posix", "implementation_name": "cpython",
        "platform_python_implementation": "CPython"}

@@ -36,6 +36,7 @@ import sys
 import tarfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -52,13 +53,19 @@ class Scenario:
         self.real = args.engine == "real"
         self.work = Path(args.work).resolve()
         self.out = Path(args.out).resolve()
-        self.results = self.work / "results"
+        # a parts run on a warm machine shares the work dir (its models, its compile cache's paths) with the
+        # scenario before it, but not its results: each run its own results dir, log and saved boot logs
+        tag = "-".join(x for x in args.parts.split(",") if x)
+        self.results = self.work / (f"results-{tag}" if tag else "results")
+        self.started = time.time()
         for d in (self.work, self.out, self.results, self.work / "bin", self.work / "state"):
             d.mkdir(parents=True, exist_ok=True)
         self.t0 = time.monotonic()
-        self.log = (self.work / "scenario.log").open("a", buffering=1)
+        self.log_path = self.work / (f"scenario-{tag}.log" if tag else "scenario.log")
+        self.log = self.log_path.open("a", buffering=1)
         self.summary: dict[str, Any] = {"engine": args.engine, "steps": {}, "failed": []}
         self.cfg = self.work / "sparkserve.yaml"
+        self.part_down: Callable[[], None] | None = None  # a part with stacks of its own sets its down here
         self.models = self.work / "models"
         pypath = [str(REPO)] + ([args.site] if args.site else [])
         self.env = {**os.environ, "PYTHONPATH": os.pathsep.join(pypath), "PYTHONUNBUFFERED": "1",
@@ -412,7 +419,9 @@ class Scenario:
         logs = self.results / "logs"
         logs.mkdir(exist_ok=True)
         saved = self.work / "state" / "sparkserve" / "logs"  # what sparkserve saved at each replace / down
-        for i, d in enumerate(sorted(p for p in saved.glob("*") if p.is_dir()) if saved.exists() else [], 1):
+        mine = sorted(p for p in saved.glob("*") if p.is_dir() and p.stat().st_mtime >= self.started) \
+            if saved.exists() else []  # this run's boots only
+        for i, d in enumerate(mine, 1):
             why = d.name.split("-", 2)[-1]  # boot1 = `up` (replaced by swap-drafter), boot2 = the one killed
             for f in sorted(d.glob("*.log")):
                 shutil.copy2(f, logs / f"boot{i}-{why}-{f.name}")
@@ -423,11 +432,11 @@ class Scenario:
             shutil.copy2(self.cfg, self.results / "sparkserve.yaml")
         with tarfile.open(self.out / "results.tar.gz", "w:gz") as tar:
             tar.add(self.results, arcname="results")
-            if saved.exists():
-                tar.add(saved, arcname="saved-logs")
+            for d in mine:
+                tar.add(d, arcname=f"saved-logs/{d.name}")
         self.summary["wall_s"] = round(time.monotonic() - self.t0, 1)
         (self.out / "summary.json").write_text(json.dumps(self.summary, indent=1))
-        shutil.copy2(self.work / "scenario.log", self.out / "scenario.log")
+        shutil.copy2(self.log_path, self.out / "scenario.log")
         size = (self.out / "results.tar.gz").stat().st_size
         self.say("collect", f"{self.out}: summary.json, scenario.log, results.tar.gz ({size / 2**20:.1f} MiB); "
                  f"failed steps: {self.summary['failed'] or 'none'}")
@@ -495,11 +504,13 @@ def main() -> int:
     if args.probes:
         steps += [("probes", s.probes, 300)]
     elif parts:
-        steps += [("config", s.write_config, 5), ("up", s.up, 240),
-                  ("gates", lambda: s.gates("gates", want_ok=True), 60)]
-        for name in parts:  # a part's own steps: tests/real/part_<name>.py defines steps(s) -> [(name, fn, takes)]
-            sys.path.insert(0, str(HERE))
-            steps += __import__(f"part_{name}").steps(s)
+        sys.path.insert(0, str(HERE))
+        mods = [__import__(f"part_{name}") for name in parts]
+        if not all(getattr(m, "OWN_STACK", False) for m in mods):  # a part with OWN_STACK boots its own stacks
+            steps += [("config", s.write_config, 5), ("up", s.up, 240),
+                      ("gates", lambda: s.gates("gates", want_ok=True), 60)]
+        for m in mods:  # a part's own steps: tests/real/part_<name>.py defines steps(s) -> [(name, fn, takes)]
+            steps += m.steps(s)
     else:
         steps += [("config", s.write_config, 5), ("up", s.up, 240),
                   ("gates", lambda: s.gates("gates", want_ok=True), 60), ("metrics", lambda: s.metrics("before"), 5),
@@ -519,6 +530,11 @@ def main() -> int:
         s.say("abort", str(e), ok=False)
     finally:
         if not args.probes:
+            if s.part_down is not None:  # a part's own stacks (its steps set it) before the main one
+                try:
+                    s.part_down()
+                except Exception as e:  # noqa: BLE001 — said, and the main down and the collection still run
+                    s.say("part-down", f"{type(e).__name__}: {e}", ok=False)
             with contextlib.suppress(Exception):
                 s.down()
         s.collect()

@@ -9,6 +9,8 @@ directory's README.md says which device call wrote each one). The ones judged he
     boot-bench.log         call 6's `up` boot that served both benches       (results/logs/boot1-down-*.log)
     probe-kv-bigger-than-gpu.log, probe-kv-too-small.log, probe-spec-key-typo.log (as they are)
     metrics-before.txt, metrics-after.txt, bench.json, vllm-bench.json (call 6), kill-client.json (call 5)
+    router-replica1.log          session 7's fleet replica 1, behind vllm-router    (3-router results/logs/boot1-*)
+    router-replica2-killed.log   session 7's replica 2, EngineCore killed under load (3-router results/logs/boot2-*)
 
 tests/unit/test_real_gpu_fixtures.py::
 

@@ -43,14 +43,17 @@ def _out_json(name: str) -> dict:
 # ---- one test per verdict ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("log", ["boot1-up.log", "boot2-drafter2.log", "boot-bench.log"])
+@pytest.mark.parametrize("log", ["boot1-up.log", "boot2-drafter2.log", "boot-bench.log", "router-replica1.log"])
 def test_healthy_boot(log: str) -> None:
-    # call 7's `up` boot, the drafter2 boot swap-drafter started, call 6's boot that served both benches
+    # call 7's `up` boot, the drafter2 boot swap-drafter started, call 6's boot that served both benches;
+    # session 7: replica 1 of the fleet, which served behind vllm-router until `down`
     verdicts.healthy_boot(FIX / log)
 
 
-def test_killed_engine_core() -> None:
-    verdicts.killed_engine_core(FIX / "boot-killed.log")
+@pytest.mark.parametrize("log", ["boot-killed.log", "router-replica2-killed.log"])
+def test_killed_engine_core(log: str) -> None:
+    # call 5's boot killed mid-stream; session 7: replica 2 killed under load behind vllm-router
+    verdicts.killed_engine_core(FIX / log)
 
 
 def test_pool_then_oom() -> None:
@@ -184,3 +187,15 @@ def test_every_down_left_no_process() -> None:
     for call in ("call5", "call6", "call7"):
         down = _json(f"{call}-summary.json")["steps"]["down"]
         assert down["ok"] and "rc=0, processes left: 0 []" in down["figure"], call
+
+
+def test_judging_the_replica_killed_behind_the_router_fails_faults_naming_the_line() -> None:
+    # session 7 (tests/real/part_router.py): the EngineCore of replica 2 killed under load through vllm-router;
+    # its log also holds the 3 HTTP 500s the router retried elsewhere: the verdict is the engine's death, once
+    log = FIX / "router-replica2-killed.log"
+    report = judge({"gpu-b": parse_log(log.read_bytes(), file=log.name)},
+                   Expectations(ranks=("0",), mask_file=True, mask_token_id=verdicts.MASK_TOKEN_ID),
+                   skip=("smoke", "identity"))
+    assert [g.name for g in report.failed()] == ["faults"]
+    assert "first on gpu-b line 173: [shutdown] MPClient: engine core exited unexpectedly" in \
+        report.get("faults").reason
