@@ -113,6 +113,13 @@ class Config(BaseSettings):
                            serve_host=self.serve.host, first_head=(self.nodes[0].host, self.nodes[0].fabric_ip))
         if bad:
             raise ValueError(bad)
+        if self.replicas > 1 and not len(self.nodes) % self.replicas:
+            size = len(self.nodes) // self.replicas
+            here = [k + 1 for k in range(self.replicas) if any(n.local for n in self.nodes[k * size:(k + 1) * size])]
+            if len(here) > 1:  # seen on one H200 (tests/real/runs/2026-12-02-session7): the second `up` found the lock
+                raise ValueError(f"@replicas: replicas {here[0]} and {here[1]} both run on this machine (local: true); "
+                                 "each replica needs machines of its own: the deploy lock and a stack's ranks are one "
+                                 "per machine, so the second replica's `up` would find the first's lock")
         return self
 
     def _same_host_ok(self, i: int, j: int) -> bool:

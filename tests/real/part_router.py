@@ -15,6 +15,8 @@ API port.
    run holds /tmp/sparkserve.deploy.lock"); and each node lists every rank under the one ``process.run_dir``, so a
    replica booted there later would "replace" (stop) the other one's ranks. The step records what `up` said and
    ``status --json``.
+   Since session 7 `validate` refuses this config before any node (exit 2: "replicas 1 and 2 both run on this
+   machine"), so the step records that refusal and the part goes the split way (step 2, "anything else").
 2. The nearest honest way, when `up` serves 1 of 2 (``router-alone-up``, ``router-add-alone``): the replica that
    won the lock and the router stay as the fleet's `up` left them; the one left out comes up as a stack of its own
    (``replicas: 1``, its node, its own ``process.run_dir``) and is added to the router with sparkserve's

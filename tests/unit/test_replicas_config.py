@@ -81,6 +81,19 @@ def test_a_local_node_s_ports_clash_with_the_router(tmp_path: Path) -> None:
     assert e.value.where == "router.port" and "8000 clashes" in e.value.what
 
 
+def test_two_replicas_on_this_machine_are_refused_before_any_node(tmp_path: Path) -> None:
+    nodes = _nodes(2)
+    for n in nodes:
+        n["local"] = True
+    path = config_file(tmp_path / "c.yaml", {"nodes": nodes, "replicas": 2, "serve": {"tensor_parallel_size": 1}})
+    with pytest.raises(BadInput) as e:
+        load_config(path)
+    assert e.value.where == "replicas" and "replicas 1 and 2 both run on this machine" in e.value.what
+    nodes[1]["local"] = False  # one replica here, one on another machine: fine
+    assert load_config(config_file(tmp_path / "d.yaml", {"nodes": nodes, "replicas": 2,
+                                                         "serve": {"tensor_parallel_size": 1}})).replicas == 2
+
+
 def test_tp_is_judged_per_replica(tmp_path: Path) -> None:
     p = cli("validate", "--offline", "-c", str(_cfg(tmp_path, 6, 2)), env=clean_env(tmp_path))
     # 3 nodes per replica, TP 2: the TP rule names the replica's node count, not the fleet's
