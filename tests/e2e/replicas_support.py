@@ -65,7 +65,8 @@ def fleet_config(e: E2E, replicas: int, **over: object) -> Path:
 
 class Load:
     """Requests through the router from two threads, one streaming and one not, until stopped; each outcome
-    judged at the client (a stream cut on a dying replica arrives as HTTP 200 without ``data: [DONE]``)."""
+    judged at the client (a stream cut on a dying replica arrives as HTTP 200 without ``data: [DONE]`` when its
+    API server dies, or with an error event before ``[DONE]`` when only its EngineCore dies, as real vLLM does)."""
 
     def __init__(self, url: str, model: str, per_kind: int = 3) -> None:
         self.url, self.model = url, model
@@ -96,6 +97,8 @@ class Load:
                         text = "".join(r.iter_text())
                     if r.status_code != 200:
                         return f"HTTP {r.status_code}"
+                    if '"error"' in text:  # real vLLM 0.25.1: an EngineCore death ends the stream with an
+                        return "cut: error event"  # error event, then [DONE] (tests/real/runs/2026-12-02-session7)
                     return None if "data: [DONE]" in text else "cut: no [DONE]"
                 r = c.post(self.url + "/v1/chat/completions", json=body)
                 ok = r.status_code == 200 and r.json()["choices"][0]["finish_reason"] in ("length", "stop")
