@@ -44,3 +44,25 @@ def e2e(request, rig_exclusive, rig_docker, _module_state, tmp_path) -> Iterator
     h.clean()
     yield h
     h.clean()
+
+
+@pytest.fixture(scope="module")
+def rig4(rig_exclusive, _module_state):
+    """Four rig nodes of the module's own (127.0.0.40-43, port 2225, node root /srv/spark-e4): two replicas."""
+    from replicas_support import E4_ROOT, own_rig
+
+    yield from own_rig(rig_exclusive, nodes=4, ip_base=40, ssh_port=2225, root=E4_ROOT)
+
+
+@pytest.fixture
+def e4(rig4, _module_state, tmp_path) -> Iterator[E2E]:
+    """An E2E handle on :func:`rig4`, cleaned before and after; routers a test left running are stopped."""
+    from replicas_support import stop_routers
+
+    handle, clients = rig4
+    h = E2E(handle, clients, _module_state, tmp_path)
+    h.clean()
+    yield h
+    stop_routers(h)
+    h.clean()
+

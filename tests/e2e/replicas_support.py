@@ -1,9 +1,7 @@
 """Replicas on the rig: a rig of its own with N nodes for a test module, a fleet config, and a load of streamed and
 non-streamed requests through the router judged at the client.
 
-    @pytest.fixture(scope="module")
-    def rig4(rig_exclusive, _module_state):
-        yield from own_rig(rig_exclusive, nodes=4, ip_base=40, ssh_port=2225, root="/srv/spark-e4")
+    yield from own_rig(rig_exclusive, nodes=4, ip_base=40, ssh_port=2225, root=E4_ROOT)   # conftest's rig4
 """
 
 from __future__ import annotations
@@ -26,6 +24,8 @@ import rig as riglib
 from e2e_support import E2E, free_port
 
 RIG_PY = Path(riglib.__file__).resolve()
+
+E4_ROOT = "/srv/spark-e4"  # what the four-node replicas rig's nodes see as their root
 
 
 def rigcmd(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:

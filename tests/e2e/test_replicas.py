@@ -19,24 +19,10 @@ from pathlib import Path
 import httpx
 import pytest
 from e2e_support import E2E
-from replicas_support import Load, fleet_config, interrupt_at, own_rig, routers_on, stop_routers
+from replicas_support import E4_ROOT, Load, fleet_config, interrupt_at, routers_on
 
 pytestmark = pytest.mark.rig
 
-
-@pytest.fixture(scope="module")
-def rig4(rig_exclusive, _module_state):
-    yield from own_rig(rig_exclusive, nodes=4, ip_base=40, ssh_port=2225, root="/srv/spark-e4")
-
-
-@pytest.fixture
-def e4(rig4, _module_state, tmp_path):
-    handle, clients = rig4
-    h = E2E(handle, clients, _module_state, tmp_path)
-    h.clean()
-    yield h
-    stop_routers(h)
-    h.clean()
 
 
 def _config(e: E2E, **over: object) -> Path:
@@ -107,7 +93,7 @@ def test_two_replicas_up_status_kill_one_head_under_load_down(e4) -> None:
         httpx.get(router["url"] + "/liveness", timeout=2)
 
 
-NODE_ROOT = "/srv/spark-e4"  # what this module's rig nodes see as their root (SSRIG_NODE_ROOT above)
+NODE_ROOT = E4_ROOT  # what this module's rig nodes see as their root (SSRIG_NODE_ROOT above)
 E2E_DIR = f"{NODE_ROOT}/e2e"
 
 

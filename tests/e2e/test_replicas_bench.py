@@ -21,30 +21,16 @@ from pathlib import Path
 
 import pytest
 from e2e_support import E2E, free_port
-from replicas_support import own_rig, stop_routers
+from replicas_support import E4_ROOT
 
 pytestmark = pytest.mark.rig
 
-NODE_ROOT = "/srv/spark-e4"
+NODE_ROOT = E4_ROOT
 BASE = [0.6, 0.45, 0.33, 0.25, 0.18, 0.13, 0.1]  # acceptance length 3.04
 BETTER = [0.85, 0.72, 0.6, 0.5, 0.4, 0.32, 0.25]  # 4.64
 CELLS = ("--cells", "smoke,c16", "--rounds", "2", "--size", "smoke=4x1x128", "--size", "c16=32x16x128",
          "--seed", "7", "--bootstrap", "1000")
 
-
-@pytest.fixture(scope="module")
-def rig4(rig_exclusive, _module_state):
-    yield from own_rig(rig_exclusive, nodes=4, ip_base=40, ssh_port=2225, root=NODE_ROOT)
-
-
-@pytest.fixture
-def e4(rig4, _module_state, tmp_path):
-    handle, clients = rig4
-    h = E2E(handle, clients, _module_state, tmp_path)
-    h.clean()
-    yield h
-    stop_routers(h)
-    h.clean()
 
 
 def _host(e: E2E, node: str, node_path: str | Path) -> Path:

@@ -18,25 +18,11 @@ from typing import Any
 
 import httpx
 import pytest
-from e2e_support import E2E, SPARKSERVE, free_port
-from replicas_support import Load, fleet_config, own_rig, stop_routers
+from e2e_support import SPARKSERVE, free_port
+from replicas_support import Load, fleet_config
 
 pytestmark = pytest.mark.rig
 
-
-@pytest.fixture(scope="module")
-def rig4(rig_exclusive, _module_state):
-    yield from own_rig(rig_exclusive, nodes=4, ip_base=40, ssh_port=2225, root="/srv/spark-e4")
-
-
-@pytest.fixture
-def e4(rig4, _module_state, tmp_path):
-    handle, clients = rig4
-    h = E2E(handle, clients, _module_state, tmp_path)
-    h.clean()
-    yield h
-    stop_routers(h)
-    h.clean()
 
 
 class TimedLoad(Load):
