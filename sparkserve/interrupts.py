@@ -119,6 +119,15 @@ def note(e: BaseException) -> None:
         _stop.set()
 
 
+def raise_in_worker() -> None:
+    """In a worker thread (a replica's boot, a fleet's restart), raise :class:`Interrupted` once an interrupt
+    arrived, so its long wait ends as the main thread's does (the signal itself interrupts only the main thread,
+    which then waits for its workers); in the main thread, nothing."""
+    signum = _state["signum"]
+    if _stop.is_set() and not _in_main_thread():
+        raise Interrupted(signum if isinstance(signum, int) else signal.SIGINT)
+
+
 def stopping() -> bool:
     """An interrupt arrived: a transfer in progress stops and removes what it left half-written."""
     return _stop.is_set()

@@ -1,14 +1,11 @@
 """Watch a booting stack on every node until it is where `up` needs it, or say exactly why it never will.
 
-This is the one module that waits. :func:`wait_ready` waits until the head serves; :func:`wait_running`
-looks once at just-started ranks (ray: the head runs before its workers join). Both look the same way
-(:func:`_poll_node` on every watched rank in parallel, every ``POLL_S``), which checks: the rank's
-container is still running, its log lines (boot phase, fatal lines), free unified memory against the
-watchdog floor; the earliest failure is the cause. For readiness the head's ``/v1/models`` must list
-the served model: `/health` alone is never trusted, real vLLM answers 200 while a dead follower has hung
-every request.
+This is the one module that waits. :func:`wait_ready` waits until the head serves; :func:`wait_running` looks once
+at just-started ranks (ray: the head runs before its workers join). Both look the same way (:func:`_poll_node` on
+every watched rank in parallel, every ``POLL_S``): the rank's container still runs, its log lines (boot phase, fatal
+lines), free unified memory against the watchdog floor; the earliest failure is the cause. For readiness the head's
+``/v1/models`` must list the served model: real vLLM answers /health 200 while a dead follower hung every request.
 """
-
 from __future__ import annotations
 
 import http.client
@@ -21,6 +18,7 @@ from datetime import datetime
 from typing import Literal
 from urllib.parse import SplitResult, urlsplit
 
+from sparkserve import interrupts
 from sparkserve.config import API_KEY_ENV, Config
 from sparkserve.deploy.watchdog import Floors, Phase, phase_of_line
 from sparkserve.errors import RemoteFailure, SparkserveError
@@ -356,6 +354,7 @@ def _serves(plan: Plan, api_key: str | None, via: SplitResult | None, timeout: f
 def _until_serving(plan: Plan, api_key: str | None, via: SplitResult | None, deadline: float) -> None:
     """Ask only the API, every :data:`API_POLL_S`, until it serves or ``deadline`` (monotonic) passes."""
     while (left := deadline - time.monotonic()) > 0:
+        interrupts.raise_in_worker()  # a replica's boot in a thread stops when Ctrl-C lands
         time.sleep(min(API_POLL_S, left))
         left = deadline - time.monotonic()
         if left > 0 and _serves(plan, api_key, via, timeout=max(0.05, left)):
@@ -403,6 +402,7 @@ def watch_alive(plan: Plan, nodes: dict[str, Node], containers: dict[str, str], 
                               "passed", e.details) from None
         if time.monotonic() - t0 >= seconds:
             return
+        interrupts.raise_in_worker()
         time.sleep(poll_s)
 
 

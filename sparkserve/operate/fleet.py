@@ -15,9 +15,10 @@ router (its recorded process alive, ``GET /workers`` answering). Then, in this o
    until its ``/health`` answers);
 3. at most one failing replica is recovered: taken out of the router (``POST /remove_worker``: new requests stop
    at once, those in flight on it finish), its incident written, its restart made within its own budget (its
-   `down`, then its `up` with the gates), and only then put back. Never two restarts at once (the loop waits for
-   each), and never the last replica in the router while another one is down and may come back: that replica
-   stays in, and its incident says why.
+   `down`, then its `up` with the gates, in a thread of its own), and only then put back. The rounds go on
+   meanwhile (the router and the other replicas stay watched; a dead router is started again at once); never two
+   restarts at once, and never the last replica in the router while another one is down and may come back: that
+   replica stays in, and its incident says why.
 
 A replica that spends its restart budget is stopped and left out (alert); the fleet gives up (router stopped,
 exit 1) only when every replica has.
@@ -27,10 +28,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
+from sparkserve import interrupts
 from sparkserve.config import Config
 from sparkserve.errors import GateFailed, RemoteFailure, SparkserveError
 from sparkserve.nodes.base import Node
@@ -95,6 +97,9 @@ class FleetSupervisor:
         self.router = Verdict("router", None, "not looked at yet")
         self.router_restarts = 0
         self.last: dict[int, list[Verdict]] = {}
+        self.pool = ThreadPoolExecutor(1, thread_name_prefix="fleet-restart")  # one restart at a time
+        self.pending: tuple[ReplicaSupervisor, Future[int | None], int, bool] | None = None  # sub, its recovery,
+        # its recoveries before, restarted alone (in place)
 
     # -- one round ------------------------------------------------------------------------------------------
 
@@ -113,7 +118,7 @@ class FleetSupervisor:
 
     def round(self) -> tuple[dict[int, list[Verdict]], Verdict]:
         """Every live replica's round and the router's look, side by side."""
-        live = [s for s in self.subs if not s.state.gave_up]
+        live = [s for s in self.subs if not s.state.gave_up and not self._restarting(s)]
         ex = ThreadPoolExecutor(len(live) + 1, thread_name_prefix="fleet")
         try:
             f_router = ex.submit(self._router_look)
@@ -125,6 +130,9 @@ class FleetSupervisor:
         self.last.update(got)
         self._publish()
         return got, self.router
+
+    def _restarting(self, sub: ReplicaSupervisor) -> bool:
+        return self.pending is not None and self.pending[0] is sub
 
     def _bad(self, sub: ReplicaSupervisor) -> list[Verdict]:
         return failing(self.last.get(sub.replica.index, []))
@@ -167,10 +175,15 @@ class FleetSupervisor:
                     return code
                 self.subs[0]._sleep(max(0.0, self.s.interval_s - (time.monotonic() - t0)))
         except KeyboardInterrupt:
+            if self.pending is not None:  # its `up` sees the interrupt too and removes what it started
+                with interrupts.deferred():
+                    self.say(f"supervise: waiting for {self.pending[0].label}'s restart to stop")
+                    wait([self.pending[1]])
             self._phase("stopped", "stopped watching (signal); the router and every replica are left as they are")
             sdnotify.notify("STOPPING=1")
             return 0
         finally:
+            self.pool.shutdown(wait=True)
             self.heartbeat.stop()
 
     def _act(self) -> int | None:
@@ -180,7 +193,13 @@ class FleetSupervisor:
         elif self.router.ok is False and self.state.phase != "incident":
             self._phase("incident", f"router: {self.router.summary} (supervise.recover is off: not started again)")
             self._alert("router down", self.router.summary, "failure")
+        if self.pending is not None and self.pending[1].done():
+            code = self._restarted()
+            if code is not None:
+                return code
         for sub in self.subs:
+            if self._restarting(sub):
+                continue
             bad = self._bad(sub)
             sub.fault_rounds = sub.fault_rounds + 1 if bad else 0
             if not bad:
@@ -189,10 +208,11 @@ class FleetSupervisor:
                     sub._set_phase("watching", "all gates pass")
                 if sub.replica.index in self.taken_out and self.router.ok:
                     self._put_back(sub)
-        due = [s for s in self.subs if not s.state.gave_up and self._bad(s) and
+        due = [s for s in self.subs if not s.state.gave_up and not self._restarting(s) and self._bad(s) and
                s.fault_rounds >= self.s.confirm_rounds]
         if not due:
-            if self.state.phase != "watching" and self.router.ok and all(self._in(s) for s in self.subs):
+            if self.state.phase != "watching" and self.pending is None and self.router.ok and \
+                    all(self._in(s) for s in self.subs):
                 self._phase("watching", "every replica serves in the router; all gates pass")
             return None
         if not self.s.recover:
@@ -211,6 +231,14 @@ class FleetSupervisor:
             elif frozenset(v.check for v in self._bad(sub)) != sub.open_failure:
                 sub._incident(self.last[sub.replica.index], note=held)
                 sub.open_failure = frozenset(v.check for v in self._bad(sub))
+        if free and self.pending is not None:  # never two restarts at once: it waits, said once per failure
+            for sub in free:
+                checks = frozenset(v.check for v in self._bad(sub))
+                if checks != sub.open_failure:
+                    sub._incident(self.last[sub.replica.index],
+                                  note=f"not restarted yet: {self.pending[0].replica.name} is restarting")
+                    sub.open_failure = checks
+            return None
         return self._recover(free[0]) if free else None
 
     def _held(self, sub: ReplicaSupervisor) -> str | None:
@@ -240,10 +268,18 @@ class FleetSupervisor:
                 sub._set_phase("incident", f"could not be taken out of the router: {e.what}")
         elif not self._in(sub):
             self.taken_out.add(sub.replica.index)
-        before = sub.state.recoveries
         self._phase("recovering", f"recovering {sub.label}")
+        before = sub.state.recoveries  # read before the thread starts: it may finish at once
+        self.pending = (sub, self.pool.submit(sub._recover, self.last[sub.replica.index]), before, alone)
         self._publish()  # the page and `status` see it out while it restarts
-        code = sub._recover(self.last[sub.replica.index])
+        return None
+
+    def _restarted(self) -> int | None:
+        """The restart in flight finished: put back once its gates passed, or left out (its budget spent)."""
+        assert self.pending is not None
+        sub, future, before, alone = self.pending
+        self.pending = None
+        code = future.result()
         if code is not None:  # its budget is spent: it was stopped; it stays out
             self.taken_out.discard(sub.replica.index)
             if alone:

@@ -47,6 +47,38 @@ def test_a_signal_during_a_deferred_step_is_raised_after_it() -> None:
     assert steps == ["finished"]
 
 
+def test_a_worker_thread_s_wait_ends_once_a_signal_stopped_the_main_thread() -> None:
+    """A replica's boot or a fleet's restart runs `up` in a thread: its wait loop must end when Ctrl-C lands (the
+    signal interrupts only the main thread), or the main thread would wait out the whole boot timeout."""
+    import threading
+    import time
+
+    from sparkserve import interrupts
+
+    seen: list[str] = []
+
+    def worker() -> None:
+        deadline = time.monotonic() + 10
+        try:
+            while time.monotonic() < deadline:
+                interrupts.raise_in_worker()
+                time.sleep(0.01)
+            seen.append("waited it out")
+        except interrupts.Interrupted as e:
+            seen.append(signal.Signals(e.signum).name)
+
+    with interrupts.watching():
+        interrupts.raise_in_worker()  # nothing arrived: nothing raised
+        th = threading.Thread(target=worker)
+        th.start()
+        with pytest.raises(interrupts.Interrupted):
+            os.kill(os.getpid(), signal.SIGTERM)
+            signal.sigtimedwait([], 0.05)
+        interrupts.raise_in_worker()  # the main thread itself is never raised at here (its cleanup runs)
+        th.join(5)
+    assert seen == ["SIGTERM"]
+
+
 def test_a_signal_remembered_during_cleanup_stops_the_next_run_instead_of_being_forgotten() -> None:
     """`ab run` boots one drafter after another: Ctrl-C while the previous stack is being stopped (a
     deferred step that only remembers it) must stop the next `up`, not be cleared by its fresh start."""

@@ -92,8 +92,13 @@ def fleet(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def step(f: Any) -> int | None:
+    """One round and its actions; a restart started in it (it runs in a thread of its own) is let finish and
+    collected, as the next round would."""
     f.round()
     code = f._act()
+    if f.pending is not None:
+        f.pending[1].result(timeout=30)
+        code = f._restarted()
     f._publish()
     return code
 
@@ -212,3 +217,43 @@ def test_one_replica_giving_up_does_not_tell_systemd_the_service_stops(fleet: An
     assert "STOPPING=1" not in said
     fleet.script[2] = [bad_round()] * 3
     assert step(fleet) == 1 and said.count("STOPPING=1") == 1  # the fleet gave up: said once
+
+
+def test_while_a_replica_restarts_the_router_and_the_others_stay_watched(fleet: Any, monkeypatch) -> None:
+    import threading
+
+    release = threading.Event()
+    sub2 = fleet.subs[1]
+    real_restart = sub2._restart
+
+    def slow_restart() -> tuple[float, float]:
+        assert release.wait(30)
+        return real_restart()
+
+    sub2._restart = slow_restart
+    started: list[list[int]] = []
+    monkeypatch.setattr("sparkserve.deploy.replicas.restart_router",
+                        lambda cfg, reps, say: started.append([r.index for r in reps]) or fleet.__setattr__(
+                            "router_alive", True))
+    fleet.script[2] = [bad_round()]
+    fleet.round()
+    assert fleet._act() is None and fleet.pending is not None  # replica 2 restarts in its thread
+    assert fleet.api.calls == [("remove", URL2)]
+    fleet.router_alive = False  # the router dies while replica 2 is still booting
+    fleet.round()
+    assert fleet._act() is None
+    assert started == [[1]]  # started again at once, with replica 1 alone (replica 2 is out, restarting)
+    fleet.script[1] = [bad_round(), bad_round()]
+    fleet.round()
+    assert fleet._act() is None
+    fleet.round()
+    assert fleet._act() is None  # replica 1 fails too: no second restart while replica 2's runs
+    assert [e for e in fleet.events if e[0] == "incident" and e[1] == 1] == [
+        ("incident", 1, {"label": "replica 1 (spark-1, spark-2)", "note": "not taken out of the router: replica 1 "
+                         "is the last serving replica while replica 2 is down"})]
+    assert not [e for e in fleet.events if e[0] == "restart"]
+    release.set()
+    fleet.pending[1].result(timeout=30)
+    fleet.round()
+    assert fleet._act() is None  # collected: replica 2 back in the router
+    assert ("add", URL2) in fleet.api.calls and [e[1] for e in fleet.events if e[0] == "restart"] == [2]
