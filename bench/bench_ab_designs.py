@@ -29,6 +29,10 @@ def width(d: dict) -> float | None:
     return None if r["lo"] is None else (r["hi"] - r["lo"]) * 100
 
 
+def _shown(w: float | None) -> str:
+    return f"{w:8.1f}" if w is not None else f"{'n/a':>8s}"
+
+
 def main() -> int:
     out = Path(tempfile.mkdtemp()) / "designs.json"
     env = {**os.environ, "AB_DESIGNS_OUT": str(out), "PYTHONPATH": str(REPO)}
@@ -45,7 +49,7 @@ def main() -> int:
         boots, cells = r["timings"].get("boots", float("nan")), r["timings"].get("cells", float("nan"))
         print(f"{design:11s} {r['wall_s']:7.1f} {boots:9.1f} {cells:9.1f}   "
               f"{tok['rel']['point'] * 100:+6.1f} % [{tok['rel']['lo'] * 100:+.1f}, {tok['rel']['hi'] * 100:+.1f}]"
-              f"   {width(tok) or float('nan'):8.1f}   {width(al) or float('nan'):8.1f}")
+              f"   {_shown(width(tok))}   {_shown(width(al))}")
     c, s = runs["crossed"], runs["sequential"]
     print(f"\nratio crossed / sequential: wall {c['wall_s'] / s['wall_s']:.2f}", end="")
     for k in ("boots", "cells"):
