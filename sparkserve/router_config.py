@@ -7,7 +7,10 @@ Defaults and why (facts: docs/replicas-facts.md, measured on the 0.1.17 wheel):
 - ``policy: round_robin``, not the router's ``cache_aware``: with ``cache_aware`` 16 requests sharing a prefix went
   16/0 to one of two workers while the card caps each replica at ``--max-num-seqs 6``, and it sends one render call
   per worker per request, which needs the workers' key in the router's argv (§1.6, §1.7, §3.2).
-- ``retries: 3``: ``--retry-max-retries`` counts attempts, not re-sends (5 sends seen with 5).
+- ``retries: 4``: ``--retry-max-retries`` counts attempts, not re-sends (5 sends seen with 5), and each attempt picks a
+  worker through the policy again (§1.4): with 3 attempts and the breaker's 3 failures, one request under load spent
+  all three on a just-killed replica and got the router's 500 (1 of ~58 non-streaming requests, in 2 of 5 rig
+  runs). One attempt more than the breaker's threshold: by the last attempt the dead replica's breaker is open.
 - The breaker and health checks: with the router's defaults (breaker after 10 consecutive failures, open 60 s,
   health every 60 s x 3) ten 5xx opened the breaker on every worker and the endpoint answered 503 for a minute
   although both workers were healthy (§1.4). Here a dead replica's breaker opens after 3 failures and closes again
@@ -69,7 +72,7 @@ class RouterConfig(BaseModel):
     policy: Literal["random", "round_robin", "cache_aware", "kv_aware", "power_of_two", "consistent_hash",
                     "sticky_least_loaded"] = Field(default="round_robin", description="--policy (round_robin: "
                                                    "see docs; cache_aware skews a shared-prefix load to one replica)")
-    retries: int = Field(default=3, ge=1, le=10, description="--retry-max-retries: total attempts per request "
+    retries: int = Field(default=4, ge=1, le=10, description="--retry-max-retries: total attempts per request "
                          "(1 = no retry)")
     request_timeout_s: int = Field(default=1800, ge=1, description="--request-timeout-secs, per attempt, a "
                                    "streamed body included")

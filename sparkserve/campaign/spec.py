@@ -90,8 +90,7 @@ def check_request(cfg: Config, req: CampaignRequest) -> None:
     check_design(cfg, req.design, len(names), req.rounds)
     if req.prompts is not None:
         load_prompts(req.prompts.expanduser())  # BadInput naming the file (and line)
-    with journal_open():  # the campaign's state lives there: an unusable journal stops it here
-        pass
+    journal_open().close()  # the campaign's state lives there: an unusable journal stops it here
     for n, p in req.drafters:
         if not p.expanduser().is_dir():
             raise BadInput(f"--drafter {n}", f"{p} is not a directory")

@@ -48,6 +48,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from real_scenario import _after, _last, _title  # noqa: E402 - the scenario's helpers, as part_dialect does
+
 OWN_STACK = True  # real_scenario.py: no main boot before these steps
 API_PORT = 18100
 HOSTS = ("127.0.0.1", "127.0.0.2")
@@ -429,21 +431,6 @@ class _Load:
                 out["codes"][str(r[4])] = out["codes"].get(str(r[4]), 0) + 1
         out["last_failure_s"] = round(max(r[2] for r in fails) - t_kill, 1) if fails else None
         return out
-
-
-def _last(text: str) -> str:
-    lines = [ln for ln in text.strip().splitlines() if ln.strip()]
-    return lines[-1][:300] if lines else ""
-
-
-def _after(text: str, needle: str) -> str | None:
-    return next((ln.strip() for ln in text.splitlines() if needle in ln), None)
-
-
-def _title(p: Any) -> str:
-    with contextlib.suppress(Exception):
-        return " ".join(p.cmdline()) or p.name()
-    return ""
 
 
 def _listening(port: int) -> list[int]:
