@@ -26,7 +26,7 @@ def _short(p: Any) -> str:
 
 def profile_view(cfg: Config) -> dict[str, Any]:
     """The config's profile and the fields it sets otherwise (`render --json`, `profiles --json`)."""
-    from sparkserve import profiles
+    from sparkserve.config import profiles
 
     prof = profiles.get(cfg.profile)
     return {"name": prof.name, "explicit": cfg.profile is not None,
@@ -37,7 +37,7 @@ def profiles_cmd(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     """The card's named profiles (`profile:` in the config): KV pin, max model length, GMU, pool gate, drafter.
 
     The config's own profile is marked; a field the config sets otherwise wins and is listed under the table."""
-    from sparkserve import profiles
+    from sparkserve.config import profiles
 
     cfg = load_config(config)
     source = str(find_config_path(config) or "the embedded default")

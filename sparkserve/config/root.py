@@ -12,15 +12,15 @@ from typing import Any, Literal
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
-from sparkserve import profiles
+from sparkserve.config import profiles
 from sparkserve.config.gates import BenchConfig, GatesConfig
 from sparkserve.config.model import DrafterConfig, ImageConfig, ModelConfig
 from sparkserve.config.nodes import FabricConfig, NodeConfig, SSHConfig
+from sparkserve.config.router import RouterConfig, router_rules
 from sparkserve.config.runtime import ContainerConfig, HostConfig, ProcessConfig, WatchdogConfig
 from sparkserve.config.serve import ServeConfig, SpeculativeConfig
 from sparkserve.config.supervise import SuperviseConfig
 from sparkserve.errors import BadInput
-from sparkserve.router_config import RouterConfig, router_rules
 
 DEFAULT_CONFIG_NAME = "sparkserve.yaml"
 ENV_PREFIX = "SPARKSERVE_"

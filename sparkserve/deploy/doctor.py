@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 from sparkserve.config import Config, NodeConfig
+from sparkserve.config.profiles import drafter_path
 from sparkserve.deploy.probe import probe_node
 from sparkserve.deploy.sync import RemoteState, manifest_args, state_from
 from sparkserve.errors import SparkserveError
@@ -25,7 +26,6 @@ from sparkserve.plan.build import Plan
 from sparkserve.plan.fabric import FabricError, FabricFacts, compare_nodes, resolve
 from sparkserve.plan.fabric_sysfs import parse_sysfs
 from sparkserve.plan.mounts import cache_dir
-from sparkserve.profiles import drafter_path
 from sparkserve.units import human_bytes
 
 Status = Literal["ok", "warn", "fail"]

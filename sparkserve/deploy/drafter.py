@@ -11,13 +11,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from sparkserve.config import Config
+from sparkserve.config.profiles import NO_DRAFTER, uses_drafter
 from sparkserve.deploy.sync import RemoteState, remote_manifest, sync_all
 from sparkserve.deploy.teardown import Reporter
 from sparkserve.errors import BadInput, RemoteFailure
 from sparkserve.models.manifest import manifest
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.parallel import on_all
-from sparkserve.profiles import NO_DRAFTER, uses_drafter
 
 
 @dataclass(frozen=True)

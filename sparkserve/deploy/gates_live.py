@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from sparkserve.config import Config, resolve_api_key
+from sparkserve.config.profiles import NO_DRAFTER, drafter_path
 from sparkserve.deploy.stack import boot_id, managed_on_all  # noqa: F401 - boot_id: gates_live.boot_id
 from sparkserve.deploy.sync import remote_manifest
 from sparkserve.deploy.wait import _stamp
@@ -36,7 +37,6 @@ from sparkserve.observe.gate_report import GateReport
 from sparkserve.observe.gates import judge
 from sparkserve.observe.logs import ParsedLog, parse_log
 from sparkserve.plan.build import Plan, build_plan
-from sparkserve.profiles import NO_DRAFTER, drafter_path
 
 
 def smoke_cell(cfg: Config) -> Cell:

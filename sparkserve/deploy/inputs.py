@@ -21,13 +21,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from sparkserve.config import Config
+from sparkserve.config.profiles import uses_drafter
 from sparkserve.deploy.drafter import drafter_words, local_drafter
 from sparkserve.deploy.remotemeta import fetch_metas
 from sparkserve.errors import BadInput
 from sparkserve.nodes.base import Node
 from sparkserve.plan.findings import Finding, Report
 from sparkserve.plan.validate import validate
-from sparkserve.profiles import uses_drafter
 
 
 @dataclass

@@ -17,11 +17,11 @@ from typing import Any
 
 from sparkserve import journal
 from sparkserve.config import Config
+from sparkserve.config.profiles import drafter_path
 from sparkserve.errors import SparkserveError
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.runtime import engine_for, serving_drafter
 from sparkserve.plan.build import build_plan
-from sparkserve.profiles import drafter_path
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from sparkserve.config import Config
+from sparkserve.config.profiles import drafter_path
 from sparkserve.errors import BadInput
 from sparkserve.models.drafter import MASK_FILE
 from sparkserve.models.files import read_config
@@ -26,7 +27,6 @@ from sparkserve.observe.gate_inputs import Expectations
 from sparkserve.observe.gate_report import GateReport
 from sparkserve.observe.gates import judge
 from sparkserve.observe.logs import ParsedLog, collector_paused, parse_log
-from sparkserve.profiles import drafter_path
 
 
 @dataclass(frozen=True)

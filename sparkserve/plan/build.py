@@ -21,6 +21,7 @@ from typing import Literal
 from pydantic import BaseModel
 
 from sparkserve.config import API_KEY_ENV, Config, NodeConfig
+from sparkserve.config.profiles import card_shm_size, drafter_path
 from sparkserve.models.hf_cache import mount_for
 from sparkserve.plan.container import (
     LABEL_FINGERPRINT,
@@ -35,7 +36,6 @@ from sparkserve.plan.dialects import Dialect, dialect_for
 from sparkserve.plan.mounts import CACHE_MOUNT, CACHE_MOUNTS, DRAFTER_MOUNT, TARGET_MOUNT, cache_dir
 from sparkserve.plan.rank_env import node_env
 from sparkserve.plan.serve_argv import mp_argv, ray_serve_argv, ray_start_argv
-from sparkserve.profiles import card_shm_size, drafter_path
 
 # Flags that legitimately differ between ranks (rank parity ignores them, with their values).
 RANK_SPECIFIC_FLAGS = ("--node-rank", "--headless", "--host", "--port", "--api-server-count")

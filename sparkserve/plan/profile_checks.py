@@ -10,11 +10,10 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from sparkserve import profiles
-from sparkserve.config import Config
+from sparkserve.config import Config, profiles
+from sparkserve.config.profiles import uses_drafter  # noqa: F401 - validate: profile_checks.uses_drafter
 from sparkserve.models.drafter import DrafterFacts
 from sparkserve.models.drafter_identity import DrafterIdentity, identify
-from sparkserve.profiles import uses_drafter  # noqa: F401 - validate: profile_checks.uses_drafter
 
 
 class Report(Protocol):  # what the checks below use of plan.findings.Report

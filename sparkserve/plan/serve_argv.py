@@ -9,10 +9,10 @@ from __future__ import annotations
 import json
 
 from sparkserve.config import Config, NodeConfig
+from sparkserve.config.profiles import uses_drafter
 from sparkserve.models.hf_cache import mount_for
 from sparkserve.plan.dialects import Dialect, dialect_for
 from sparkserve.plan.mounts import DRAFTER_MOUNT, TARGET_MOUNT
-from sparkserve.profiles import uses_drafter
 
 RAY_PORT = 6379
 

@@ -12,8 +12,8 @@ import pytest
 import yaml
 from _fixtures import REPO
 
-from sparkserve.commands import docs_config
 from sparkserve.config import Config
+from sparkserve.docgen import config as docs_config
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from sparkserve.commands import docs_gen
+from sparkserve.docgen import gen as docs_gen
 
 REPO = Path(__file__).resolve().parents[2]
 

@@ -10,8 +10,8 @@ from pathlib import Path
 import yaml
 from _fixtures import REPO, clean_env, cli
 
-from sparkserve.commands import docs_gen
 from sparkserve.config import load_config
+from sparkserve.docgen import gen as docs_gen
 from sparkserve.observe.gate_report import CARD_GATES, EXTRA_GATES, GATE_NAMES, gate_story
 
 INSTALL = REPO / "docs" / "getting-started" / "install.md"

@@ -17,8 +17,7 @@ from typing import Any
 import pytest
 from _fixtures import clean_env, cli, cli_batch, config_file
 
-from sparkserve import profiles
-from sparkserve.config import load_config
+from sparkserve.config import load_config, profiles
 
 # the card's facts, per profile: (max model len, KV pin bytes, GMU, pool, speculative config, drafter mounted)
 CARD = {

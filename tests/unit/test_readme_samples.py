@@ -15,8 +15,8 @@ import pytest
 from _fixtures import REPO, clean_env, cli
 from tiny_models import DrafterSpec, TargetSpec, write_drafter, write_target
 
-from sparkserve.commands import docs_gen
 from sparkserve.config import load_config
+from sparkserve.docgen import gen as docs_gen
 from sparkserve.models.drafter_identity import EFG_CONFIG_SHA256, DrafterIdentity
 from sparkserve.observe.gate_report import GATE_NAMES
 

@@ -174,7 +174,7 @@ def test_partial_serving_exits_with_the_failed_replica_s_own_code() -> None:
 def test_by_default_a_request_has_one_attempt_more_than_a_dead_replica_s_breaker_needs_to_open() -> None:
     """Each attempt picks a worker again (replicas-facts §1.4): with attempts == the breaker's threshold, one request
     under load spent them all on a just-killed replica (the rig's supervise test, 2 runs of 5)."""
-    from sparkserve.router_config import RouterConfig
+    from sparkserve.config.router import RouterConfig
 
     r = RouterConfig()
     assert r.retries > r.breaker.failure_threshold

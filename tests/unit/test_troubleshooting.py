@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from _fixtures import REPO, clean_env, cli, config_file
 
-from sparkserve.commands import docs_faults, docs_first_contact
+from sparkserve.docgen import faults as docs_faults
+from sparkserve.docgen import first_contact as docs_first_contact
 from sparkserve.observe.gate_report import GATE_NAMES
 
 PAGE = REPO / "docs" / "troubleshooting.md"

@@ -3,11 +3,11 @@
     scripts/gen-docs            # (re)write docs/reference/* and docs/troubleshooting.md
     scripts/gen-docs --check    # exit 1 naming every page that differs from what the code says now
 
-One module per page: :mod:`~sparkserve.commands.docs_cli` (the CLI from the Typer app; the exit codes from
-:mod:`sparkserve.errors`), :mod:`~sparkserve.commands.docs_config` (the config from the pydantic model, by
-section), :mod:`~sparkserve.commands.docs_json` (the JSON contracts as JSON Schemas),
-:mod:`~sparkserve.commands.docs_faults` (the fault catalogue and troubleshooting: log faults, gates, and
-:mod:`~sparkserve.commands.docs_first_contact`'s errors). Not imported by any command: only the generator and
+One module per page: :mod:`~sparkserve.docgen.cli` (the CLI from the Typer app; the exit codes from
+:mod:`sparkserve.errors`), :mod:`~sparkserve.docgen.config` (the config from the pydantic model, by
+section), :mod:`~sparkserve.docgen.schemas` (the JSON contracts as JSON Schemas),
+:mod:`~sparkserve.docgen.faults` (the fault catalogue and troubleshooting: log faults, gates, and
+:mod:`~sparkserve.docgen.first_contact`'s errors). Not imported by any command: only the generator and
 its tests use it.
 """
 
@@ -17,11 +17,11 @@ import json
 import sys
 from pathlib import Path
 
-from sparkserve.commands.docs_base import HEADER, REGENERATE, REPO
-from sparkserve.commands.docs_cli import _click_root, cli_page, exit_codes_page
-from sparkserve.commands.docs_config import _is_model, _unwrap, config_page
-from sparkserve.commands.docs_faults import FAULT_ADVICE, GATE_ADVICE, faults_page, troubleshooting_page
-from sparkserve.commands.docs_json import _gates_doc, infer_schema, json_page, json_schemas
+from sparkserve.docgen.base import HEADER, REGENERATE, REPO
+from sparkserve.docgen.cli import _click_root, cli_page, exit_codes_page
+from sparkserve.docgen.config import _is_model, _unwrap, config_page
+from sparkserve.docgen.faults import FAULT_ADVICE, GATE_ADVICE, faults_page, troubleshooting_page
+from sparkserve.docgen.schemas import _gates_doc, infer_schema, json_page, json_schemas
 
 DOCS = REPO / "docs"
 
@@ -41,7 +41,7 @@ def pages() -> dict[Path, str]:
     """Every generated page: path under the repo → its text."""
     missing = _missing_advice()
     if missing:
-        raise SystemExit(f"error: sparkserve/commands/docs_faults.py: {'; '.join(missing)}: add what it means on "
+        raise SystemExit(f"error: sparkserve/docgen/faults.py: {'; '.join(missing)}: add what it means on "
                          "a Spark and what to do")
     schemas = json_schemas()
     out = {

@@ -6,7 +6,7 @@ import enum
 import inspect
 from typing import Any
 
-from sparkserve.commands.docs_base import HEADER
+from sparkserve.docgen.base import HEADER
 
 
 def _click_root() -> Any:

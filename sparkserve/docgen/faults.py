@@ -1,12 +1,12 @@
 """The fault catalogue and the troubleshooting page: from :mod:`sparkserve.observe.logpatterns` (the advice per
 fault kind lives here, and a fault kind without advice fails the check), the first-contact errors
-(:mod:`sparkserve.commands.docs_first_contact`) and the gates' own words (:mod:`sparkserve.observe.gate_report`)."""
+(:mod:`sparkserve.docgen.first_contact`) and the gates' own words (:mod:`sparkserve.observe.gate_report`)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from sparkserve.commands.docs_base import HEADER
+from sparkserve.docgen.base import HEADER
 
 #: What each fault kind means on a pair of DGX Sparks, and what to do. A new FaultKind without advice here
 #: fails `scripts/gen-docs --check` (and so the docs test).
@@ -121,7 +121,7 @@ def _gate_section() -> list[str]:
 
 
 def troubleshooting_page() -> str:
-    from sparkserve.commands.docs_first_contact import first_contact_section
+    from sparkserve.docgen.first_contact import first_contact_section
     from sparkserve.observe.logpatterns import FaultKind
 
     rows = _fault_rows()

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from sparkserve.commands.docs_base import HEADER, REPO
+from sparkserve.docgen.base import HEADER, REPO
 
 
 def infer_schema(value: Any) -> dict[str, Any]:

@@ -13,7 +13,7 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from sparkserve.commands.docs_base import HEADER
+from sparkserve.docgen.base import HEADER
 
 
 def _is_model(t: Any) -> bool:
