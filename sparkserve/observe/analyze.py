@@ -120,6 +120,8 @@ class Analysis:
                 for log, e in self.faults
             ],
             "ready_evidence": self.ready_evidence.to_json() if self.ready_evidence else None,
+            "failed_boot_kv_cache_tokens": list(self.failed_boot_kv_cache_tokens),
+            "envelopes": [{"file": log.file, **log.envelope.to_json()} for log in self.logs if log.envelope],
             "request_errors": {
                 "count": len(self.request_errors),
                 "first": next(({"file": log.file, "line": e.line, "text": e.text} for log, e in self.request_errors),

@@ -227,10 +227,12 @@ def _parse_json_line(rec: Record, rest: str) -> str:
     return msg if isinstance(msg, str) else rest
 
 
-def normalise(lineno: int, raw: str, *, ansi: bool = True) -> list[Record]:
+def normalise(lineno: int, raw: str, *, ansi: bool = True, source: str | None = None) -> list[Record]:
     """One physical line → its logical records (usually one; a glued tqdm bar makes more).
 
-    ``ansi=False`` skips colour stripping (the file holds no colour codes at all).
+    ``ansi=False`` skips colour stripping (the file holds no colour codes at all). ``source``: the writer the
+    envelope stage read off the line's wrapper (:mod:`sparkserve.observe.envelope`), unless a wrapper left on
+    the line names one.
     """
     s = raw
     if "^" in s:
@@ -238,7 +240,8 @@ def normalise(lineno: int, raw: str, *, ansi: bool = True) -> list[Record]:
     if ansi:
         s = strip_ansi(s)
     s = s.rstrip("\r")
-    wrapper, body, source = _unwrap(s)
+    wrapper, body, named = _unwrap(s)
+    source = named or source
     segments = body.split("\r") if "\r" in body else [body]
     out: list[Record] = []
     inherit: tuple[Proc, ...] = ()

@@ -41,6 +41,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, BinaryIO
 
 from sparkserve.observe.cut_traceback import cut_traceback_faults
+from sparkserve.observe.envelope import Envelope
 from sparkserve.observe.events import Event, classify_fault, match_events
 from sparkserve.observe.logline import Record, strip_ansi
 from sparkserve.observe.logpatterns import (
@@ -73,6 +74,7 @@ class ParsedLog:
     # length, in file order. Only the first (and any the fast path left to the table) is also in ``events``.
     spec_at: list[int] = field(default_factory=list)
     spec_al: list[str] = field(default_factory=list)
+    envelope: Envelope | None = None  # the encoding and the wrapper the envelope stage found
 
     def of(self, *kinds: Kind) -> list[Event]:
         return [e for e in self.events if e.kind in kinds]
@@ -106,6 +108,7 @@ def _parse(text: str | bytes | BinaryIO, file: str, node: str | None) -> ParsedL
         artefacts=artefacts,
         stop=stop,
         line_count=reader.line_count,
+        envelope=reader.envelope,
         spec_at=[i for i, _ in spec],
         spec_al=[al for _, al in spec],
     )

@@ -65,11 +65,13 @@ PROCESS_FAULTS: tuple[LogPattern, ...] = (
        "API server `TimeoutError: Timed out waiting for engine core processes to start …`; shm ring buffer stall "
        "`No available shared memory broadcast block found in %d seconds …` — logged at INFO, yet the only sign of a "
        "dead follower", FaultKind.TIMEOUT),
-    row(Kind.FAULT, ("Worker proc", "RayWorkerProc rank=", "WorkerProc failed"),
-       r"Worker proc \S+ died unexpectedly|RayWorkerProc rank=\d+ died unexpectedly|WorkerProc failed",
+    row(Kind.FAULT, ("Worker proc", "RayWorkerProc rank=", "WorkerProc failed", "died, exit code"),
+       r"Worker proc \S+ died unexpectedly|RayWorkerProc rank=\d+ died unexpectedly|WorkerProc failed"
+       r"|Worker \S+ pid \d+ died, exit code",
        "mp executor `Worker proc %s died unexpectedly[ (exit code: %s)], shutting down executor.` (exit -9 = "
        "OOM killer), worker `WorkerProc failed to start.`/`failed.`, Ray `RayWorkerProc rank=%s died unexpectedly "
-       "…`, `RayWorkerProc failed: %s`", FaultKind.WORKER_DIED, fatal=True),
+       "…`, `RayWorkerProc failed: %s`; V0 multiproc_worker_utils `Worker %s pid %s died, exit code: %s` (the "
+       "parent reports the death; the worker logs its cause)", FaultKind.WORKER_DIED, fatal=True),
     row(Kind.FAULT, ("A worker died or was killed", "its worker process has died"),
        r"A worker died or was killed while executing a task|The actor is dead because its worker process has died",
        "Ray: `(raylet) A worker died or was killed while executing a task by an unexpected system error. …` and the "
@@ -149,6 +151,7 @@ BOOT_FAILED = re.compile(
 RELAYED = re.compile(
     r"EngineDeadError|engine core exited unexpectedly|Engine core proc \S+ died unexpectedly"
     r"|Worker proc \S+ died unexpectedly|RayWorkerProc rank=\d+ died unexpectedly|failed \(engine dead\)"
+    r"|Worker \S+ pid \d+ died, exit code"
     r"|AsyncLLM output_handler failed|MQLLMEngine is already dead|Worker failed with error"
     r"|^(?:EngineCore failed to start|EngineCore encountered a fatal error|WorkerProc failed to start"
     r"|WorkerProc hit an exception|WorkerProc failed)\.?$"

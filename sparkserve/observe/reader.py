@@ -8,8 +8,10 @@ wrapped tail), found by walking from a hit line. Nothing holds a list of all lin
 pyahocorasick and one combined ``re`` by 7×, 33× and 100× on a 50 MB serving log (bench/bench_logs_analyze.py
 has the figures of the whole reader).
 
-A copy hard-wrapped at a fixed terminal width is re-joined first (line numbers stay those of the file); the
-first :data:`~sparkserve.observe.logbytes.WRAP_SAMPLE` bytes decide whether a file is such a copy.
+The bytes come through the envelope stage first (:mod:`sparkserve.observe.envelope`): decoded, and the wrapper
+learnt from the file taken off every line. A copy hard-wrapped at a fixed terminal width is then re-joined (line
+numbers stay those of the file); the first :data:`~sparkserve.observe.logbytes.WRAP_SAMPLE` bytes decide whether
+a file is such a copy.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from sparkserve.observe.envelope import Envelope, open_log
 from sparkserve.observe.logbytes import NAMES, MemBytes, join_hard_wraps, one_pass, source_of, wrap_width
 from sparkserve.observe.logline import Record, normalise, starts_prefixed, strip_ansi
 from sparkserve.observe.logpatterns import EXCEPTION_LINE, POINTER
@@ -48,7 +51,10 @@ class LogReader:
     """One log's hit lines and, on demand, any line near them, decoded and normalised (each at most once)."""
 
     def __init__(self, log: bytes | BinaryIO) -> None:
-        src = source_of(log)
+        unwrapped = open_log(log)  # the envelope stage: decoded, the wrapper learnt from the file taken off
+        self.envelope: Envelope = unwrapped.envelope
+        self._sources = unwrapped.sources  # per physical line: the names in its wrapper, where they differ
+        src = source_of(unwrapped.data)
         self.sep = b"\n"
         scan = one_pass(src, self.sep)
         if not scan.has_sep and src.size and b"\r" in src.cut(0, src.size):
@@ -141,7 +147,9 @@ class LogReader:
         """The logical records of line ``idx`` (normalised once, then cached)."""
         got = self._cache.get(idx)
         if got is None:
-            got = normalise(self.lineno(idx), self.text(idx), ansi=self.ansi)
+            n = self.lineno(idx)
+            got = normalise(n, self.text(idx), ansi=self.ansi,
+                            source=self._sources[n - 1] if self._sources is not None else None)
             self._cache[idx] = got
         return got
 
