@@ -39,7 +39,8 @@ ANCHOR = re.compile(
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL) \d\d-\d\d \d\d:\d\d:\d\d(?:[.,]\d+)? \[?[\w./\\-]+\.py:\d+\]"
     r"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL):\s{2,}"
     r"|Traceback \(most recent call last\):"
-    r"|\[rank\d+\]:\[[IWEF]\d{4} "
+    r"|\[rank\d+\]:\[[IWEF]\d{3,4} "
+    r"|[\w.-]+:\d+:\d+ \[\d+\] "
     r"|(?<![\w.])(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)\w*: \S"
 )
 #: One token of a wrapper's skeleton: a word (letters, digits and the joiners inside names and stamps), a run of
@@ -123,6 +124,20 @@ def line_ends(text: str) -> str:
     return "cr" if text.count("\r") > 1 else "none"
 
 
+def _learn_suffix(inner: list[str]) -> re.Pattern[str] | None:
+    """A separator after blanks that three lines in five end in (a log table's closing pipe)."""
+    ends = Counter(m.group(2) for m in map(_SUFFIX.search, inner) if m)
+    if ends:
+        sep, n = ends.most_common(1)[0]
+        if n * 5 >= len(inner) * 3:
+            return re.compile(r"\s+" + re.escape(sep) + r"\s*$")
+    return None
+
+
+def _kind(t: str) -> str:
+    return "S" if t.isspace() else ("W" if len(t) > 1 or re.fullmatch(_WORD, t) else t)
+
+
 def _skeleton(prefix: str) -> tuple[str, ...]:
     """The shape of a wrapper: ``W`` a word, ``S`` blanks, any other character as itself."""
     out = []
@@ -170,7 +185,12 @@ def learn(lines: list[str]) -> Learnt:
         if m is not None:
             anchored.append((s, m.start()))
     if not anchored:
-        return Learnt(None, None, None, False, None)
+        got = _learn_unanchored(lines)
+        rows = [strip_ansi(x).rstrip("\r") for x in lines[:LEARN_LINES] if x.strip()]
+        pre = got.prefix
+        inner = [x[pre.match(x).end():] if pre and pre.match(x) else x for x in rows]  # type: ignore[union-attr]
+        suf = _learn_suffix(inner) if pre is not None else None
+        return Learnt(pre, suf, got.example, got.names, got.shape)
     skels = Counter(_skeleton(s[:at]) for s, at in anchored if s[:at].strip())
     prefix_re = None
     example = None
@@ -187,12 +207,7 @@ def learn(lines: list[str]) -> Learnt:
             example = ex[0]
             prefix_shape = shape(skel, tail)
     inner = [s[prefix_re.match(s).end():] if prefix_re and prefix_re.match(s) else s for s, _ in anchored]
-    suffix_re = None
-    ends = Counter(m.group(2) for m in map(_SUFFIX.search, inner) if m)
-    if ends:
-        sep, n = ends.most_common(1)[0]
-        if n * 5 >= len(inner) * 3:
-            suffix_re = re.compile(r"\s+" + re.escape(sep) + r"\s*$")
+    suffix_re = _learn_suffix(inner)
     names = False
     if prefix_re is not None:
         seen = {_names(s[: prefix_re.match(s).end()]) for s, _ in anchored if prefix_re.match(s)}  # type: ignore[union-attr]
@@ -213,6 +228,55 @@ def shape(skel: tuple[str, ...], tail: str) -> str:
     """A skeleton as people read it: ``<w>`` a word, one blank for a run of blanks (the last as learnt)."""
     return "".join("<w>" if t == "W" else (" " if t == "S" else t) for t in skel[:-1]) + (
         tail if skel and skel[-1] == "S" else ("<w>" if skel and skel[-1] == "W" else (skel[-1] if skel else "")))
+
+
+#: Two words in a row: a message (`Capturing CUDA graphs`), never a constant wrapper without a stamp.
+_PROSE = re.compile(r"[^\W\d_]{2,} [^\W\d_]{2,}")
+#: Lines the unanchored learner needs, and the share of them a wrapper must be on.
+MIN_UNANCHORED = 3
+
+
+def _learn_unanchored(lines: list[str]) -> Learnt:
+    """A wrapper on lines that hold no vLLM shape at all (bare V0 messages, NCCL-free extracts): the leading tokens
+    most lines share in shape, as long as each is a stamp or number (a word with a digit), a name that is the
+    same on nine lines in ten, a blank or punctuation; it ends at its last blank. A message's first word, which
+    varies, ends it."""
+    rows = [strip_ansi(x).rstrip("\r") for x in lines[:LEARN_LINES]]
+    rows = [x for x in rows if x.strip()]
+    if len(rows) < MIN_UNANCHORED:
+        return Learnt(None, None, None, False, None)
+    toks = [_TOKEN.findall(x[:MAX_WRAPPER + 1]) for x in rows]
+    need = len(rows) * 9 // 10
+    end = 0  # tokens of the wrapper, up to its last blank
+    for k in range(40):
+        col = [t[k] for t in toks if len(t) > k]
+        if len(col) < need:
+            break
+        kinds = Counter(map(_kind, col))
+        kind, n = kinds.most_common(1)[0]
+        if n < need:
+            break
+        if kind == "W":
+            words = [c for c in col if re.fullmatch(_WORD, c)]
+            same = Counter(words).most_common(1)[0][1]
+            if not (sum(any(ch.isdigit() for ch in w) for w in words) >= need or same >= need):
+                break
+        if kind == "S":
+            end = k + 1
+        toks = [t for t in toks if len(t) > k and _kind(t[k]) == kind]
+    if end == 0:
+        return Learnt(None, None, None, False, None)
+    wrappers = ["".join(_TOKEN.findall(x)[:end]) for x in rows]
+    skel = Counter(_skeleton(w) for w in wrappers).most_common(1)[0][0]
+    ex = [w for w in wrappers if _skeleton(w) == skel]
+    constant = Counter(w.rstrip() for w in ex).most_common(1)[0][1] >= need  # one text on 9 lines in 10: a pod
+    stamped = any(ch.isdigit() for ch in ex[0])
+    if len(ex) < need or not (stamped or (constant and not _PROSE.search(ex[0]))) or not _wrapper_like(skel, ex):
+        return Learnt(None, None, None, False, None)
+    tail = _TOKEN.findall(ex[0])[-1]
+    prefix_re = re.compile(_regex(skel, tail, skel[0] == "S"))
+    names = len({_names(w) for w in ex}) > 1
+    return Learnt(prefix_re, None, ex[0], names, shape(skel, tail))
 
 
 def _names(wrapper: str) -> str:
