@@ -13,7 +13,7 @@ the configuration is what the logs print (:mod:`sparkserve.observe.engine_config
 and the first), never faults. When PyTorch's watchdog names a timed-out collective, NCCL's transport WARN lines
 before it are its evidence and sort after it.
 ``faults[0]`` says ``why`` it is a fault. A Ray worker's death is the root cause of the EngineCore error it causes;
-a shared-memory broadcast stall the engine outlived (it got ready after it) is no fault.
+a shared-memory broadcast stall before the engine was up (a slow boot) is no fault.
 """
 
 from __future__ import annotations
@@ -120,13 +120,13 @@ class Analysis:
                 for log, e in self.faults
             ],
             "ready_evidence": self.ready_evidence.to_json() if self.ready_evidence else None,
-            "failed_boot_kv_cache_tokens": list(self.failed_boot_kv_cache_tokens),
-            "envelopes": [{"file": log.file, **log.envelope.to_json()} for log in self.logs if log.envelope],
             "request_errors": {
                 "count": len(self.request_errors),
                 "first": next(({"file": log.file, "line": e.line, "text": e.text} for log, e in self.request_errors),
                               None),
             },
+            "failed_boot_kv_cache_tokens": list(self.failed_boot_kv_cache_tokens),
+            "envelopes": [{"file": log.file, **log.envelope.to_json()} for log in self.logs if log.envelope],
         }
 
 
@@ -160,7 +160,11 @@ def analyze(logs: Sequence[ParsedLog], node_ranks: Mapping[str, Sequence[str]] |
     ev = _Events(logs)
     cfg = engine_config(logs)
     faults, artefacts = _ordered_faults(logs)
-    kv, kv_streams, kv_failed = _kv_pool(ev, faults)
+    ready, ready_evidence = decide_ready(ev, faults)
+    # the fault a failed boot was read from (a startup-frame traceback, a death during capture) ends the boot too
+    failing = [(ready_evidence.log, ready_evidence.event)] if ready is False and ready_evidence is not None and \
+        ready_evidence.event.kind is Kind.FAULT else []
+    kv, kv_streams, kv_failed = _kv_pool(ev, [*faults, *failing], failing)
     ranks = _rank_states(ev)
     runner = _model_runner(ev)
     eager_known = any(e.rank is None for _, e in ev.of(Kind.EAGER)) or cfg.enforce_eager is True
@@ -168,7 +172,6 @@ def analyze(logs: Sequence[ParsedLog], node_ranks: Mapping[str, Sequence[str]] |
     if len({s for (_, s) in kv_streams}) == 1:  # one engine: its pool is every rank's pool
         for st in ranks.values():
             st.kv_cache_tokens = list(kv_streams.values())[-1]
-    ready, ready_evidence = decide_ready(ev, faults)
     return Analysis(
         logs=list(logs),
         kv_cache_tokens=kv,
@@ -192,16 +195,18 @@ def analyze(logs: Sequence[ParsedLog], node_ranks: Mapping[str, Sequence[str]] |
 
 
 def _kv_pool(
-    ev: _Events, faults: Sequence[tuple[ParsedLog, Event]]
+    ev: _Events, faults: Sequence[tuple[ParsedLog, Event]], failing: Sequence[tuple[ParsedLog, Event]] = ()
 ) -> tuple[list[int], dict[tuple[Any, ...], int], list[int]]:
     """The distinct pool sizes in order, the last size per (file, writer) — one writer is one engine —, and the
     sizes of boots that failed after printing them. A pool line followed in its file by a boot failure
-    (:data:`BOOT_FAILED` on the fault or its header) with no sign of readiness in between belongs to a boot that
+    (:data:`BOOT_FAILED` on the fault or its header, or ``failing``: the fault ``ready: false`` was read from — a
+    traceback through start-up code, a death during capture) with no sign of readiness in between belongs to a boot that
     died (real 0.25.1 prints `GPU KV cache size: 234,374,992 tokens`, then dies of CUDA OOM allocating it): it
     is not the stack's pool. An engine that dies later (while serving) keeps its pool."""
     fault_at: dict[int, list[int]] = {}
+    ends_boot = {id(f) for _, f in failing}
     for log, f in faults:
-        if BOOT_FAILED.search(f.rec.msg) or BOOT_FAILED.search(f.data.get("header") or ""):
+        if BOOT_FAILED.search(f.rec.msg) or BOOT_FAILED.search(f.data.get("header") or "") or id(f) in ends_boot:
             fault_at.setdefault(id(log), []).append(f.sort_line)
     kv: list[int] = []
     failed: list[int] = []
@@ -301,12 +306,13 @@ def _graphs(
 def _last_bar_done(ev: _Events, mode: str | None) -> bool:
     """The capture finished by its bars (the finished line may be out of view: an excerpt, info_once on another
     node): the last bar reached 100% and is the last capture phase — FULL (V1 `decode, FULL` after the PIECEWISE
-    bar), V0's one `shapes` bar, a bar without mode, or PIECEWISE when that is the configured mode."""
+    bar), V0's one `shapes` bar, a bar without mode, or PIECEWISE unless a FULL mode is configured."""
     bars = ev.of(Kind.CAPTURE_BAR)
     if not bars or bars[-1][1].data.get("pct") != "100":
         return False
     bar_mode = bars[-1][1].data.get("mode") or ""
-    return not bar_mode or "FULL" in bar_mode or mode == "PIECEWISE"
+    # a PIECEWISE bar at 100 % ends the capture unless a FULL phase is configured to follow it (issue 44, kind 3)
+    return not bar_mode or "FULL" in bar_mode or mode not in ("FULL_AND_PIECEWISE", "FULL_DECODE_ONLY", "FULL")
 
 
 def _effective_mode(ev: _Events, cfg: EngineConfig, eager_known: bool) -> str | None:
@@ -383,13 +389,15 @@ def _ordered_faults(
     faults: list[tuple[int, tuple[int, ...], ParsedLog, Event]] = []
     artefacts = [(log, e) for log in logs for e in log.artefacts]
     for i, log in enumerate(logs):
-        ready_at = min((e.sort_line for e in log.of(Kind.READY)), default=None)
+        ready_at = _up_at(log)
         progress = _progress_by_stream(log)
         first_ts = next((e.ts for e in log.faults if e.ts is not None), None) or (0,)
         eff = first_ts
         for e in sorted(log.faults, key=lambda x: (x.sort_line, x.line)):
             eff = max(eff, e.ts) if e.ts is not None else eff  # a file's own order is kept
-            outlived = ready_at is not None and e.sort_line < ready_at and _survived(e)
+            # a shm-broadcast wait before the engine was up (a boot still compiling or loading, or one it outlived)
+            # is slowness, not a fault; after it was up, a follower stopped answering (issue 44, kind 5)
+            outlived = _survived(e) and (ready_at is None or e.sort_line < ready_at)
             went_on = _went_on(e, progress)
             if outlived or went_on or (e.ts is not None and any(j != i and e.ts >= t for j, t in stops)):
                 artefacts.append((log, e))
@@ -406,6 +414,16 @@ def _ordered_faults(
 #: Lines that show a process making progress (booting on, or serving): after them, an earlier ERROR was survived.
 _PROGRESS = frozenset({Kind.RANK_PRESENCE, Kind.KV_TOKENS, Kind.KV_MEMORY, Kind.GRAPH_CAPTURED,
                        Kind.SPECULATOR_CAPTURE, Kind.READY, Kind.SERVED, Kind.SPEC_METRICS, Kind.RUNNER_V2})
+
+
+def _up_at(log: ParsedLog) -> int | None:
+    """Where a log first shows its engine up: the readiness line, a stats line with work done, a SpecDecoding
+    line."""
+    at = [e.sort_line for e in log.of(Kind.READY)]
+    at += [e.sort_line for e in log.of(Kind.SERVED)
+           if e.data.get("prompt") is None or float(e.data["prompt"]) + float(e.data["gen"]) > 0]
+    at += log.spec_at[:1]
+    return min(at, default=None)
 
 
 def _progress_by_stream(log: ParsedLog) -> dict[tuple[Any, ...], int]:

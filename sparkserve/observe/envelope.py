@@ -107,7 +107,12 @@ def detect_encoding(head: bytes, *, whole: bool) -> tuple[str, bool]:
     try:
         head.decode("utf-8")
     except UnicodeDecodeError as e:
-        if whole or e.start < len(head) - 3 or e.reason != "unexpected end of data":
+        if not whole and e.start >= len(head) - 3 and e.reason == "unexpected end of data":
+            return "utf-8", False  # a character cut by the sniff's end
+        text = head.decode("utf-8", "replace")
+        bad = text.count("\ufffd")
+        good = sum(1 for c in text if c > "\x7f") - bad
+        if good <= bad:  # no more UTF-8 than broken bytes: written in Latin-1 (a few broken bytes in UTF-8 are not)
             return "latin-1", False
     return "utf-8", False
 
@@ -125,11 +130,11 @@ def line_ends(text: str) -> str:
 
 
 def _learn_suffix(inner: list[str]) -> re.Pattern[str] | None:
-    """A separator after blanks that three lines in five end in (a log table's closing pipe)."""
+    """A separator after blanks that three lines in five end in, two at least (a log table's closing pipe)."""
     ends = Counter(m.group(2) for m in map(_SUFFIX.search, inner) if m)
     if ends:
         sep, n = ends.most_common(1)[0]
-        if n * 5 >= len(inner) * 3:
+        if n * 5 >= len(inner) * 3 and n >= 2 and "\ufffd" not in sep:
             return re.compile(r"\s+" + re.escape(sep) + r"\s*$")
     return None
 

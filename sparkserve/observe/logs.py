@@ -45,6 +45,7 @@ from sparkserve.observe.envelope import Envelope
 from sparkserve.observe.events import Event, classify_fault, match_events
 from sparkserve.observe.logline import Record, strip_ansi
 from sparkserve.observe.logpatterns import (
+    BOOT_FAILED,
     EXCEPTION_LINE,
     PATTERNS,
     POINTER,
@@ -340,9 +341,9 @@ def _fold_message_lines(reader: LogReader, events: list[Event]) -> list[Event]:
 
 def _bare_exceptions(reader: LogReader, events: list[Event]) -> list[Event]:
     """Rule 6: an exception line with no log level outside every traceback in view (its candidates are the
-    ``bare_exception`` events) is a root cause when frames precede it (the traceback's first line is out of view)
-    or when a relayed error follows it in the file (``EngineDeadError … See stack trace (above)``); otherwise it
-    is dropped. Returns the events with the candidates resolved."""
+    ``bare_exception`` events) is a root cause when frames precede it (the traceback's first line is out of view),
+    when a relayed error follows it in the file (``EngineDeadError … See stack trace (above)``), or when it says
+    the boot failed (:data:`BOOT_FAILED`: a one-line excerpt); otherwise it is dropped. Returns the events with the candidates resolved."""
     relays = [e.sort_line for e in events if e.kind is Kind.FAULT and (POINTER.search(e.rec.msg)
                                                                        or RELAYED.search(e.rec.msg))]
     out: list[Event] = []
@@ -362,6 +363,9 @@ def _bare_exceptions(reader: LogReader, events: list[Event]) -> list[Event]:
             out.append(Event(Kind.FAULT, ev.rec, {"bare": True}, kind, sort_line=frames, why=why))
         elif any(r > ev.sort_line for r in relays):
             why = "an exception line with no log level, before the relayed error that points above"
+            out.append(Event(Kind.FAULT, ev.rec, {"bare": True}, kind, sort_line=ev.sort_line, why=why))
+        elif BOOT_FAILED.search(ev.rec.msg):  # a one-line excerpt of a failed start-up (issue 44, kind 4)
+            why = "an exception line with no log level that says the boot failed"
             out.append(Event(Kind.FAULT, ev.rec, {"bare": True}, kind, sort_line=ev.sort_line, why=why))
     out.sort(key=lambda e: (e.sort_line, e.rec.lineno))
     return out

@@ -72,6 +72,11 @@ PROCESS_FAULTS: tuple[LogPattern, ...] = (
        "OOM killer), worker `WorkerProc failed to start.`/`failed.`, Ray `RayWorkerProc rank=%s died unexpectedly "
        "…`, `RayWorkerProc failed: %s`; V0 multiproc_worker_utils `Worker %s pid %s died, exit code: %s` (the "
        "parent reports the death; the worker logs its cause)", FaultKind.WORKER_DIED, fatal=True),
+    row(Kind.FAULT, ("Failed: Cuda error",),
+       r"Failed: Cuda error \S+:\d+",
+       "custom all-reduce's CUDACHECK (csrc/custom_all_reduce.cuh): `Failed: Cuda error %s:%d '%s'` printed to stdout "
+       "with no prefix, then exit(EXIT_FAILURE) — each rank that hits it dies (vllm#50557: several ranks during "
+       "capture, then `Worker proc … died unexpectedly`)", FaultKind.OTHER, fatal=True),
     row(Kind.FAULT, ("A worker died or was killed", "its worker process has died"),
        r"A worker died or was killed while executing a task|The actor is dead because its worker process has died",
        "Ray: `(raylet) A worker died or was killed while executing a task by an unexpected system error. …` and the "

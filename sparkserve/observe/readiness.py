@@ -2,7 +2,8 @@
 
 True on the readiness line or when requests were visibly served (a throughput line with work done, SpecDecoding
 metrics, or a request the API server answered with an error); false when the boot plainly failed — a fault that
-says so (:data:`~sparkserve.observe.logpatterns.BOOT_FAILED`), or a fault in a log whose tracebacks run through
+says so (:data:`~sparkserve.observe.logpatterns.BOOT_FAILED`), a fatal line (a process exits) after a boot step
+(loading, KV sizing, capture) with no readiness (issue 44, kind 4), or a fault in a log whose tracebacks run through
 start-up code and never through the serving loop (issue 32, kind 1: a worker's fatal signal, a raylet death, a
 CUDA OOM or an NCCL failure during start-up) — or an API server started and never got ready; null when the log
 cannot tell, among others when the engine died while serving with the start out of view (an output handler's death,
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sparkserve.observe.events import Event
-from sparkserve.observe.logpatterns import BOOT_FAILED, DIED_SERVING, Kind
+from sparkserve.observe.logpatterns import BOOT_FAILED, DIED_SERVING, FATAL, Kind
 from sparkserve.observe.logs import ParsedLog
 from sparkserve.observe.ranks import API_NAMES
 
@@ -53,6 +54,21 @@ def _phase(log: ParsedLog) -> tuple[str | None, Event | None]:
     return ("startup", first) if first is not None else (None, None)
 
 
+#: Lines that show a boot step: the last before a fatal line says whether the boot was still under way.
+_BOOT_STEPS = frozenset({Kind.CAPTURE_BAR, Kind.GRAPH_CAPTURED, Kind.KV_TOKENS, Kind.KV_MEMORY, Kind.RANK_PRESENCE})
+
+
+def _boot_under_way(log: ParsedLog, fault: Event) -> str | None:
+    """``CUDA graph capture`` when the last boot step ``log`` shows before ``fault`` is a capture bar short of 100 %
+    (the process died capturing: vllm#50557), else None. A follower's log that finished its capture has no
+    readiness line of its own: a later death there says nothing of its boot."""
+    steps = [e for e in log.events if e.kind in _BOOT_STEPS and e.sort_line < fault.sort_line]
+    last = steps[-1] if steps else None
+    if last is not None and last.kind is Kind.CAPTURE_BAR and last.data.get("pct") not in (None, "100"):
+        return "CUDA graph capture"
+    return None
+
+
 def decide_ready(ev: EventIndex, faults: Sequence[tuple[ParsedLog, Event]]) -> tuple[bool | None, ReadyEvidence | None]:
     """``ready`` and the line it was decided on (rules: module docstring), strongest evidence first."""
     for log, e in ev.of(Kind.READY):
@@ -63,6 +79,11 @@ def decide_ready(ev: EventIndex, faults: Sequence[tuple[ParsedLog, Event]]) -> t
     for log, e in faults:
         if BOOT_FAILED.search(e.rec.msg) or BOOT_FAILED.search(e.data.get("header") or ""):
             return False, ReadyEvidence(log, e, "the boot failed before the API server got ready")
+    for log, e in faults:
+        under_way = _boot_under_way(log, e)
+        if under_way is not None and FATAL.search(e.rec.msg):
+            why = f"a process died during start-up ({under_way} was under way; no readiness line)"
+            return False, ReadyEvidence(log, e, why)
     phases = {id(log): _phase(log) for log in ev.logs}
     for log, e in faults:
         phase, frame = phases[id(log)]

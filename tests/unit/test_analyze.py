@@ -13,10 +13,10 @@ LOGS = Path(__file__).resolve().parents[1] / "fixtures" / "logs"
 REAL = LOGS / "real-0.25.1"
 
 # DESIGN.md's keys, plus the one issue 10 added (the line `ready` was decided on, and why) and issue 32's requests
-# answered with an error (counted and shown, never faults)
+# answered with an error (counted and shown, never faults), and issue 44's pools of failed boots and envelopes
 CONTRACT_KEYS = {
     "kv_cache_tokens", "graphs", "cudagraph_mode", "ranks", "spec", "model_runner", "ready", "faults", "ready_evidence",
-    "request_errors",
+    "request_errors", "failed_boot_kv_cache_tokens", "envelopes",
 }
 SPEC_KEYS = {"method", "num_speculative_tokens", "mask_embedding_loaded", "mask_token_id", "mean_acceptance_length"}
 
@@ -102,6 +102,9 @@ def test_unknown_stays_null_never_guessed() -> None:
         "faults": [],
         "ready_evidence": None,
         "request_errors": {"count": 0, "first": None},
+        "failed_boot_kv_cache_tokens": [],
+        "envelopes": [{"file": "empty.log", "encoding": "utf-8", "bom": False, "line_ends": "none", "prefix": None,
+                       "suffix": None, "example": None, "lines": 0}],
     }
 
 

@@ -358,6 +358,8 @@ def test_every_fixture_answers_the_exact_contract(name: str) -> None:
         "faults",
         "ready_evidence",  # added by issue 10: the line `ready` was decided on, and why
         "request_errors",  # added by issue 32: requests answered with an error (count, first), never faults
+        "failed_boot_kv_cache_tokens",  # added by issue 44: the pools of boots that died after printing them
+        "envelopes",  # added by issue 44: per file, the encoding and the wrapper its lines were read out of
     ]
     assert list(j["request_errors"]) == ["count", "first"]
     assert list(j["spec"]) == [
@@ -388,6 +390,7 @@ def test_hard_wrapped_copy_reads_like_the_original_and_keeps_file_line_numbers()
     plain = analyze_files([LogFile(LOGS / "v0.33-head.log")]).to_json()
     w = wrapped.to_json()
     evidence = [j.pop("ready_evidence") for j in (w, plain)]
+    assert [j.pop("envelopes")[0]["prefix"] for j in (w, plain)] == [None, None]  # a wrap is no envelope
     assert w == plain  # everything but where the evidence sits: the wrap moves line numbers
     assert [e["text"] for e in evidence] == ["INFO:     Application startup complete."] * 2
     kv = [e for log in wrapped.logs for e in log.events if e.kind.value == "kv_tokens"][0]

@@ -418,10 +418,14 @@ def test_candidates_only_cost_what_they_hold() -> None:
 
 
 def test_bytes_and_str_inputs_agree_and_bad_utf8_is_replaced() -> None:
+    # issue 44: a byte that is no UTF-8 in a file with no UTF-8 at all is Latin-1 (ÿ); among UTF-8 text it is replaced
     raw = b"(EngineCore pid=2) INFO 11-29 16:03:45 [k.py:1] GPU KV cache size: 1,234 tokens \xff\n"
     a = parse_log(raw, file="h").of(Kind.KV_TOKENS)
-    b = parse_log(raw.decode("utf-8", "replace"), file="h").of(Kind.KV_TOKENS)
-    assert a[0].data["tokens"] == b[0].data["tokens"] == "1,234" and "\ufffd" in a[0].text
+    b = parse_log(raw.decode("latin-1"), file="h").of(Kind.KV_TOKENS)
+    assert a[0].data["tokens"] == b[0].data["tokens"] == "1,234" and a[0].text.endswith("ÿ")
+    utf8 = "Capturing CUDA graphs: 100%|██████████| 35/35\n".encode() * 3 + raw
+    c = parse_log(utf8, file="h").of(Kind.KV_TOKENS)
+    assert c[0].data["tokens"] == "1,234" and "\ufffd" in c[0].text
 
 
 def test_regexes_are_precompiled() -> None:
