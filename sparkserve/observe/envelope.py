@@ -130,11 +130,11 @@ def line_ends(text: str) -> str:
 
 
 def _learn_suffix(inner: list[str]) -> re.Pattern[str] | None:
-    """A separator after blanks that three lines in five end in, two at least (a log table's closing pipe)."""
+    """A separator after blanks that three lines in five end in (a log table's closing pipe)."""
     ends = Counter(m.group(2) for m in map(_SUFFIX.search, inner) if m)
     if ends:
         sep, n = ends.most_common(1)[0]
-        if n * 5 >= len(inner) * 3 and n >= 2 and "\ufffd" not in sep:
+        if n * 5 >= len(inner) * 3 and "\ufffd" not in sep:
             return re.compile(r"\s+" + re.escape(sep) + r"\s*$")
     return None
 
