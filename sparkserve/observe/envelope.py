@@ -330,6 +330,11 @@ def _read_all(log: BinaryIO) -> bytes:
     return os.pread(fd, size, 0)
 
 
+def decode(data: bytes, encoding: str, bom: bool) -> str:
+    """A whole log's bytes as text, in the encoding :func:`detect_encoding` found (undecodable bytes replaced)."""
+    return _decode(data, encoding, bom, final=True)
+
+
 def _decode(data: bytes, encoding: str, bom: bool, *, final: bool) -> str:
     if bom:
         data = data[len(next(b for b, n in _BOMS if n == encoding)):]

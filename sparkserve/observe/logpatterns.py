@@ -75,7 +75,7 @@ ANCHORS: tuple[str, ...] = (
     "throughput:",
     "RPC call", "orker", "TCPStore", "c10d", "Xid", "Traceback", "ERR", "CRITICAL", "rror: ", "xception: ",
     "NET/", "network ", "nccl", "event", "GID table", "cache layout for", "DFLASH2-", 'File "', "engine_core",
-    "Cuda error", ", exit code",
+    "Cuda error", ", exit code", "watchdog thread", "rror): ",
 )
 #: anchor → ((needle, index into PATTERNS), …) for the needles holding that anchor.
 NEEDLE_INDEX: tuple[tuple[str, tuple[tuple[str, int], ...]], ...] = tuple(

@@ -103,8 +103,8 @@ PROCESS_FAULTS: tuple[LogPattern, ...] = (
     row(Kind.TRACEBACK_START, ("Traceback (most recent call last)",),
        r"^Traceback \(most recent call last\):",
        "Python traceback; the fault reported is its root-cause line (the last `XxxError: …` line)"),
-    row(Kind.BARE_EXCEPTION, ("Error: ", "Exception: "),
-       r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)\w*: \S",
+    row(Kind.BARE_EXCEPTION, ("Error: ", "Exception: ", "Error): "),
+       r"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception)\w*(?:\([\w.]+\))?: \S",
        "an exception line with no log level (stderr, 0.10–0.30 with only the `(name pid=N)` prefix, or none) "
        "outside any traceback in view: the root cause when frames of a traceback whose `Traceback …` line is out "
        "of view precede it, or when a relayed error (`EngineDeadError … See stack trace (above)`) follows it"),
@@ -118,9 +118,10 @@ PROCESS_FAULTS: tuple[LogPattern, ...] = (
 )
 
 #: An exception line inside a traceback: ``ValueError: …``, ``torch.OutOfMemoryError: …``, ``KeyboardInterrupt``.
-#: Also a module-qualified class whose name says nothing of errors (``torch._dynamo.exc.BackendCompilerFailed: …``).
+#: Also a module-qualified class whose name says nothing of errors (``torch._dynamo.exc.BackendCompilerFailed: …``),
+#: and Ray's wrapper naming the cause it carries (``ray.exceptions.RayTaskError(ValueError): ray::…``).
 EXCEPTION_LINE = re.compile(
-    r"^(?P<exc>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Interrupt|Exit)\w*"
+    r"^(?P<exc>(?:[A-Za-z_]\w*\.)*(?:[A-Z]\w*)?(?:Error|Exception|Interrupt|Exit)\w*(?:\((?:[\w.]+)\))?"
     r"|(?:[a-z_]\w*\.)+[A-Z]\w*(?=:))(?::\s*(?P<msg>.*))?$"
 )
 #: Root-cause pointers: the real cause was logged earlier (another process or an earlier traceback).

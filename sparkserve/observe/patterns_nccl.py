@@ -55,6 +55,12 @@ NCCL_FAULTS: tuple[LogPattern, ...] = (
        "NCCL library `host:pid:tid [dev] file.cc:line [(func) ]NCCL WARN …` (src/debug.cc; no vLLM prefix) — every "
        "WARN but the informational async events (NCCL_NOTE); vLLM `RuntimeError: NCCL error: …`",
        FaultKind.NCCL, fatal=True),
+    row(Kind.FAULT, ("watchdog thread terminated with exception",),
+       r"Process group watchdog thread terminated with exception: \S",
+       "PyTorch ProcessGroupNCCL: `[PG ID %d …] Process group watchdog thread terminated with exception: CUDA error: "
+       "…` — the watchdog found a failed CUDA call and takes the process down (`terminate called after throwing an "
+       "instance of 'c10::DistBackendError'`, then `what(): …` with this text: QwenLM/Qwen3-VL#1756)",
+       FaultKind.OTHER, fatal=True),
     row(Kind.FAULT, ("ibv_",),
        r"\bibv_\w+ failed",
        "RDMA `ibv_modify_qp failed with 110 (Connection timed out)`", FaultKind.NCCL),
