@@ -48,7 +48,7 @@ ANCHOR = re.compile(
 _TOKEN = re.compile(r"[^\s\[\](){}|:;,<>\"'=]+|\s+|.")
 _WORD = r"[^\s\[\](){}|:;,<>\"'=]+"
 #: A suffix: one to three separator characters after blanks at the end of a line (a log table's closing pipe).
-_SUFFIX = re.compile(r"(\s+)([^\w\s.,;:)\]}%>'\"`!?*-]{1,3})\s*$")
+_SUFFIX = re.compile(r"((?:\s+[^\w\s.,;:)\]}%>'\"`!?*-]{1,3})+)\s*$")
 #: Stamps and numbers in a wrapper: not names (a line's source is the names in its wrapper).
 _NAME = re.compile(r"[^\W\d_]{2,}[\w.\-/]*|[\w.\-/]*[^\W\d_]{2,}")
 _MONTHS = re.compile(r"^[^\W\d_]{3,4}\.?$")
@@ -130,12 +130,13 @@ def line_ends(text: str) -> str:
 
 
 def _learn_suffix(inner: list[str]) -> re.Pattern[str] | None:
-    """A separator after blanks that three lines in five end in (a log table's closing pipe)."""
-    ends = Counter(m.group(2) for m in map(_SUFFIX.search, inner) if m)
+    """The separators after blanks that three lines in five end in (a log table's closing pipe; two when a row of
+    one table was pasted into another)."""
+    ends = Counter(tuple(m.group(1).split()) for m in map(_SUFFIX.search, inner) if m)
     if ends:
-        sep, n = ends.most_common(1)[0]
-        if n * 5 >= len(inner) * 3 and "\ufffd" not in sep:
-            return re.compile(r"\s+" + re.escape(sep) + r"\s*$")
+        seps, n = ends.most_common(1)[0]
+        if n * 5 >= len(inner) * 3 and "\ufffd" not in "".join(seps):
+            return re.compile("".join(r"\s+" + re.escape(sep) for sep in seps) + r"\s*$")
     return None
 
 
@@ -344,9 +345,10 @@ def _decode(data: bytes, encoding: str, bom: bool, *, final: bool) -> str:
 
 
 def _suffix_shape(suf: re.Pattern[str] | None) -> str | None:
+    """A learnt suffix as people read it: its separators, each after one blank (`` |``)."""
     if suf is None:
         return None
-    return " " + re.sub(r"\\(.)", r"\1", suf.pattern[len(r"\s+"):-len(r"\s*$")])
+    return "".join(" " + re.sub(r"\\(.)", r"\1", sep) for sep in suf.pattern[: -len(r"\s*$")].split(r"\s+")[1:])
 
 
 def _rewrite(text: str, learnt: Learnt, env: Envelope) -> Unwrapped:

@@ -198,7 +198,9 @@ def _collect(out: Pass, data: bytes, cut: int, pos: int, sep: bytes, hits: list[
 _RECORD_START = re.compile(
     rb"(?:\x1b\[[0-9;]*m|\^\[\[[0-9;]*m|\[[0-9;]+m)?(?:\([A-Za-z_][\w.\-]*(?: [A-Za-z_][\w\-]*)?(?: rank=\d+)? pid=\d+"
     rb"|(?:DEBUG|INFO|WARNING|ERROR|CRITICAL)[ :]|\[rank\d+\]:|\[[IWEF]\d{4} |\{\"|Traceback |\d{4}-\d\d-\d\dT"
-    rb"|[A-Z][a-z]{2} [ \d]\d \d\d:|[\w.-]+\s+\| |[\w.-]+:\d+:\d+ \[)"
+    rb"|[A-Z][a-z]{2} [ \d]\d \d\d:|[\w.-]+\s+\| |[\w.-]+:\d+:\d+ \["
+    # a tqdm bar, one per line (bars are all one width: never the fragments of a hard wrap; issue 44, kind 3)
+    rb"|[\w ().,/-]{1,100}: +\d{1,3}%(?:\||\s+Completed))"
 )
 
 
