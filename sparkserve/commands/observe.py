@@ -86,7 +86,9 @@ def _log_files(items: list[str], option: str) -> list[LogFile]:
 @logs_app.command("analyze")
 def analyze_cmd(
     files: Annotated[
-        list[Path] | None, typer.Argument(help="saved vLLM logs (any version 0.10 … 0.33)")
+        list[Path] | None,
+        typer.Argument(help="saved vLLM logs (any version 0.10 … 0.33, in any envelope: UTF-8, UTF-16 or Latin-1; "
+                       "a CI, journald, compose, kubectl or log-table wrapper is learnt from the file)"),
     ] = None,
     json_out: JsonOpt = False,
     node: Annotated[
@@ -112,6 +114,9 @@ def _print_analysis(a: Analysis) -> None:
     t.add_column()
     kv = ", ".join(f"{n:,}" for n in j["kv_cache_tokens"]) or "not found"
     t.add_row("KV cache", f"{kv} tokens" if j["kv_cache_tokens"] else kv)
+    if j["failed_boot_kv_cache_tokens"]:
+        failed = ", ".join(f"{n:,}" for n in j["failed_boot_kv_cache_tokens"])
+        t.add_row("  failed boot", f"{failed} tokens (printed by a boot that then died)")
     t.add_row("graphs", f"{j['graphs']} (cudagraph_mode {j['cudagraph_mode'] or 'unknown'})")
     for r, st in j["ranks"].items():
         pool = f", pool {st['kv_cache_tokens']:,}" if st["kv_cache_tokens"] is not None else ""
@@ -130,6 +135,11 @@ def _print_analysis(a: Analysis) -> None:
     t.add_row("model runner", j["model_runner"] or "unknown")
     t.add_row("ready", {True: "yes", False: "no", None: "unknown"}[j["ready"]])
     t.add_row("faults", str(len(j["faults"])) if j["faults"] else "none")
+    for e in j["envelopes"]:
+        if e["prefix"] or e["suffix"] or e["encoding"] != "utf-8":
+            wrapper = f", wrapper {e['example']!r} taken off {e['lines']} lines" if e["prefix"] else ""
+            suffix = f", suffix {e['suffix']!r}" if e["suffix"] else ""
+            t.add_row("envelope", escape(f"{Path(e['file']).name}: {e['encoding']}{wrapper}{suffix}"))
     console.print(t)
     for f in j["faults"]:
         console.print(

@@ -343,7 +343,8 @@ def _bare_exceptions(reader: LogReader, events: list[Event]) -> list[Event]:
     """Rule 6: an exception line with no log level outside every traceback in view (its candidates are the
     ``bare_exception`` events) is a root cause when frames precede it (the traceback's first line is out of view),
     when a relayed error follows it in the file (``EngineDeadError … See stack trace (above)``), or when it says
-    the boot failed (:data:`BOOT_FAILED`: a one-line excerpt); otherwise it is dropped. Returns the events with the candidates resolved."""
+    the boot failed (:data:`BOOT_FAILED`: a one-line excerpt); otherwise it is dropped. Returns the events with the
+    candidates resolved."""
     relays = [e.sort_line for e in events if e.kind is Kind.FAULT and (POINTER.search(e.rec.msg)
                                                                        or RELAYED.search(e.rec.msg))]
     out: list[Event] = []
