@@ -388,16 +388,19 @@ def _ordered_faults(
     stops = [(i, log.stop.ts) for i, log in enumerate(logs) if log.stop is not None and log.stop.ts is not None]
     faults: list[tuple[int, tuple[int, ...], ParsedLog, Event]] = []
     artefacts = [(log, e) for log in logs for e in log.artefacts]
+    up = {id(log): _up_at(log) for log in logs}
+    stack_up = any(at is not None for at in up.values())  # a follower's log has no readiness line of its own
     for i, log in enumerate(logs):
-        ready_at = _up_at(log)
+        ready_at = up[id(log)]
         progress = _progress_by_stream(log)
         first_ts = next((e.ts for e in log.faults if e.ts is not None), None) or (0,)
         eff = first_ts
         for e in sorted(log.faults, key=lambda x: (x.sort_line, x.line)):
             eff = max(eff, e.ts) if e.ts is not None else eff  # a file's own order is kept
             # a shm-broadcast wait before the engine was up (a boot still compiling or loading, or one it outlived)
-            # is slowness, not a fault; after it was up, a follower stopped answering (issue 44, kind 5)
-            outlived = _survived(e) and (ready_at is None or e.sort_line < ready_at)
+            # is slowness, not a fault; after it was up (in this log, or in another when this one is a follower's
+            # and has no readiness line), a follower stopped answering (issue 44, kind 5)
+            outlived = _survived(e) and (e.sort_line < ready_at if ready_at is not None else not stack_up)
             went_on = _went_on(e, progress)
             if outlived or went_on or (e.ts is not None and any(j != i and e.ts >= t for j, t in stops)):
                 artefacts.append((log, e))

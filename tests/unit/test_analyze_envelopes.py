@@ -142,6 +142,11 @@ def test_a_shm_broadcast_wait_during_a_boot_is_slowness_while_serving_it_stays_a
         assert j["faults"] == [] and j["ready"] is None, name
     dead = analyze_files([LogFile(PUBLIC.parent / "fault-dead-follower-0.33-head.log")]).to_json()
     assert "No available shared memory broadcast block" in dead["faults"][0]["text"] and dead["ready"] is True
+    # read beside a head that got ready, a follower's wait (its log has no readiness line) is a fault again
+    boot = (PUBLIC / "club3090-75-shm-wait-during-compile.log").read_text()
+    head = "(APIServer pid=1) INFO:     Application startup complete.\n"
+    both = analyze([parse_log(head, file="head.log"), parse_log(boot, file="follower.log")]).to_json()
+    assert "No available shared memory broadcast block" in both["faults"][0]["text"]
 
 
 # --- 6. a pool printed, then a failure ----------------------------------------------------------------------------
