@@ -68,7 +68,8 @@ def _glm_target(path: Path, *, first_k_dense: int | None) -> Path:
     t = {"model.embed_tokens.weight": z, "model.norm.weight": z, "lm_head.weight": z}
     for i in range(n):
         p = f"model.layers.{i}."
-        t |= {p + x: z for x in ("input_layernorm.weight", "post_attention_layernorm.weight", "self_attn.o_proj.weight")}
+        t |= {p + x: z for x in ("input_layernorm.weight", "post_attention_layernorm.weight",
+                                 "self_attn.o_proj.weight")}
         mlp = ("gate_proj", "up_proj", "down_proj") if i == 0 else (
             "experts.0.gate_proj", "experts.1.up_proj", "gate")
         t |= {p + f"mlp.{m}.weight": z for m in mlp}
