@@ -98,3 +98,35 @@ def test_mtp_says_the_card_has_not_validated_it_in_profiles_and_validate(tmp_pat
     j = cli("profiles", "--json", env=env)
     by = {x["name"]: x for x in json.loads(j.stdout)["profiles"]}
     assert "has not been validated by us yet" in by["mtp"]["caveat"] and by["g4-262k"]["caveat"] is None
+
+
+def _launcher_in_venv(tmp: Path, version: str) -> Path:
+    """A `vllm-router` console script in a venv of its own whose `vllm-router` distribution is ``version``, with
+    vllm-project/router's flags in its --help (the PrimeIntellect fork keeps the package name and the launcher)."""
+    import subprocess
+    import sys
+
+    venv = tmp / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    (site,) = venv.glob("lib/python*/site-packages")
+    info = site / f"vllm_router-{version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: vllm-router\nVersion: {version}\n")
+    exe = venv / "bin" / "vllm-router"
+    exe.write_text(f"#!{venv}/bin/python\nprint('usage: vllm-router --worker-urls --retry-max-retries "
+                   "--cb-failure-threshold')\n")
+    exe.chmod(0o755)
+    return exe
+
+
+def test_the_router_check_names_the_version_found_and_refuses_all_but_0_1_17(tmp_path: Path) -> None:
+    from sparkserve.nodes.router import router_executable, router_version
+
+    fork = _launcher_in_venv(tmp_path, "0.2.7")
+    with pytest.raises(BadInput) as e:
+        router_executable(str(fork))
+    assert e.value.where == "router.executable"
+    assert "found vllm-router 0.2.7" in e.value.what and "PrimeIntellect" in e.value.what
+    assert "pip install 'vllm-router==0.1.17' --index-url https://pypi.org/simple" in e.value.what
+    real = router_executable("vllm-router")  # the pinned wheel in sparkserve's own venv
+    assert router_version(real) == "0.1.17"
