@@ -80,6 +80,8 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
             add("docker", "ok", f"docker {ver.get('Version', '?')} (API {ver.get('ApiVersion', '?')})")
             if storage_out is not None:
                 storage_out[name] = str(node.docker().info().get("Driver") or "")
+            if not lean:  # `doctor`: the image by its identity (`up` asks the engine identity itself)
+                add("image", *_image_check(cfg.image.ref, node))
         except SparkserveError as e:
             hint = ""
             if "permission denied" in e.what.lower():  # a non-root SSH user outside the docker group
@@ -157,6 +159,19 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
     except FabricError as e:
         add("fabric", "fail", str(e))
     return out
+
+
+def _image_check(ref: str, node: Node) -> tuple[Status, str]:
+    """image.ref on the node: its ID, and for a base known by digest the digest and its other names; missing is a
+    warning (`up` says how to get it) naming the other names that hold its digest."""
+    from sparkserve.image.base_names import describe, digest_of, pull_hint
+    from sparkserve.image.on_nodes import image_identity
+
+    found = image_identity(node, ref)
+    known = f" — {describe(ref)}" if digest_of(ref) else ""
+    if found is None:
+        return "warn", f"{ref} is not on this node (`sparkserve image ship`, or pull it){pull_hint(ref)}"
+    return "ok", f"{ref} is {found[0][:19]}{known}"
 
 
 def own_deployment(cfg: Config, fingerprint: str) -> bool:

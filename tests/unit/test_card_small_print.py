@@ -130,3 +130,50 @@ def test_the_router_check_names_the_version_found_and_refuses_all_but_0_1_17(tmp
     assert "pip install 'vllm-router==0.1.17' --index-url https://pypi.org/simple" in e.value.what
     real = router_executable("vllm-router")  # the pinned wheel in sparkserve's own venv
     assert router_version(real) == "0.1.17"
+
+
+CARD_DIGEST = "sha256:4def0ef644cb2e9814136dcffd5e385e21bc594f48f3b292234051904abe85a6"
+TONY = "ghcr.io/tonyd2wild/vllm-glm53-flash:sm121-v11-dflash2"
+REHOST = "ghcr.io/canada-quant/vllm-glm53-flash-base:sm121-v11-dflash2"
+RADIXARK = "radixark/vllm-glm53-flash:sm121-v11-dflash2"
+
+
+def test_the_base_is_its_digest_in_the_lock_whatever_name_the_recipe_gives_it() -> None:
+    from sparkserve.image.context import default_recipe, load_recipe_files
+    from sparkserve.image.recipe import lock_problems
+
+    files = load_recipe_files(default_recipe())
+    assert files.recipe.base.image == f"{TONY}@{CARD_DIGEST}"
+    for name in (REHOST, RADIXARK):  # the card's re-host (or the old name) of the same digest: the lock holds
+        recipe = files.recipe.model_copy(update={"base": files.recipe.base.model_copy(
+            update={"image": f"{name}@{CARD_DIGEST}"})})
+        assert not [p for p in lock_problems(recipe, files.lock, files.series, files.checks) if "base.image" in p]
+    other = files.recipe.model_copy(update={"base": files.recipe.base.model_copy(
+        update={"image": f"{REHOST}@sha256:{'0' * 64}"})})
+    assert [p for p in lock_problems(other, files.lock, files.series, files.checks) if "base.image" in p]
+
+
+def test_a_failed_pull_of_one_name_says_which_other_names_hold_that_digest() -> None:
+    import docker.errors
+
+    from sparkserve.image.base_names import pull_errors
+    from sparkserve.nodes import LocalNode, NodeError
+
+    ref = f"{TONY}@{CARD_DIGEST}"
+    with pytest.raises(NodeError) as e, pull_errors(LocalNode("spark-a"), "relock", ref):
+        # what the docker SDK raises for a name the registry no longer serves
+        raise docker.errors.NotFound("404 Client Error: Not Found (\"manifest unknown\")")
+    what = e.value.what
+    assert what.startswith(f"{ref}: ") and "manifest unknown" in what
+    assert f"also published as {REHOST}@{CARD_DIGEST}" in what
+    assert "radixark/vllm-glm53-flash:sm121-v11-dflash2: gone: \"now 404 on Docker Hub\"" in what
+    assert TONY + "@" not in what.split("also published as", 1)[1]  # not the name that just failed
+
+
+def test_image_verify_names_the_base_by_its_digest() -> None:
+    from sparkserve.image.verify import ImageCheck
+
+    facts = {"lock": {"base": {"image": f"{TONY}@{CARD_DIGEST}", "digest_ref": f"{TONY}@{CARD_DIGEST}"}}}
+    base = ImageCheck("img", {"a": "sha256:1"}, {"a": "fp"}, None, {"a": facts}).base
+    assert base is not None and base["digest"] == CARD_DIGEST and base["names"][:2] == [REHOST, TONY]
+    assert str(base["line"]).startswith("base: sha256:4def0ef644cb… (" + REHOST)
