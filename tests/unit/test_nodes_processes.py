@@ -319,7 +319,7 @@ def test_every_node_must_run_the_same_engine(monkeypatch, tmp_path: Path) -> Non
 # it ignores SIGINT and SIGTERM as a process deep in its exit does not hurry for them, and it closes its output
 # first (the kernel closes a dying process's files in fd order: the log pipe before the GPU's device files), so the
 # rank's supervisor sees the end of the log and exits while it is still there.
-SLOW_EXIT = 1.0
+SLOW_EXIT = 3.0  # long beside the teardown's own steps before its stop (log saving: milliseconds)
 WITH_SLOW_CHILD = (
     "import subprocess, sys, time\n"
     "child = subprocess.Popen(['env', '-i', sys.executable, '-c', 'import os, signal, time\\n"
@@ -339,7 +339,7 @@ def test_down_right_after_a_crash_waits_for_every_process_of_the_rank_and_names_
     monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
     cfg = load_config(config_file(tmp_path / "p.yaml", {
         "runtime": "process", "serve": {"vllm": sys.executable}, "process": {"run_dir": str(tmp_path / "run")},
-        "container": {"stop_timeout_s": 5}}))
+        "container": {"stop_timeout_s": 10}}))
     head = cfg.head.name
     eng = ProcessEngine(LocalNode(head), run_dir=str(tmp_path / "run"), vllm=sys.executable)
     rid = eng.run(spec(WITH_SLOW_CHILD))
