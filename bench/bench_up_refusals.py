@@ -13,6 +13,9 @@ before the first ``issue 45:`` commit, exported with `git archive`) and with thi
 
 * port      — the head's API port taken by a listener that is not sparkserve's;
 * gpu-full  — node-b's (fake) MemAvailable 9 GiB of 119.7 GiB: another process holds the memory;
+* port, slow identity — the same taken port with ``runtime: process`` and an engine whose cold identity takes
+  ``--identity-s`` seconds (the rig's emulator launcher behind a ``--version`` that sleeps: on the real engine the
+  identity of vLLM 0.25.1 cost most of the 28.8 s; the identity cache is deleted before every run);
 * drafter   — drafter.path on the head only (validate reads it there), missing on node-b, and no copy on this
   machine to sync from.
 
@@ -48,6 +51,8 @@ import rig as riglib  # noqa: E402
 GOAL_S = 2.0
 SYNCED = "/srv/spark/bench-refusals-drafter"
 HEAD_ONLY = "/srv/spark/bench-head-only-drafter"
+SLOW_VLLM = "/srv/spark/bench-slow-engine/bin/vllm"
+SLOW_RUN = "/srv/spark/bench-slow-run"
 
 
 def before_ref() -> str:
@@ -75,6 +80,7 @@ def main() -> int:
     ap.add_argument("--before", default=None, help="the code before (a git ref; default: before issue 45)")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--drafter-mb", type=int, default=1024, help="size of drafter.source for port/gpu-full")
+    ap.add_argument("--identity-s", type=float, default=20.0, help="the slow engine's cold identity (seconds)")
     a = ap.parse_args()
 
     info = riglib.load_info()
@@ -93,10 +99,19 @@ def main() -> int:
 
     synced = {**data, "drafter": {**data["drafter"], "path": SYNCED, "source": str(source)}}
     missing = {**data, "drafter": {**data["drafter"], "path": HEAD_ONLY}}
+    for n in nodes:  # the slow engine: the emulator launcher behind a --version that takes --identity-s
+        riglib.install_process_engine(n)
+        slow = n.host_path(SLOW_VLLM)
+        slow.parent.mkdir(parents=True, exist_ok=True)
+        slow.write_text(f'#!/bin/sh\nif [ "$1" = "--version" ]; then sleep {a.identity_s}; fi\n'
+                        f'exec {riglib.PROCESS_VLLM} "$@"\n')
+        slow.chmod(0o755)
+    slow_cfg = {**data, "runtime": "process", "serve": {**data["serve"], "vllm": SLOW_VLLM},
+                "process": {"run_dir": SLOW_RUN}}
     shutil.rmtree(head.host_path(HEAD_ONLY), ignore_errors=True)
     shutil.copytree(head.host_path(data["drafter"]["path"]), head.host_path(HEAD_ONLY))
     cfgs = {}
-    for name, body in (("synced", synced), ("missing", missing)):
+    for name, body in (("synced", synced), ("missing", missing), ("slow", slow_cfg)):
         cfgs[name] = tmp / f"{name}.yaml"
         cfgs[name].write_text(yaml.safe_dump(body, sort_keys=False))
     port = int(data["serve"]["port"])
@@ -124,6 +139,15 @@ def main() -> int:
             s.listen()
             return run(code, cfgs["synced"], "already in use")
 
+    def slow_identity(code: Path | None) -> tuple[float, float]:
+        for n in nodes:  # cold: the node's engine identity cache is gone
+            for f in n.host_path(SLOW_RUN).glob(".engine-identity*"):
+                f.unlink()
+        with socket.socket() as s:
+            s.bind((head.host, port))
+            s.listen()
+            return run(code, cfgs["slow"], "already in use")
+
     def gpu_full(code: Path | None) -> tuple[float, float]:
         meminfo = follower.host_path("/srv/spark/proc") / "meminfo"
         meminfo.write_text(riglib.fake_meminfo(free_gib=8, available_gib=9))
@@ -138,7 +162,8 @@ def main() -> int:
     rows = []
     load = os.getloadavg()[0]
     with riglib.exclusive_use():
-        for name, fn in (("port taken", taken_port), ("GPU already full", gpu_full),
+        for name, fn in (("port taken", taken_port), ("port, slow identity", slow_identity),
+                         ("GPU already full", gpu_full),
                          ("drafter missing on node-b", no_drafter)):
             before = [fn(old) for _ in range(a.runs)]
             after = [fn(None) for _ in range(a.runs)]
@@ -148,10 +173,14 @@ def main() -> int:
                   f"{', '.join(f'{w:.2f}' for w, _ in after)} s", flush=True)
     shutil.rmtree(tmp, ignore_errors=True)
     shutil.rmtree(head.host_path(HEAD_ONLY), ignore_errors=True)
+    for n in nodes:
+        shutil.rmtree(n.host_path(SLOW_VLLM).parent.parent, ignore_errors=True)
+        shutil.rmtree(n.host_path(SLOW_RUN), ignore_errors=True)
     print()
-    print(f"`sparkserve up` refusals on the rig ({len(nodes)} nodes, docker runtime, drafter.source "
-          f"{a.drafter_mb} MiB), median of {a.runs} cold runs; before = {ref}; this machine's load average "
-          f"{load:.1f} on {os.cpu_count()} CPUs (wall includes waiting for a CPU; CPU = the process's user+sys)")
+    print(f"`sparkserve up` refusals on the rig ({len(nodes)} nodes, docker runtime but for the slow identity's "
+          f"process runtime, drafter.source {a.drafter_mb} MiB, cold identity {a.identity_s:g} s), median of "
+          f"{a.runs} cold runs; before = {ref}; this machine's load average {load:.1f} on {os.cpu_count()} CPUs "
+          "(wall includes waiting for a CPU; CPU = the process's user+sys)")
     print(f"{'refusal':<28}{'before wall':>12}{'after wall':>11}{'before/after':>14}{'after/2 s':>11}"
           f"{'before CPU':>12}{'after CPU':>11}")
     for name, bw, bc, aw, ac in rows:
