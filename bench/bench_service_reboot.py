@@ -19,8 +19,8 @@ What it does, per scope:
    imported into node-a's dockerd as ``sparkserve-sysd:bookworm`` (``container=docker``, CMD ``/sbin/init``).
 2. The control container ``<rig>-sysd-ctl`` on node-a's dockerd: privileged, host network, ``/run`` on tmpfs; this
    checkout and sparkserve's venv bind-mounted read-only (a ``.pth`` file puts them on the container's Python);
-   the units that would touch the host masked (udev, sysctl, modules, binfmt, getty, networkd, resolved,
-   timesyncd); its dockerd with ``"bridge": "none", "iptables": false``.
+   the units that would touch the host masked in the root filesystem before its first boot (udev, sysctl,
+   modules, binfmt, getty, networkd, resolved, timesyncd); its dockerd with ``"bridge": "none", "iptables": false``.
 3. ``sparkserve service install --scope system`` (as root), or ``--scope user`` as a user ``bench`` (lingering
    turned on by `install`).
 4. Reboot 1: the stack is taken down (the nodes lost power too), the container is restarted (``docker restart``:
@@ -68,6 +68,7 @@ MASK = ["systemd-udevd.service", "systemd-udevd-control.socket", "systemd-udevd-
         "serial-getty@console.service", "console-getty.service", "systemd-remount-fs.service",
         "sys-kernel-debug.mount", "sys-kernel-tracing.mount", "sys-kernel-config.mount",
         "sys-fs-fuse-connections.mount", "dev-hugepages.mount", "dev-mqueue.mount", "systemd-random-seed.service"]
+DAEMON_JSON = json.dumps({"bridge": "none", "iptables": False, "ip-masq": False, "storage-driver": "vfs"})
 VENV_SITE = next((REPO / ".venv").resolve().glob("lib/python3*/site-packages"))
 
 
@@ -86,6 +87,13 @@ def rootfs_tar(work: Path) -> Path:
         say(f"debootstrap bookworm with {PACKAGES} (once; cached in {work})")
         subprocess.run(["debootstrap", "--variant=minbase", f"--include={PACKAGES}", "bookworm", str(tmp)],
                        check=True)
+    # before its first boot: the units that would act on the host masked, docker without bridge or iptables
+    for unit in MASK:
+        link = tmp / "etc" / "systemd" / "system" / unit
+        link.unlink(missing_ok=True)
+        link.symlink_to("/dev/null")
+    (tmp / "etc" / "docker").mkdir(parents=True, exist_ok=True)
+    (tmp / "etc" / "docker" / "daemon.json").write_text(DAEMON_JSON)
     subprocess.run(["tar", "-C", str(tmp), "--numeric-owner", "-cf", str(tar) + ".part", "."], check=True)
     os.replace(str(tar) + ".part", tar)
     return tar
@@ -103,12 +111,18 @@ def ensure_image(client: docker.DockerClient, tar: Path) -> None:
                             changes=["ENV container=docker", 'CMD ["/sbin/init"]', "STOPSIGNAL SIGRTMIN+3"])
 
 
+def nodes_host(info: dict) -> str:
+    """The head node's address (the rig's own loopback address: the exporter listens there, not on 127.0.0.1)."""
+    return riglib.nodes_from_info(info)[0].host
+
+
 def prepare(ctl: Path, info: dict, *, scope: str) -> Path:
     """The control container's own files: the stack's config, the .pth, docker's daemon.json, the masks."""
     data = yaml.safe_load(Path(info["rig_yaml"]).read_text())
     data["supervise"] = {"interval_s": 2, "canary_deadline_s": 10, "backoff_s": 5, "backoff_max_s": 20,
                          "max_restarts": 50, "budget_window_s": 3600,
-                         "meminfo_path": "/srv/spark/proc/meminfo", "kmsg_path": "/srv/spark/proc/kmsg"}
+                         "meminfo_path": "/srv/spark/proc/meminfo", "kmsg_path": "/srv/spark/proc/kmsg",
+                         "listen": f"{nodes_host(info)}:9345"}
     if scope == "user":  # the user's own copy of the rig key (ssh refuses a key others can read)
         data["ssh"]["identity_file"] = "/home/bench/.ssh/id_ed25519"
         data["ssh"]["known_hosts"] = "/home/bench/.ssh/known_hosts"
@@ -116,8 +130,6 @@ def prepare(ctl: Path, info: dict, *, scope: str) -> Path:
     cfg = ctl / "etc" / "config.yaml"
     cfg.write_text(yaml.safe_dump(data, sort_keys=False))
     (ctl / "etc" / "sparkserve-bench.pth").write_text(f"{REPO}\n{VENV_SITE}\n")
-    (ctl / "etc" / "daemon.json").write_text(json.dumps({"bridge": "none", "iptables": False, "ip-masq": False,
-                                                          "storage-driver": "vfs"}))
     return cfg
 
 
@@ -165,9 +177,7 @@ def systemd_ready(c) -> bool:
 
 
 def setup_inside(c, scope: str) -> None:
-    dexec(c, "set -e; ln -sf /etc/sparkserve-bench/sparkserve-bench.pth /usr/lib/python3/dist-packages/; "
-             "mkdir -p /etc/docker && cp /etc/sparkserve-bench/daemon.json /etc/docker/daemon.json; "
-             f"systemctl mask {' '.join(MASK)} >/dev/null 2>&1 || true; systemctl restart docker")
+    dexec(c, "ln -sf /etc/sparkserve-bench/sparkserve-bench.pth /usr/lib/python3/dist-packages/")
     if scope == "user":
         ssh_dir = "/home/bench/.ssh"
         dexec(c, f"set -e; id bench >/dev/null 2>&1 || useradd -m -s /bin/sh bench; mkdir -p {ssh_dir}; "
