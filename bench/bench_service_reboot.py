@@ -58,7 +58,9 @@ sys.path.insert(0, str(REPO / "tests" / "rig"))
 import rig as riglib  # noqa: E402
 
 IMAGE = "sparkserve-sysd:bookworm"
-PACKAGES = "systemd,systemd-sysv,dbus,python3,docker.io,openssh-client,iproute2,procps,ca-certificates"
+# libpam-systemd: pam_systemd gives a lingering user's manager its XDG_RUNTIME_DIR (without it user@.service fails)
+PACKAGES = ("systemd,systemd-sysv,dbus,libpam-systemd,python3,docker.io,openssh-client,iproute2,procps,"
+            "ca-certificates")
 UNIT = "sparkserve-supervise.service"
 # units that would act on the host from a privileged container in its network namespace
 MASK = ["systemd-udevd.service", "systemd-udevd-control.socket", "systemd-udevd-kernel.socket",
@@ -87,6 +89,10 @@ def rootfs_tar(work: Path) -> Path:
         say(f"debootstrap bookworm with {PACKAGES} (once; cached in {work})")
         subprocess.run(["debootstrap", "--variant=minbase", f"--include={PACKAGES}", "bookworm", str(tmp)],
                        check=True)
+    if not list(tmp.glob("lib/*/security/pam_systemd.so")):  # a root filesystem from before libpam-systemd
+        shutil.copy("/etc/resolv.conf", tmp / "etc" / "resolv.conf")
+        for argv in (["apt-get", "update", "-q"], ["apt-get", "install", "-y", "-q", "libpam-systemd"]):
+            subprocess.run(["chroot", str(tmp), *argv], check=True)
     # before its first boot: the units that would act on the host masked, docker without bridge or iptables
     for unit in MASK:
         link = tmp / "etc" / "systemd" / "system" / unit
