@@ -231,7 +231,7 @@ def install(c, scope: str) -> str:
         return dexec(c, f"python3 -m sparkserve service install --scope system -c {cfg}")
     uid = dexec(c, "id -u bench").strip()
     dexec(c, "loginctl enable-linger bench")
-    wait(lambda: dexec(c, f"test -S /run/user/{uid}/bus && echo ok", check=False).strip() == "ok",
+    wait(lambda: dexec(c, f"test -S /run/user/{uid}/systemd/private && echo ok", check=False).strip() == "ok",
          "the bench user's manager (lingering)", 60)
     return dexec(c, f"XDG_RUNTIME_DIR=/run/user/{uid} python3 -m sparkserve service install --scope user "
                     f"-c {cfg}", user="bench")
