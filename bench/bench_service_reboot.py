@@ -248,8 +248,11 @@ def unit_show(c, scope: str, *props: str) -> dict[str, str]:
 
 
 def unit_journal(c, scope: str) -> str:
-    flag = f"--user-unit {UNIT}" if scope == "user" else f"-u {UNIT}"
-    return dexec(c, f"journalctl -b --no-pager -o short-monotonic {flag}", check=False)
+    """This boot's journal of the unit and its processes (a user unit's, read by field: `journalctl --user-unit`
+    as root finds nothing of another user's manager)."""
+    match = (f"_SYSTEMD_USER_UNIT={UNIT} + USER_UNIT={UNIT}" if scope == "user" else
+             f"_SYSTEMD_UNIT={UNIT} + UNIT={UNIT}")
+    return dexec(c, f"journalctl -b --no-pager -o short-monotonic {match}", check=False)
 
 
 def stack_down(info: dict) -> None:
@@ -295,7 +298,8 @@ def run_scope(client, info: dict, nodes, scope: str, work: Path, outage: float, 
             start = int(show.get("ExecMainStartTimestampMonotonic") or 0)
             out["reboot1"]["started_after_docker_and_network"] = start >= max(int(dock), int(net)) > 0
         else:
-            out["reboot1"]["waited_for_nodes"] = "service wait" in journal or "waiting for" in journal
+            pre = unit_show(c, scope, "ExecStartPre").get("ExecStartPre", "")
+            out["reboot1"]["waited_for_nodes"] = "service wait" in pre and "status=0" in pre  # ExecStartPre ran
         say(f"[{scope}] reboot 1: {out['reboot1']}; boot to serving {out['boot_to_serving_s']} s")
 
         nb = nodes[1]
