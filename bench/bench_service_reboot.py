@@ -6,7 +6,7 @@
 Why it is a bench script and not a test in `scripts/test` (issue 45): the CI machine (root on Debian 12, no
 systemd as init, docker installed by scripts/setup) can host it only through a rig node's dockerd, and then
 (1) it needs a Debian root filesystem with systemd and docker.io, fetched from the Debian mirror with debootstrap
-(≈ 250 MB, minutes; `scripts/test` runs offline from the rig's cache); (2) systemd as PID 1 needs a
+(≈ 730 MB unpacked, minutes; `scripts/test` runs from the rig's cache); (2) systemd as PID 1 needs a
 **privileged** container, and the container must share the host's network namespace to reach the rig nodes on
 127.0.0.x — systemd, udev and a second dockerd with privileges in the CI machine's own network namespace are what
 the test rules forbid ("never touch the machine's own interfaces"), masking their units is a mitigation, not a
