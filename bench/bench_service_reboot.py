@@ -6,18 +6,19 @@
 Why it is a bench script and not a test in `scripts/test` (issue 45): the CI machine (root on Debian 12, no
 systemd as init, docker installed by scripts/setup) can host it only through a rig node's dockerd, and then
 (1) it needs a Debian root filesystem with systemd and docker.io, fetched from the Debian mirror with debootstrap
-(≈ 730 MB unpacked, minutes; `scripts/test` runs from the rig's cache); (2) systemd as PID 1 needs a
-**privileged** container, and the container must share the host's network namespace to reach the rig nodes on
-127.0.0.x — systemd, udev and a second dockerd with privileges in the CI machine's own network namespace are what
-the test rules forbid ("never touch the machine's own interfaces"), masking their units is a mitigation, not a
-guarantee; (3) each reboot costs a full systemd boot plus a stack boot and the gates (≈ 1 min), two scopes, two
-reboots each: a quarter of the suite's 25-minute budget on 2 cores.
+(≈ 730 MB unpacked, minutes; `scripts/test` runs from the rig's cache); (2) systemd as PID 1 needs a container
+holding every capability this machine has (``--privileged`` itself fails in a sandbox that lacks
+CAP_SYS_RESOURCE), and the container must share the machine's network namespace to reach the rig nodes on
+127.0.0.x — systemd, udev and a second dockerd with those capabilities in the CI machine's own network namespace
+are what the test rules forbid ("never touch the machine's own interfaces"); masking their units before the first
+boot is a mitigation, not a guarantee; (3) each scope costs two systemd boots, three stack boots with their gates
+and an outage (≈ 3 min): a quarter of the suite's 25-minute budget on 2 cores for both scopes.
 
 What it does, per scope:
 
 1. A root filesystem (debootstrap bookworm: systemd, dbus, python3, docker.io; cached under ``$SSRIG_DIR/sysd``),
    imported into node-a's dockerd as ``sparkserve-sysd:bookworm`` (``container=docker``, CMD ``/sbin/init``).
-2. The control container ``<rig>-sysd-ctl`` on node-a's dockerd: privileged, host network, ``/run`` on tmpfs; this
+2. The control container ``<rig>-sysd-ctl`` on node-a's dockerd: every capability held, host network, ``/run`` on tmpfs; this
    checkout and sparkserve's venv bind-mounted read-only (a ``.pth`` file puts them on the container's Python);
    the units that would touch the host masked in the root filesystem before its first boot (udev, sysctl,
    modules, binfmt, getty, networkd, resolved, timesyncd); its dockerd with ``"bridge": "none", "iptables": false``.
