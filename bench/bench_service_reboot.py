@@ -18,7 +18,8 @@ What it does, per scope:
 
 1. A root filesystem (debootstrap bookworm: systemd, dbus, python3, docker.io; cached under ``$SSRIG_DIR/sysd``),
    imported into node-a's dockerd as ``sparkserve-sysd:bookworm`` (``container=docker``, CMD ``/sbin/init``).
-2. The control container ``<rig>-sysd-ctl`` on node-a's dockerd: every capability held, host network, ``/run`` on tmpfs; this
+2. The control container ``<rig>-sysd-ctl`` on node-a's dockerd: every capability held, host network, ``/run``
+   on tmpfs; this
    checkout and sparkserve's venv bind-mounted read-only (a ``.pth`` file puts them on the container's Python);
    the units that would touch the host masked in the root filesystem before its first boot (udev, sysctl,
    modules, binfmt, getty, networkd, resolved, timesyncd); its dockerd with ``"bridge": "none", "iptables": false``.
