@@ -162,6 +162,8 @@ def verify_cmd(config: ConfigOpt = None, json_out: JsonOpt = False,
             print(f"{name}: {fp or 'MISSING'}" + (f" (id {raw[:19]})" if raw else ""))
         for p in check.problems():
             print(f"  {p}")
+        if check.base:
+            print(check.base["line"])
         if check.gpu_line:
             print(check.gpu_line)
         if check.ok:

@@ -57,6 +57,9 @@ def profiles_cmd(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     console.print(t)
     console.print("pool gate: the card's measured `GPU KV cache size` for that pin; banked: the card has none, the "
                   "first passing boot's pool is banked (`up --bank`)", markup=False, highlight=False, soft_wrap=True)
+    for p in profiles.PROFILES.values():
+        if p.caveat:
+            console.print(f"{p.name}: {p.caveat}", markup=False, highlight=False, soft_wrap=True)
     console.print(f"* {source}: profile {active['name']}" + ("" if active["explicit"] else " (the default)"),
                   markup=False, highlight=False, soft_wrap=True)
     for o in active["overrides"]:

@@ -93,7 +93,8 @@ class Progress:
         if not self.enabled:
             return
         with self._lock:
-            self._current, self._t_current = msg, self.clock()
+            if not msg.startswith(("warning:", "error:")):  # a remark, not a step: the step goes on
+                self._current, self._t_current = msg, self.clock()
             if self._boot_live is not None:  # the boot is over once the command speaks again: its table stays
                 self._boot_live.stop()
                 self._boot_live = None
@@ -105,13 +106,24 @@ class Progress:
                 quiet = self.clock() - self._last_out
                 if quiet < self.heartbeat_s:
                     continue
-                parts = [f"still working ({self.clock() - self._t_current:.0f}s since: {self._current or 'start'})"]
+                parts = [self._still_working()]
                 if self._phases:
                     parts.append("; ".join(f"{n} {p}" for n, p in self._phases.items()))
                 for node, (done, total, t0) in self._copied.items():
                     if done < total:
                         parts.append(self._copy_text(node, done, total, t0))
             self._line(" — ".join(parts))
+
+    def _still_working(self) -> str:
+        """The heartbeat's head: the step in progress — the innermost timed spans under way
+        (:func:`sparkserve.deploy.timings.under_way`: "preflight: engine identity"), else the last step said."""
+        from sparkserve.deploy.timings import under_way
+
+        steps = under_way()
+        if steps:
+            since = time.monotonic() - steps[0][1]
+            return f"still working ({since:.0f}s since: {'; '.join(n for n, _ in steps)})"
+        return f"still working ({self.clock() - self._t_current:.0f}s since: {self._current or 'start'})"
 
     # -- drafter copy -----------------------------------------------------------------------------------
 

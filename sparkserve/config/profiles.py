@@ -58,6 +58,7 @@ class Profile:
     validated_with: tuple[str, ...]  # the drafter releases the card validated this profile with ("E", "incoai", …)
     licence: str | None = None  # the drafter's licence, where it restricts use
     source: str = ""
+    caveat: str | None = None  # what the card says against the profile, in its words (said on every use)
 
     @property
     def uses_drafter(self) -> bool:
@@ -78,10 +79,14 @@ class Profile:
     def to_json(self) -> dict[str, Any]:
         return {"name": self.name, "summary": self.summary, "drafter": self.drafter,
                 "validated_with": list(self.validated_with), "licence": self.licence, "source": self.source,
-                "values": self.values()}
+                "caveat": self.caveat, "values": self.values()}
 
 
 GIB = 2**30
+# README@1c142c9, "Drafter or the built-in MTP head?": "**Status:** native MTP on *this* image has not been validated
+# by us yet" (a same-pair comparison "running since 2026-10-04", no results published as of 2026-12-07).
+MTP_CAVEAT = ("ahead of the card: its README says native MTP on this image \"has not been validated by us yet\"; "
+              "the pool gate is banked from this deployment's first passing boot, not the card's")
 PROFILES: dict[str, Profile] = {p.name: p for p in (
     Profile("g4-262k", "the card's banked launcher (default): 262K context, the \"8 GiB\" pin", 262144,
             8053063680, 0.795, 366749, "dflash", 7, 154856,
@@ -95,7 +100,8 @@ PROFILES: dict[str, Profile] = {p.name: p for p in (
             8053063680, 0.795, None, "mtp", 3, None,
             "the W4A16 checkpoint's own MTP head, K=3", (),
             source="DFlash2-G card, Memory cost: {\"method\":\"mtp\",\"num_speculative_tokens\":3}; "
-                   "the card banks no MTP pool"),
+                   "the card banks no MTP pool",
+            caveat=MTP_CAVEAT),
     Profile("incoai-1m", "1M context with the card's reference drafter: a 9 GiB pin, GMU 0.90", 1048576,
             9 * GIB, 0.90, 1360420, "dflash", 7, None,
             f"incoai/GLM-5.3-Flash-DFlash2 (reference drafter, {INCOAI_LICENCE}: non-commercial, no derivatives)",

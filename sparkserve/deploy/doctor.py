@@ -13,9 +13,10 @@ from typing import Any, Literal
 
 from sparkserve.config import Config, NodeConfig
 from sparkserve.config.profiles import drafter_path
+from sparkserve.deploy.drafter import local_drafter
 from sparkserve.deploy.probe import probe_node
 from sparkserve.deploy.sync import RemoteState, manifest_args, state_from
-from sparkserve.errors import SparkserveError
+from sparkserve.errors import BadInput, SparkserveError
 from sparkserve.journal import lookup
 from sparkserve.models.target_manifest import TargetManifest
 from sparkserve.nodes.base import Node
@@ -56,13 +57,17 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
                manifest_out: dict[str, RemoteState | None] | None = None, lean: bool = False,
                host_out: dict[str, HostFacts] | None = None,
                target_out: dict[str, TargetManifest] | None = None,
-               storage_out: dict[str, str] | None = None) -> list[Check]:
+               storage_out: dict[str, str] | None = None,
+               ranks_out: dict[str, int] | None = None) -> list[Check]:
     """Every check for one node (one remote round trip). Raises only when the node cannot be reached at all.
 
     ``lean``: `up`'s pre-flight — free memory is judged just before the ranks start, after the page-cache drop
     (:func:`sparkserve.deploy.preflight.memory_before_start`), so neither the GPU nor sudo is asked here;
     ``host_out``/``target_out`` receive the node's host facts and target manifest (compared across nodes by
     :func:`check_all`); ``storage_out`` the docker storage driver (`doctor`: one more docker question).
+
+    ``ranks_out`` receives how many sparkserve ranks (of any config) the node holds: with none, nothing `up`
+    would stop can be what holds a port or the memory, so `up` refuses those at once.
 
     ``mkdirs`` are created on the node (`up`: the containers' writable mount dirs); ``fabric_out`` receives
     the node's fabric facts, so `up` does not read sysfs twice; ``manifest_out`` the drafter's manifest from
@@ -80,6 +85,8 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
             add("docker", "ok", f"docker {ver.get('Version', '?')} (API {ver.get('ApiVersion', '?')})")
             if storage_out is not None:
                 storage_out[name] = str(node.docker().info().get("Driver") or "")
+            if not lean:  # `doctor`: the image by its identity (`up` asks the engine identity itself)
+                add("image", *_image_check(cfg.image.ref, node))
         except SparkserveError as e:
             hint = ""
             if "permission denied" in e.what.lower():  # a non-root SSH user outside the docker group
@@ -94,7 +101,7 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
                        ports=ports, sysfs=sysfs, mkdirs=mkdirs or [],
                        manifest=None if manifest_out is None or drafter is None else
                        manifest_args(drafter, cached_only=True),
-                       host=host_question(cfg, drop=False, sudo_check=not lean, gpu=not lean),
+                       host=host_question(cfg, drop=False, sudo_check=not lean),
                        target=target if target_out is not None and target.startswith("/") else None)
     host = HostFacts.from_answer(facts.host or {})
     if host_out is not None:
@@ -105,6 +112,9 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
         manifest_out[name] = _manifest_state(drafter, facts.manifest)
     add("target", "ok" if facts.paths[target] else "fail",
         f"{target} present" if facts.paths[target] else f"model.target: {target} is missing on {name}")
+    if drafter is not None and not facts.paths[drafter] and _no_local_drafter(cfg):
+        add("drafter", "fail", f"drafter.path: {drafter} is missing on {name} and there is no copy on this machine "
+            "to sync from (set drafter.source to one, or copy it there)")
     free = facts.disk[drafter or cache]
     need = drafter_bytes
     add("disk", "ok" if free >= need else "fail",
@@ -117,6 +127,8 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
         return c.fingerprint == plan.fingerprint if plan is not None else own_deployment(cfg, c.fingerprint)
 
     mine = [] if isinstance(managed, SparkserveError) else [c for c in managed if is_mine(c)]
+    if ranks_out is not None and not isinstance(managed, SparkserveError):
+        ranks_out[name] = len(managed)
     held_by_me = any(c.running for c in mine)  # this config's own running stack holds the head's ports
     for hp, is_free in facts.ports.items():
         if not is_free and held_by_me:
@@ -159,6 +171,27 @@ def check_node(cfg: Config, node_cfg: NodeConfig, node: Node, rank: int, plan: P
     return out
 
 
+def _no_local_drafter(cfg: Config) -> bool:
+    """No copy of the drafter on this machine to sync from (a bad drafter.source is validate's error, not this)."""
+    try:
+        return local_drafter(cfg) is None
+    except BadInput:
+        return False
+
+
+def _image_check(ref: str, node: Node) -> tuple[Status, str]:
+    """image.ref on the node: its ID, and for a base known by digest the digest and its other names; missing is a
+    warning (`up` says how to get it) naming the other names that hold its digest."""
+    from sparkserve.image.base_names import describe, digest_of, pull_hint
+    from sparkserve.image.on_nodes import image_identity
+
+    found = image_identity(node, ref)
+    known = f" — {describe(ref)}" if digest_of(ref) else ""
+    if found is None:
+        return "warn", f"{ref} is not on this node (`sparkserve image ship`, or pull it){pull_hint(ref)}"
+    return "ok", f"{ref} is {found[0][:19]}{known}"
+
+
 def own_deployment(cfg: Config, fingerprint: str) -> bool:
     """Whether the deployment ``fingerprint`` (a container's label) was booted from this config, as the
     journal recorded it: the same config but for the drafter (`swap-drafter` changes only that)."""
@@ -188,7 +221,8 @@ def check_all(cfg: Config, nodes: dict[str, Node], plan: Plan | None = None, *,
               fabric_out: dict[str, FabricFacts] | None = None,
               manifest_out: dict[str, RemoteState | None] | None = None,
               unreachable: Mapping[str, SparkserveError] | None = None, lean: bool = False,
-              host_out: dict[str, HostFacts] | None = None, storage: bool = False) -> list[Check]:
+              host_out: dict[str, HostFacts] | None = None, storage: bool = False,
+              ranks_out: dict[str, int] | None = None) -> list[Check]:
     """Every node's checks, in config order. A node in ``unreachable`` (it did not connect), or one whose
     checks could not run (its link dropped), gets one failed check naming the step that failed; every
     other node is still checked in full. Then the nodes side by side: host settings and versions, the
@@ -205,7 +239,7 @@ def check_all(cfg: Config, nodes: dict[str, Node], plan: Plan | None = None, *,
             return check_node(cfg, by_name[node.name], node, ranks[node.name], plan, check_ports=check_ports,
                               drafter_bytes=drafter_bytes, mkdirs=(mkdirs or {}).get(node.name),
                               fabric_out=fabric_out, manifest_out=manifest_out, lean=lean, host_out=host_out,
-                              target_out=targets, storage_out=drivers)
+                              target_out=targets, storage_out=drivers, ranks_out=ranks_out)
         except SparkserveError as e:
             return [_cut_off(node.name, e)]
 

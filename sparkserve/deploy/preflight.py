@@ -7,6 +7,10 @@
 
 The node checks are :func:`sparkserve.deploy.doctor.check_all` (`doctor` runs the same), the engine identity is
 :mod:`sparkserve.image.on_nodes`; what fails refuses the run here, naming the node, before any container starts.
+The cheap answers are judged first and the slow ones are not waited for when those refuse (issue 45: on a real
+engine a taken port was said after 28.8 s of engine identity and drafter sync): the inputs, then the node checks
+(one probe per node) — a drafter missing where there is no copy to sync from, a taken port or a GPU already full
+on a node that holds no sparkserve rank (:func:`raise_early`) — then the engine identity and the drafter.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
-from sparkserve.config import Config
+from sparkserve.config import Config, NodeConfig
 from sparkserve.deploy.doctor import Check, check_all
 from sparkserve.deploy.drafter import DrafterSync, all_cached, sync_drafter
 from sparkserve.deploy.inputs import validate_inputs
@@ -27,12 +31,20 @@ from sparkserve.errors import BadInput, CheckRefused, RemoteFailure, SparkserveE
 from sparkserve.image.on_nodes import ensure_same_engine
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.engine import ManagedContainer
-from sparkserve.nodes.hostfacts import HostFacts, host_question, memory_verdict, sudoers_fix
+from sparkserve.nodes.hostfacts import (
+    HostFacts,
+    gpu_indices,
+    host_question,
+    meminfo_bytes,
+    memory_verdict,
+    sudoers_fix,
+)
 from sparkserve.nodes.parallel import after, on_all
 from sparkserve.plan.build import Plan, build_plan, cache_dirs
 from sparkserve.plan.dialects import shipped_for_image, stored_facts
 from sparkserve.plan.fabric import FabricFacts
 from sparkserve.plan.mounts import CACHE_MOUNT
+from sparkserve.units import human_bytes
 
 
 @dataclass
@@ -100,21 +112,28 @@ def preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_draft
     # the cache root is made (and so proven writable) here; the image's own dirs under it once its ID is known
     rw = {s.node: [m.source.rsplit("/", 1)[0] for m in s.mounts if m.target == CACHE_MOUNT]
           for s in build_plan(cfg).specs}
-    with ThreadPoolExecutor(max_workers=6) as pool:
+    hosts: dict[str, HostFacts] = {}
+    ranks: dict[str, int] = {}
+    pool = ThreadPoolExecutor(max_workers=6)
+    done = False
+    try:
         f_valid = pool.submit(timed("preflight: validate", validate_inputs), cfg, nodes) if validate else None
         f_checks = pool.submit(timed("preflight: node checks", check_all), cfg, nodes, None, check_ports=True,
-                               mkdirs=rw, fabric_out=fabric,
-                               manifest_out=cached, lean=True)
+                               mkdirs=rw, fabric_out=fabric, manifest_out=cached, lean=True, host_out=hosts,
+                               ranks_out=ranks)
         f_image = pool.submit(timed("preflight: engine identity", ensure_same_engine), cfg,
                               [nodes[n.name] for n in cfg.nodes])
         # docker: after the image question, so each node's questions share one connection (each more
         # connection starts another `docker system dial-stdio` on the node)
         f_existing = pool.submit(timed("preflight: running ranks", after), f_image if cfg.runtime == "docker" else None,
                                  managed_on_all, nodes, cfg)
+        # the cheap answers are judged first (milliseconds: the config, one probe per node); what costs seconds
+        # (the engine's identity, the drafter's sync) is not waited for when one of them refuses the run
         if f_valid is not None:
             f_valid.result()  # BadInput (exit 2): nothing was started
         checks = f_checks.result()
         raise_failed_checks(checks)
+        raise_early(cfg, checks, hosts, ranks)
         for c in checks:  # the host's known GB10 hazards, each with its fix: said, not refused
             if c.status == "warn" and c.name in HOST_WARNINGS:
                 say(f"warning: {c.node}: {c.name}: {c.detail}")
@@ -122,6 +141,9 @@ def preflight(cfg: Config, nodes: dict[str, Node], *, validate: bool, copy_draft
         say(f"image: {cfg.image.ref} is {image_id[:19]} on every node" if cfg.runtime == "docker" else
             f"engine: serve.vllm {cfg.serve.vllm} is {image_id[:19]} on every node")
         existing = f_existing.result()
+        done = True
+    finally:  # a refusal does not wait for the slow questions still under way (their connections close with it)
+        pool.shutdown(wait=done, cancel_futures=not done)
     # Hashing the drafter on a node whose cache missed comes after validation: a wrong drafter must not cost
     # a full read of its weights before its exit 2.
     with span("preflight: drafter"):
@@ -147,6 +169,41 @@ def raise_failed_checks(checks: list[Check]) -> None:
         raise RemoteFailure(f"{c.node}: preflight {c.name}", c.detail, node=c.node, step=f"preflight {c.name}",
                             details=[f"{x.node}: {x.name}: {x.detail}" for x in bad[1:]])
     raise_refusals(checks, ("kernel", "target manifest"))
+
+
+def raise_early(cfg: Config, checks: list[Check], hosts: dict[str, HostFacts], ranks: dict[str, int]) -> None:
+    """What the node checks already prove, refused before any slow step: a busy port, or too little accelerator
+    memory even with the page cache dropped, on a node that holds no sparkserve rank (so nothing `up` would stop
+    can be what holds it). A node holding ranks is judged later, after they are stopped."""
+    idle = {n for n, count in ranks.items() if count == 0}
+    busy = [c for c in checks if c.name.startswith("port ") and c.status == "fail" and c.node in idle]
+    if busy:
+        c = busy[0]
+        raise RemoteFailure(f"{c.node}: preflight ports", c.detail, node=c.node, step="preflight ports",
+                            details=[f"{x.node}: {x.name}: {x.detail}" for x in busy[1:]])
+    full = [x for n in cfg.nodes if n.name in idle and n.name in hosts
+            if (x := memory_full(cfg, n, hosts[n.name])) is not None]
+    raise_refusals(full, ("memory",))
+
+
+def memory_full(cfg: Config, node_cfg: NodeConfig, f: HostFacts) -> Check | None:
+    """A failed "memory" check when the node's accelerator memory is short even counting all it could free by
+    dropping the page cache (MemAvailable on unified memory; the driver's free memory on a discrete GPU): another
+    process holds it, and vLLM would refuse to start. None when it may suffice (judged again just before the
+    start, after the drop) or is unknown."""
+    mem = f.memory(gpu_indices(cfg, node_cfg))
+    if mem is None:
+        return None
+    gmu = cfg.serve.gpu_memory_utilization
+    need = int(gmu * mem.total)
+    have = (meminfo_bytes(f.meminfo, "MemAvailable") or mem.free) if mem.unified else mem.free
+    if have >= need:
+        return None
+    kind = "unified memory available (MemAvailable: free + page cache)" if mem.unified else "free GPU memory"
+    return Check(node_cfg.name, "memory", "fail",
+                 f"{kind} {human_bytes(have)} is below gpu_memory_utilization {gmu} x {human_bytes(mem.total)} = "
+                 f"{human_bytes(need)}, even with the page cache dropped: vLLM would refuse to start — free memory "
+                 f"on {node_cfg.name} (another process holds it) or lower serve.gpu_memory_utilization")
 
 
 def raise_refusals(checks: list[Check], names: tuple[str, ...]) -> None:

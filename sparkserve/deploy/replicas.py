@@ -32,7 +32,15 @@ from sparkserve.errors import GateFailed, RemoteFailure, SparkserveError
 from sparkserve.image.on_nodes import ensure_same_engine
 from sparkserve.measure.router_reach import RouterGate, router_gate
 from sparkserve.nodes.base import Node
-from sparkserve.nodes.router import RouterAPI, RouterProcess, router_executable, running, start_router, stop_router
+from sparkserve.nodes.router import (
+    ROUTER_VERSION,
+    RouterAPI,
+    RouterProcess,
+    router_executable,
+    running,
+    start_router,
+    stop_router,
+)
 from sparkserve.plan.replicas import Replica, replicas_of, router_argv, router_url
 
 
@@ -195,7 +203,7 @@ def _router_up(cfg: Config, exe: str, passed: list[Replica], say: Reporter, *,
     else:
         if stop_router(cfg.router.port) is not None:
             say("router: stopped the one running with other settings or replicas")
-        say(f"router: starting vllm-router ({cfg.router.policy}) at {url} with "
+        say(f"router: starting vllm-router {ROUTER_VERSION} ({cfg.router.policy}) at {url} with "
             + ", ".join(f"{r.name} {r.api_url}" for r in passed))
         proc = start_router(argv, port=cfg.router.port, url=url)
     _until_healthy(url, [r.api_url for r in passed], timeout_s=cfg.router.health.interval_s * 3 + 10.0)

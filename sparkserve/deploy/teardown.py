@@ -121,6 +121,11 @@ def teardown(cfg: Config, nodes: dict[str, Node], containers: dict[str, list[str
                     if not _daemon_back(eng, name, say):
                         raise
                     eng.stop_and_remove(cid, timeout=cfg.container.stop_timeout_s)
+                finally:
+                    waited = getattr(eng, "waited", {}).get(cid)  # runtime process: its stop waits for every pid
+                    if waited:
+                        say(f"{name}: waited for {cid}'s processes to be gone: "
+                            + ", ".join(w.words() for w in waited))
 
         if order:
             with contextlib.suppress(SparkserveError):

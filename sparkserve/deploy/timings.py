@@ -20,6 +20,8 @@ T = TypeVar("T")
 
 _lock = threading.Lock()
 _spans: list[tuple[str, float, float]] = []  # (name, start offset, seconds)
+_open: dict[int, tuple[str, float]] = {}  # the spans under way: a token -> (name, monotonic start)
+_next = 0
 _t0 = time.monotonic()
 
 
@@ -32,12 +34,28 @@ def reset() -> None:
 
 @contextmanager
 def span(name: str) -> Iterator[None]:
+    global _next
     t = time.monotonic()
+    with _lock:
+        _next += 1
+        token = _next
+        _open[token] = (name, t)
     try:
         yield
     finally:
         with _lock:
+            _open.pop(token, None)
             _spans.append((name, t - _t0, time.monotonic() - t))
+
+
+def under_way() -> list[tuple[str, float]]:
+    """The innermost spans under way now (a span is left out while another under way is inside it, by name:
+    "preflight" while "preflight: engine identity" runs), each with its monotonic start, oldest first: what a
+    progress line names as the step in progress."""
+    with _lock:
+        now = sorted(_open.values(), key=lambda x: x[1])
+    names = [n for n, _ in now]
+    return [(n, t) for n, t in now if not any(o != n and o.startswith(n + ":") for o in names)]
 
 
 def timed(name: str, fn: Callable[..., T]) -> Callable[..., T]:

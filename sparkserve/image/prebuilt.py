@@ -20,6 +20,7 @@ from pathlib import Path
 import docker.errors
 
 from sparkserve.errors import GateFailed
+from sparkserve.image.base_names import pull_errors
 from sparkserve.image.build import TAIL_LINES, BuildFailed, BuildResult, gpu_stage, push_image, untag
 from sparkserve.image.context import RecipeFiles, context_files, overlay_bytes
 from sparkserve.image.on_nodes import image_identity
@@ -39,7 +40,7 @@ def use_prebuilt(node: Node, files: RecipeFiles, lock: Lock, *, overlays: dict[s
     ref = lock.base.digest_ref or lock.base.id
     if ref is None:
         raise NodeError(node.name, "prebuilt", f"the lock does not pin {lock.base.image}; re-lock")
-    with docker_errors(node, "prebuilt", ref):
+    with pull_errors(node, "prebuilt", ref):
         client = node.docker()
         try:
             img = client.images.get(ref)

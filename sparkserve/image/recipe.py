@@ -31,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from sparkserve.errors import BadInput
+from sparkserve.image.base_names import same_base
 
 DIGEST_REF = re.compile(r"^[a-z0-9][a-z0-9._/:-]*@sha256:[0-9a-f]{64}$")
 IMAGE_ID = re.compile(r"^sha256:[0-9a-f]{64}$")
@@ -273,7 +274,7 @@ def lock_problems(recipe: Recipe, lock: Lock, series: list[tuple[str, bytes]],
         out.append(f"recipe name is {recipe.name!r}, the lock's is {lock.recipe!r}")
     if lock.lane != recipe.lane:
         out.append(f"lane is {recipe.lane!r}, the lock's is {lock.lane!r}")
-    if lock.base.image != recipe.base.image:
+    if not same_base(lock.base.image, recipe.base.image):  # the digest is the base: a re-host is not a change
         out.append(f"base.image is {recipe.base.image!r}, the lock's is {lock.base.image!r}")
     if lock.facts == UNRESOLVED or UNRESOLVED in lock.vllm.values():
         out.append("the lock's facts are unresolved (never read from the image): run `sparkserve image build "

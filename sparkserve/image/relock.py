@@ -27,6 +27,7 @@ from collections.abc import Callable
 import docker.errors
 
 from sparkserve.errors import BadInput
+from sparkserve.image.base_names import digest_of, pull_errors, pull_hint
 from sparkserve.image.build import TAIL_LINES, BuildFailed
 from sparkserve.image.context import RecipeFiles, context_files, overlay_bytes
 from sparkserve.image.recipe import (
@@ -42,7 +43,6 @@ from sparkserve.image.recipe import (
 )
 from sparkserve.image.run import image_facts, run_in_image
 from sparkserve.nodes.base import Node, NodeError
-from sparkserve.nodes.docker_client import docker_errors
 
 Reporter = Callable[[str], None]
 COMMIT = re.compile(r"^[0-9a-f]{40}$")
@@ -187,18 +187,22 @@ def _relock_source(node: Node, files: RecipeFiles, recipe: Recipe, *, pull: bool
 def resolve_image(node: Node, image: str, platform: str, *, pull: bool, say: Reporter) -> tuple[BaseLock, str]:
     """``image`` on ``node`` (pulled when missing and ``pull``): pinned by its ``repo@sha256:…`` when it came
     from a registry, else by its local image ID. (the pin, the image ID)."""
-    with docker_errors(node, "relock", image):
+    with pull_errors(node, "relock", image):
         client = node.docker()
         try:
             img = client.images.get(image)
         except docker.errors.ImageNotFound:
             if not pull:
-                raise NodeError(node.name, "relock", f"{image} is not on this node") from None
+                raise NodeError(node.name, "relock", f"{image} is not on this node{pull_hint(image)}") from None
             say(f"pulling {image} on {node.name}")
             img = client.images.pull(image, platform=platform)
     repo = image.rsplit("@", 1)[0]
     repo = repo if ":" not in repo.rsplit("/", 1)[-1] else repo.rsplit(":", 1)[0]
-    digests = [d for d in (img.attrs.get("RepoDigests") or []) if d.split("@", 1)[0] == repo]
+    have = list(img.attrs.get("RepoDigests") or [])
+    digests = [d for d in have if d.split("@", 1)[0] == repo]
+    pinned = digest_of(image) if "@" in image else None
+    if not digests and pinned:  # the digest is the identity: the same bytes pulled under another of its names
+        digests = [d for d in have if d.endswith("@" + pinned)]
     return (BaseLock(image=image, digest_ref=digests[0] if digests else None, id=None if digests else str(img.id)),
             str(img.id))
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 from sparkserve.config import Config
 from sparkserve.errors import BadInput, RemoteFailure
+from sparkserve.image.base_names import KNOWN, describe, digest_of
 from sparkserve.image.identity import facts_problems
 from sparkserve.image.on_nodes import image_identity, same_image_problem
 from sparkserve.image.registry import ship_via_registry
@@ -52,7 +53,20 @@ class ImageCheck:
                 "gpu_verified": self.gpu_verified, "gpu": self.gpu_line,
                 "facts": {n: {k: f.get(k) for k in ("vllm", "record", "dflash2", "gpu_smoke")}
                           for n, f in self.facts.items()},
-                "dialect": self.dialect}
+                "dialect": self.dialect, "base": self.base}
+
+    @property
+    def base(self) -> dict[str, object] | None:
+        """The base the image was built from, by its digest (the lock inside the image; None: no lock there):
+        its digest, the name it was built from and every name that digest is known under."""
+        lock = next((f.get("lock") for f in self.facts.values() if isinstance(f.get("lock"), dict)), None)
+        image = ((lock or {}).get("base") or {}).get("image")
+        if not isinstance(image, str):
+            return None
+        pinned = ((lock or {}).get("base") or {}).get("digest_ref")
+        digest = digest_of(image) or (digest_of(pinned) if isinstance(pinned, str) else None)
+        return {"digest": digest, "built_from": image, "names": [n.ref for n in KNOWN.get(digest or "", ())],
+                "line": f"base: {describe(image) if digest_of(image) else image}"}
 
     @property
     def gpu_verified(self) -> bool | None:

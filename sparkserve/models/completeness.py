@@ -89,6 +89,7 @@ class Completeness:
     missing_shards: list[str] = field(default_factory=list)
     unreadable: list[tuple[str, str]] = field(default_factory=list)  # (file, what is wrong)
     no_weights: bool = False
+    layer0_mlp: Literal["dense", "moe"] | None = None  # what the weights hold at model.layers.0.mlp (None: neither)
 
     @property
     def complete(self) -> bool:
@@ -274,6 +275,8 @@ def check_completeness(path: Path | str, cfg: dict[str, Any], *, role: Role,
     path = Path(path)
     archs = list(architectures if architectures is not None else cfg.get("architectures") or [])
     names, c = tensor_names(path)
+    if role == "target":
+        c.layer0_mlp = layer0_mlp(names)
     rule = target_rule(cfg, archs) if role == "target" else drafter_rule(cfg, archs)
     c.rule = rule.name
     if not c.complete:  # a missing shard or unreadable header: the tensors are not judged
@@ -281,6 +284,28 @@ def check_completeness(path: Path | str, cfg: dict[str, Any], *, role: Role,
     if role == "drafter":
         names = normalize_drafter_names(names)
     return judge(names, rule, c)
+
+
+def layer0_mlp(names: Iterable[str]) -> Literal["dense", "moe"] | None:
+    """What the checkpoint holds at layer 0's MLP: routed experts ("moe"), a dense gate/up projection ("dense"),
+    or neither (None)."""
+    seen: Literal["dense", "moe"] | None = None
+    for n in names:
+        if n.startswith("model.layers.0.mlp.experts.") or n.startswith("model.layers.0.mlp.gate.weight"):
+            return "moe"
+        if n.startswith(("model.layers.0.mlp.gate_proj.", "model.layers.0.mlp.gate_up_proj.",
+                         "model.layers.0.mlp.up_proj.")):
+            seen = "dense"
+    return seen
+
+
+def first_dense_layers(cfg: dict[str, Any]) -> int | None:
+    """How many leading layers the config makes dense (``first_k_dense_replace``, the MoE decoders' field; absent
+    reads as 0, as vLLM's GLM/DeepSeek model code does) — None when the config routes no experts at all."""
+    text = _text_config(cfg)
+    if not any(as_int(text.get(k)) for k in ("n_routed_experts", "num_experts")):
+        return None
+    return as_int(text.get("first_k_dense_replace")) or 0
 
 
 def summary(names: list[str], first: int = 3) -> str:

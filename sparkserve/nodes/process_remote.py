@@ -19,7 +19,11 @@ Verbs (each answers one JSON object on stdout):
 * ``list`` — every manifest under the root, as ``look`` answers it.
 * ``stop`` — SIGINT, then SIGTERM, then SIGKILL (each after ``timeout_s``) to the rank's processes: its
   process group when the recorded supervisor still is the group's leader, and every process carrying the
-  rank's marker. Nothing else is ever signalled. Answers the signals sent and any pid left.
+  rank's marker. Nothing else is ever signalled. Then it waits, bounded (``gone_s``, default ``timeout_s``), until
+  every process of the rank is gone: those it saw, and every process of the rank's session started since its
+  supervisor — an exiting process (a GPU process releasing its memory takes seconds) reads an empty environ, so
+  the marker no longer finds it. Answers the signals sent, the processes it waited for (pid, name, seconds) and
+  any pid left.
 * ``remove`` — delete a stopped rank's manifest, exit status and log (refused while it runs).
 * ``parity`` — the running engine's argv (``/proc/<pid>/cmdline``) and a sha256 per value of the env
   sparkserve set (``/proc/<pid>/environ``; the login env and names in ``skip`` left out): values never
@@ -128,6 +132,45 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
             if want in env and st is not None and st[0] not in "ZX":
                 out.append(int(d))
         return sorted(out)
+
+    def session(m: dict[str, Any]) -> dict[int, int]:
+        """The rank's session: every live process whose session is the supervisor's and that started no earlier
+        than the supervisor (a reused session id cannot pass), pid -> start time. Waited for, never signalled."""
+        sid, lead = int(m.get("pgid", -1)), int(m.get("leader_start_time", -1))
+        if sid <= 0 or lead < 0 or m.get("boot_id") != boot_id():
+            return {}
+        out = {}
+        for d in os.listdir("/proc"):
+            if d.isdigit() and int(d) != os.getpid():
+                st = stat(int(d))
+                if st is not None and st[0] not in "ZX" and st[2] == sid and st[3] >= lead:
+                    out[int(d)] = st[3]
+        return out
+
+    def wait_gone(m: dict[str, Any], seen: dict[int, int], bound: float) -> list[dict[str, Any]]:
+        """Until every process in ``seen`` (and any of the rank's session) is gone, at most ``bound`` seconds:
+        each one still there when the wait began, with its name and how long it took (None: still there)."""
+        t0 = time.monotonic()
+        seen = {**seen, **session(m)}
+        out: dict[int, dict[str, Any]] = {}
+        while True:
+            alive = {p: t for p, t in {**seen, **session(m)}.items() if lives(p, t)}
+            now = time.monotonic() - t0
+            for p in alive:
+                if p not in out:
+                    try:
+                        with open(f"/proc/{p}/comm") as f:
+                            name = f.read().strip()
+                    except OSError:
+                        name = "?"
+                    out[p] = {"pid": p, "name": name, "seconds": None}
+            for p, w in out.items():
+                if p not in alive and w["seconds"] is None:
+                    w["seconds"] = round(now, 2)
+            if not alive or now >= bound:
+                return list(out.values())
+            seen.update(alive)
+            time.sleep(0.05)
 
     def relay(eng: int, out: int, log: int, stamps: int, exit_path: str) -> None:
         """The supervisor's loop: the engine's output into its log, with when each chunk arrived (the
@@ -322,11 +365,13 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
     if verb == "stop":
         m = read_json(base_of(q["id"]) + ".json")
         if m is None:
-            return {"signals": [], "left": []}
+            return {"signals": [], "left": [], "waited": []}
         sent = []
         timeout = float(q["timeout_s"])
+        seen: dict[int, int] = dict(session(m))  # pid -> start time: every process of the rank met on the way
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGKILL):
             pids = members(m)
+            seen.update((p, st[3]) for p in pids if (st := stat(p)) is not None)
             if not pids:
                 break
             sent.append(sig.name)
@@ -343,6 +388,7 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
             deadline = time.monotonic() + (timeout if sig != signal.SIGKILL else 10.0)
             while time.monotonic() < deadline and members(m):
                 time.sleep(0.05)
+        waited = wait_gone(m, seen, float(q.get("gone_s", timeout)))
         base = base_of(q["id"])
         drained = time.monotonic() + 5.0  # the supervisor relays what the engine wrote last, then says so
         while sent and read_json(base + ".exit") is None and time.monotonic() < drained and not members(m):
@@ -352,7 +398,8 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
         if "SIGKILL" in sent and read_json(base + ".exit") is None and not running(m):
             # the supervisor died with the group: the exit status it would have written
             write_json(base + ".exit", {"exit_code": 128 + signal.SIGKILL, "at": time.time()})
-        return {"signals": sent, "left": members(m)}
+        left = sorted(set(members(m)) | {w["pid"] for w in waited if w["seconds"] is None})
+        return {"signals": sent, "left": left, "waited": [w for w in waited if w["seconds"] is not None]}
     if verb == "remove":
         base = base_of(q["id"])
         m = read_json(base + ".json")

@@ -46,6 +46,18 @@ def _iso(t: float) -> str:
     return datetime.fromtimestamp(t, UTC).strftime("%Y-%m-%dT%H:%M:%S.%f") + "Z"
 
 
+@dataclass(frozen=True)
+class Waited:
+    """A process of a stopped rank that `stop` waited for until it was gone (``seconds`` after the signals)."""
+
+    pid: int
+    name: str
+    seconds: float
+
+    def words(self) -> str:
+        return f"pid {self.pid} ({self.name}) {self.seconds:.1f}s"
+
+
 @dataclass
 class _Seen:
     """What this engine has read of one rank's log: bytes consumed, whole lines and when each was first seen."""
@@ -73,6 +85,7 @@ class ProcessEngine:
         self.vllm = vllm
         self.marker = marker
         self._seen: dict[str, _Seen] = {}
+        self.waited: dict[str, list[Waited]] = {}  # rank id -> what its last stop waited for, after the signals
 
     @property
     def name(self) -> str:
@@ -241,11 +254,14 @@ class ProcessEngine:
         """SIGINT, then SIGTERM, then SIGKILL (each after ``timeout`` s) to the rank's processes; return the
         signals sent. NodeError when a process of the rank survived SIGKILL."""
         key = self._key(ref)
-        reply = self._ask({"verb": "stop", "id": key, "timeout_s": timeout}, "stop", timeout=2.0 * timeout + 30)
+        reply = self._ask({"verb": "stop", "id": key, "timeout_s": timeout}, "stop", timeout=3.0 * timeout + 30)
         if key in self._seen:  # what it said while stopping is new: the next logs() looks again
             self._seen[key].looked = float("-inf")
+        self.waited[key] = [Waited(int(w["pid"]), str(w["name"]), float(w["seconds"]))
+                            for w in reply.get("waited", [])]
         if reply.get("left"):
-            raise NodeError(self.name, "stop", f"{key}: pids {reply['left']} survived SIGKILL")
+            raise NodeError(self.name, "stop", f"{key}: pids {reply['left']} survived SIGKILL or were still "
+                            f"exiting after {timeout}s")
         return list(reply.get("signals", []))
 
     def remove(self, ref: str | ManagedContainer) -> None:

@@ -34,6 +34,34 @@ from sparkserve.errors import BadInput, RemoteFailure
 
 #: Flags only vllm-project/router's launcher has (production-stack also ships a `vllm-router` script).
 REQUIRED_FLAGS = ("--worker-urls", "--retry-max-retries", "--cb-failure-threshold")
+#: The one version sparkserve runs. PyPI's newest is 0.1.17 (2026-11-04); PrimeIntellect-ai/router publishes a
+#: same-named `vllm-router` 0.2.6-0.2.8 from its own index with other flags (prime-rl, 2026-11-22), which a
+#: resolver reading that index would prefer (docs/card-now-2026-12.md §4).
+ROUTER_VERSION = "0.1.17"
+PIN = f"pip install 'vllm-router=={ROUTER_VERSION}' --index-url https://pypi.org/simple"
+_VERSION_PY = "import importlib.metadata as m; print(m.version('vllm-router'))"
+
+
+def router_version(exe: str) -> str | None:
+    """The `vllm-router` distribution version behind launcher ``exe`` (the launcher has no --version): asked of
+    the Python its console script names in its first line; None when it is not such a script or that Python has
+    no `vllm-router` distribution."""
+    try:
+        with open(exe, "rb") as f:
+            first = f.readline(512)
+    except OSError:
+        return None
+    if not first.startswith(b"#!"):
+        return None
+    interp = first[2:].decode(errors="replace").split()
+    if not interp or "python" not in Path(interp[0]).name:
+        return None
+    try:
+        out = subprocess.run([*interp, "-c", _VERSION_PY], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    v = out.stdout.strip()
+    return v if out.returncode == 0 and v else None
 
 
 def state_dir() -> Path:
@@ -42,7 +70,8 @@ def state_dir() -> Path:
 
 def router_executable(name: str) -> str:
     """The launcher's path: ``name`` as a path, else next to this Python (the venv sparkserve runs in), else on
-    PATH. BadInput (exit 2, nothing touched) when missing, or when it is another package's `vllm-router`."""
+    PATH. BadInput (exit 2, nothing touched) when missing, when it is another package's `vllm-router`, or when its
+    version is not 0.1.17 (the version found is named, with the pin to install)."""
     cand: str | None
     if "/" in name:
         cand = name if os.access(name, os.X_OK) else None
@@ -51,7 +80,7 @@ def router_executable(name: str) -> str:
         cand = str(here) if os.access(here, os.X_OK) else shutil.which(name)
     if cand is None:
         raise BadInput("router.executable", f"{name} not found here (next to {sys.executable} or on PATH): "
-                       "pip install 'vllm-router==0.1.17' (sparkserve's `replicas` extra)")
+                       f"{PIN} (sparkserve's `replicas` extra)")
     try:
         out = subprocess.run([cand, "--help"], capture_output=True, text=True, timeout=60, check=False)
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -59,7 +88,15 @@ def router_executable(name: str) -> str:
     missing = [f for f in REQUIRED_FLAGS if f not in out.stdout]
     if missing:
         raise BadInput("router.executable", f"{cand} is not vllm-project/router's launcher (its --help lacks "
-                       f"{', '.join(missing)}; production-stack ships a `vllm-router` too): pin vllm-router==0.1.17")
+                       f"{', '.join(missing)}; production-stack ships a `vllm-router` too): {PIN}")
+    version = router_version(cand)
+    if version != ROUTER_VERSION:
+        found = f"vllm-router {version}" if version else "no vllm-router version (not a Python console script of " \
+            "the vllm-router distribution)"
+        fork = " (0.2.x is PrimeIntellect-ai/router's fork of the same name, with other flags)" if (
+            version or "").startswith("0.2.") else ""
+        raise BadInput("router.executable", f"{cand}: found {found}{fork}; sparkserve runs vllm-project/router "
+                       f"{ROUTER_VERSION} only: {PIN}")
     return cand
 
 

@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from sparkserve.config import Config
-from sparkserve.models.completeness import Completeness, check_completeness, summary
+from sparkserve.models.completeness import Completeness, check_completeness, first_dense_layers, summary
 from sparkserve.models.drafter import (
     ARCHITECTURES_BY_VLLM,
     CONV_RE,
@@ -197,6 +197,30 @@ def check_target_complete(t: TargetFacts, r: Report) -> None:
         return
     report_completeness(c, "model.target", r)
     r.completeness["target"] = c
+    check_target_config_date(t, c, r)
+
+
+# The W4A16 checkpoint's config.json was corrected on 2026-09-08: a copy from before boots into
+# `KeyError: 'layers.0.mlp.gate_up_proj.weight'` (a third-party summary of the card's HF page, read 2026-12-07:
+# "re-download the config"). That KeyError is vLLM's loader meeting a dense layer-0 MLP tensor (gate/up
+# projection) in the weights that the model the config describes has no parameter for: the config makes layer 0
+# a MoE layer (first_k_dense_replace 0 or absent). So the stale config is told by its own fields against the
+# weights' names, before the boot.
+CONFIG_FIXED_ON = "2026-09-08"
+
+
+def check_target_config_date(t: TargetFacts, c: Completeness, r: Report) -> None:
+    """A target config.json from before 2026-09-08 (see above): an error naming the fix."""
+    if c.layer0_mlp != "dense":
+        return
+    dense = first_dense_layers(read_config(Path(t.path), where="model.target"))
+    if dense is None or dense >= 1:
+        return
+    r.error(str(Path(t.path) / "config.json"),
+            f"first_k_dense_replace is {dense} (layer 0 routed to experts) but the weights hold a dense layer-0 MLP "
+            f"(model.layers.0.mlp.gate_proj/up_proj): this config.json is from before {CONFIG_FIXED_ON} and boots "
+            "into KeyError: 'layers.0.mlp.gate_up_proj.weight' — download the current config.json from the "
+            "checkpoint's repository")
 
 
 def check_target(cfg: Config, d: DrafterFacts | None, t: TargetFacts, r: Report) -> None:

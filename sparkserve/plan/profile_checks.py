@@ -24,6 +24,9 @@ def check_profile(cfg: Config, r: Report) -> None:
     """The fields the config sets otherwise than its profile (they win, and are said), and a drafter an MTP
     config would leave unused."""
     prof = profiles.get(cfg.profile)
+    if prof.caveat or cfg.speculative.method == "mtp":  # the profile, or mtp set by hand on another one
+        r.warn("profile", f"{prof.name if prof.caveat else 'speculative.method mtp'}: "
+               f"{prof.caveat or profiles.MTP_CAVEAT}")
     for path, want, have in profiles.overrides(cfg):
         r.warn(path, f"{have} overrides profile {prof.name}'s {want} (the card's value); delete the line to "
                "serve the profile as the card validated it")

@@ -13,6 +13,7 @@ which runs them with the rules on the models (:mod:`sparkserve.plan.model_checks
 
 from __future__ import annotations
 
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Literal
 
@@ -28,6 +29,17 @@ from sparkserve.plan.profile_checks import check_identity, check_profile, uses_d
 from sparkserve.plan.vllm_args import OptionList, ParserUnavailable, RealParser, get_judge
 
 GMU_WARN_ABOVE = 0.85
+MAX_NUM_SEQS = 512  # the fork's 512 Mamba/KDA state blocks (third-party summary of the W4A16 card, 2026-12-07 read)
+# The card's launcher@1c142c9 picks its flag dialect from the image tag: `*v1-w4a16*` → v1 (upstream nightly base:
+# --kv-cache-memory-bytes AND --no-enable-flashinfer-autotune), anything else → v2 (the fork). Its README@1c142c9
+# ("Known failures") says the v1 base "dies at FlashInfer sparse-MLA warmup".
+V1_TAG = "*v1-w4a16*"
+V1_WHY = ("the card's v1 image (upstream nightly base, launcher@1c142c9 \"EXPERIMENTAL\"), which the card's README "
+          "calls broken on SM121: it \"dies at FlashInfer sparse-MLA warmup … Failed to run MLA, error: invalid "
+          "argument — with AND without --no-enable-flashinfer-autotune\"; its launcher flag dialect (v1: "
+          "--kv-cache-memory-bytes and --no-enable-flashinfer-autotune) is not rendered by sparkserve, so the image is "
+          "refused rather than half-served; use the v2 image ghcr.io/canada-quant/vllm-glm53-flash-sm121:"
+          "v2-w4a16-dflash2e (the fork)")
 ParserMode = Literal["auto", "vllm", "list", "none"]
 
 # dest of a flag sparkserve renders → the config field that sets it (for serve.extra_args conflicts)
@@ -70,10 +82,22 @@ def check_config(cfg: Config, report: Report | None = None) -> Report:
     if cfg.container.shm_size is not None and cfg.runtime == "docker":
         r.warn("container.shm_size", "ignored: the containers run with --ipc=host, so /dev/shm is the host's "
                "(docker drops --shm-size); size the host's /dev/shm instead")
+    if s.max_num_seqs is not None and s.max_num_seqs > MAX_NUM_SEQS:
+        r.error("serve.max_num_seqs", f"{s.max_num_seqs} is above {MAX_NUM_SEQS}: the card's fork refuses it (it "
+                f"holds {MAX_NUM_SEQS} Mamba/KDA state blocks); the card's launcher serves 6")
+    check_card_image(cfg, r)
     check_dialect(cfg, r)
     _check_extra_args(cfg, r)
     check_profile(cfg, r)
     return r
+
+
+def check_card_image(cfg: Config, r: Report) -> None:
+    """The card's v1 image tag (``*v1-w4a16*``) is refused with the card's reason: sparkserve renders one flag
+    dialect per image, and the v1 one (two flags) for an image the card calls broken would be a boot that dies at
+    warm-up, or half that dialect."""
+    if cfg.runtime == "docker" and fnmatchcase(cfg.image.ref, V1_TAG):
+        r.error("image.ref", f"{cfg.image.ref} is {V1_WHY}")
 
 
 def check_dialect(cfg: Config, r: Report, dialect: Dialect | None = None) -> None:
@@ -101,6 +125,7 @@ def refuse_inexpressible(cfg: Config, dialect: Dialect) -> None:
     """BadInput (exit 2) naming the first setting ``dialect`` cannot express: ``up`` calls it once the image
     ID is known, before any container starts (the image's stored facts may have named another dialect)."""
     r = Report()
+    check_card_image(cfg, r)
     check_dialect(cfg, r, dialect)
     r.raise_first()
 

@@ -34,6 +34,7 @@ def test_mtp_boots_without_a_drafter_passes_its_gates_and_sits_beside_the_cards_
     assert up.returncode == 0, up.stdout + up.stderr
     assert "all gates passed" in up.stdout
     assert "drafter: none (speculative.method mtp" in up.stderr + up.stdout
+    assert "has not been validated by us yet" in up.stderr  # the card's words, on every `up` of the profile
     try:
         for n in e2e.rig.nodes:  # no drafter mount; the argv names no drafter model
             (ctr,) = [x for x in e2e.managed(n.name) if x.status == "running"]

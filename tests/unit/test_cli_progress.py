@@ -98,3 +98,35 @@ def test_no_color_is_honoured(monkeypatch: pytest.MonkeyPatch) -> None:
         p.say("syncing")
         p.boot([View("node-a", 0, Phase.LOAD)], 1.0)
     assert not re.search(r"\x1b\[[0-9;]*3\dm", buf.getvalue())  # no colour codes (cursor moves are fine)
+
+
+def test_the_heartbeat_names_the_step_in_progress_never_the_last_warning() -> None:
+    """`up` on a real engine printed `still working (10s since: warning: gpu: swappiness: …)` while it identified
+    the engine (issue 45): a warning is a remark, the step is the timed span under way."""
+    from sparkserve.deploy.timings import span
+
+    con, buf = _console(tty=False, width=200)
+    with Progress(console=con, heartbeat_s=0.2) as p:
+        p.say("preflight: checking every node")
+        p.say("warning: gpu: swappiness: vm.swappiness is 60 (the card's hosts run 1)")
+        with span("preflight"), span("preflight: engine identity"):
+            deadline = time.monotonic() + 10
+            while "still working" not in buf.getvalue() and time.monotonic() < deadline:
+                time.sleep(0.05)
+        beats = [ln for ln in buf.getvalue().splitlines() if "still working" in ln]
+        assert beats and re.fullmatch(r"still working \(\d+s since: preflight: engine identity\)",
+                                      beats[0].split(" · ", 1)[1]), beats
+        p.say("image: ready")
+    assert all("since: warning" not in ln for ln in buf.getvalue().splitlines())
+
+
+def test_without_a_span_the_heartbeat_names_the_last_step_said_not_a_warning() -> None:
+    con, buf = _console(tty=False, width=200)
+    with Progress(console=con, heartbeat_s=0.2) as p:
+        p.say("drafter: syncing /d to /models/d on every node")
+        p.say("warning: node-b: iommu: not passthrough")
+        deadline = time.monotonic() + 10
+        while "still working" not in buf.getvalue() and time.monotonic() < deadline:
+            time.sleep(0.05)
+    (beat, *_) = [ln for ln in buf.getvalue().splitlines() if "still working" in ln]
+    assert "since: drafter: syncing /d to /models/d on every node)" in beat

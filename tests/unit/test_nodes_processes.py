@@ -311,3 +311,46 @@ def test_every_node_must_run_the_same_engine(monkeypatch, tmp_path: Path) -> Non
     assert "0.33.0" in e.value.what and "0.25.1" in e.value.what
     ids["b"] = ids["a"]
     assert ensure_same_engine(cfg, [LocalNode("a"), LocalNode("b")]) == ids["a"][0]
+
+
+# The engine starts a child (as vLLM starts EngineCore) that, once its parent is gone, takes a while to exit (a GPU
+# process releasing its memory: on the real engine one was gone 6 s after `kill -9` of the API server, issue 45).
+# Its environ is cleared (env -i) as an exiting process's reads empty: the rank's marker can no longer find it;
+# it ignores SIGINT and SIGTERM as a process deep in its exit does not hurry for them, and it closes its output
+# first (the kernel closes a dying process's files in fd order: the log pipe before the GPU's device files), so the
+# rank's supervisor sees the end of the log and exits while it is still there.
+SLOW_EXIT = 3.0  # long beside the teardown's own steps before its stop (log saving: milliseconds)
+WITH_SLOW_CHILD = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen(['env', '-i', sys.executable, '-c', 'import os, signal, time\\n"
+    "signal.signal(signal.SIGINT, signal.SIG_IGN)\\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\\n"
+    "parent = os.getppid()\\nprint(\\'child up\\', flush=True)\\n"
+    "while os.getppid() == parent: time.sleep(0.02)\\n"
+    f"os.close(1)\\nos.close(2)\\ntime.sleep({SLOW_EXIT})'])\n"
+    "print('engine up', child.pid, flush=True)\nwhile True: time.sleep(0.05)\n")
+
+
+def test_down_right_after_a_crash_waits_for_every_process_of_the_rank_and_names_it(tmp_path: Path, monkeypatch) -> None:
+    from _fixtures import config_file
+
+    from sparkserve.config import load_config
+    from sparkserve.deploy.teardown import teardown
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))
+    cfg = load_config(config_file(tmp_path / "p.yaml", {
+        "runtime": "process", "serve": {"vllm": sys.executable}, "process": {"run_dir": str(tmp_path / "run")},
+        "container": {"stop_timeout_s": 10}}))
+    head = cfg.head.name
+    eng = ProcessEngine(LocalNode(head), run_dir=str(tmp_path / "run"), vllm=sys.executable)
+    rid = eng.run(spec(WITH_SLOW_CHILD))
+    wait_for(lambda: logged(eng, rid, "child up") and logged(eng, rid, "engine up"))
+    child = int(next(x for x in eng.logs(rid) if x.startswith("engine up")).split()[-1])
+    os.kill(manifest_of(tmp_path)["pid"], signal.SIGKILL)  # the API server crashes; its child is still exiting
+    said: list[str] = []
+    t0 = time.monotonic()
+    teardown(cfg, {head: LocalNode(head)}, {head: [rid]}, tag="down", say=said.append)
+    assert not alive(child), "down returned while a process of the rank was still there"
+    assert time.monotonic() - t0 < SLOW_EXIT + 5  # bounded: waited for it, not for a timeout
+    (line,) = [s for s in said if "waited for" in s]
+    assert line.startswith(f"{head}: waited for {rid}'s processes to be gone: pid {child} (python")
+    assert not (tmp_path / "run" / FP[:16]).exists()  # and the rank was removed
