@@ -306,7 +306,7 @@ async def run_cell_outcomes_async(
     async with httpx.AsyncClient(timeout=30.0, headers=headers, trust_env=False) as client:
         if check_served_model:
             await check_model(client, base_url, model, where)
-        warm = None
+        warm = Warmup(requests=0, concurrency=0, max_tokens=cell.max_tokens)  # --warmup 0: none, said so
         if warmup > 0:
             warm = await _warm_up(base_url, model, cell, prompt_set, sampling, warmup, rendered=rendered,
                                   deadline_s=deadline, stall_s=stall_timeout_s, headers=headers, where=where,
