@@ -21,7 +21,8 @@ TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
 
 def test_first_bench_after_up_reads_as_the_second_and_the_card_template_comes_from_the_head(
         e2e, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    cfg = e2e.config()
+    # paced by the emulator's clock, not the shared CPUs: 1,000 tok/s a stream, 0.2 s per first-seen batch size
+    cfg = e2e.config({"serve": {"env": {"SSEMU_TOKEN_RATE": "1000", "SSEMU_FIRST_BATCH_S": "0.2"}}})
     p = e2e.cli("up", cfg=cfg)
     assert p.returncode == 0, p.stderr
     first = e2e.json("bench", "--protocol", "forced", "--cell", "c16", "--size", "32x4x256", cfg=cfg)
@@ -29,13 +30,13 @@ def test_first_bench_after_up_reads_as_the_second_and_the_card_template_comes_fr
     assert first["ok"] and second["ok"], (first["refused"], second["refused"])
     assert first["warmup"]["requests"] == 8 and first["warmup"]["concurrency"] == 4 and first["warmup"]["errors"] == 0
     assert first["output_tokens"] == 32 * 256 == second["output_tokens"]  # the warm-up's tokens are not the cell's
-    assert abs(first["output_tok_s"] / second["output_tok_s"] - 1) < 0.15, (first["output_tok_s"],
+    assert abs(first["output_tok_s"] / second["output_tok_s"] - 1) < 0.1, (first["output_tok_s"],
                                                                             second["output_tok_s"])
     # without a warm-up, sizes 5..8 are new to this boot: the first c8 bench pays for them, the next does not
     cold = e2e.json("bench", "--protocol", "forced", "--cell", "c16", "--size", "32x8x256", "--warmup", "0", cfg=cfg)
     warm = e2e.json("bench", "--protocol", "forced", "--cell", "c16", "--size", "32x8x256", "--warmup", "0", cfg=cfg)
     assert cold["warmup"]["requests"] == 0
-    assert cold["output_tok_s"] < 0.8 * warm["output_tok_s"], (cold["output_tok_s"], warm["output_tok_s"])
+    assert cold["output_tok_s"] < 0.75 * warm["output_tok_s"], (cold["output_tok_s"], warm["output_tok_s"])
 
     lat = first["latency"]
     assert lat["streamed"] and all(lat[k]["n"] for k in ("ttft", "tpot", "e2e")) and lat["itl"]["n"] > 32
