@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
+import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -138,7 +139,7 @@ def theirs(url: str, cell: Cell, prompts: Path, workdir: Path) -> dict[str, floa
         "--extra-body", json.dumps({"max_completion_tokens": cell.max_tokens, "min_tokens": cell.max_tokens}),
         "--num-warmups", str(default_warmup(cell)), "--disable-tqdm",
         "--percentile-metrics", "ttft,tpot,itl,e2el", "--metric-percentiles", "50,90,99",
-        "--save-result", "--result-dir", str(out.parent), "--result-filename", out.name,
+        "--save-result", "--save-detailed", "--result-dir", str(out.parent), "--result-filename", out.name,
     ]
     p = subprocess.run(argv, capture_output=True, text=True, timeout=1800)
     if p.returncode != 0 or not out.exists():
@@ -146,9 +147,13 @@ def theirs(url: str, cell: Cell, prompts: Path, workdir: Path) -> dict[str, floa
     d = json.loads(out.read_text())
     if d["failed"] or d["total_output_tokens"] != cell.prompts * cell.max_tokens:
         raise SystemExit(f"error: vllm bench serve: {d['failed']} failed, {d['total_output_tokens']} tokens")
+    # without a tokenizer vLLM prints E2EL only; TTFT and TPOT by its own formulas from its per-request detail
+    # (calculate_metrics: TPOT = (latency − ttft) / (output_len − 1) for output_len > 1; numpy median)
+    tpots = [(lat - t) / (n - 1) for n, t, lat in zip(d["output_lens"], d["ttfts"], d["latencies"], strict=True)
+             if n > 1]
     return {"tok_s": d["output_throughput"], "al": d.get("spec_decode_acceptance_length"),
             "tokens": d["total_output_tokens"], "e2e_p50_ms": d["median_e2el_ms"],
-            "ttft_p50_ms": d["median_ttft_ms"], "tpot_p50_ms": d["median_tpot_ms"]}
+            "ttft_p50_ms": float(np.median(d["ttfts"])) * 1000, "tpot_p50_ms": float(np.median(tpots)) * 1000}
 
 
 def _ratios(a: dict[str, float | None], b: dict[str, float | None]) -> dict[str, float | None]:
