@@ -327,12 +327,19 @@ async def run_cell_outcomes_async(
             deadline_s=deadline, stall_s=stall_timeout_s, headers=headers, where=where, live=live,
             rendered=rendered,
         )
-        if progress:
-            outcomes = await _with_progress(runner, cell, live, where)
-        else:
-            outcomes = await runner
+        try:
+            if progress:
+                outcomes = await _with_progress(runner, cell, live, where)
+            else:
+                outcomes = await runner
+        except BaseException:  # interrupted: the sampler stops with the cell
+            if window is not None:
+                window.stop(time.perf_counter() - t0, 0)
+            raise
         duration = time.perf_counter() - t0
-        power = window.stop(duration, sum(o.completion_tokens for o in outcomes)) if window is not None else None
+        power = None
+        if window is not None:  # joins the samplers (each bounded by its nvidia-smi timeout): off the loop
+            power = await asyncio.to_thread(window.stop, duration, sum(o.completion_tokens for o in outcomes))
         each_after: dict[int, Snapshot] = {}
         try:
             if metrics_urls:
