@@ -170,7 +170,7 @@ def _one_slot(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec,
                 run_cell_outcomes_async,
                 res.api_url, res.served_name, cs.cell(), prompt_set, sampling=sampling, node=cfg.head.name,
                 api_key=resolve_api_key(cfg), progress=progress, template=template,
-                warmup=default_warmup(cs.cell()),  # issue 41: the first cell after a boot must not pay the warm-up
+                warmup=default_warmup(cs.cell()),  # issue 41: unmeasured requests first, so no cell pays it
             )
         except SparkserveError as e:
             if interrupted(e):

@@ -19,6 +19,9 @@ How the intervals are made (seeded: the same banked rows give the same intervals
   round (the crossed design: by replica, then round) — so what the two have in common cancels; the delta is
   relative, ``x / baseline − 1``.
 * per-position acceptance comes from the counters only: its interval is across boots, none with one boot.
+* **E2E p50** (:func:`e2e_p50`): each boot's median request latency, its replicates the medians of the same
+  resampled requests, then boots as above; its delta is relative too, and lower is the win. The percentiles
+  (TTFT, TPOT, E2E) come from :func:`sparkserve.measure.latency.latency_stats`, the function ``bench`` uses.
 * a figure without within-boot replicates (acceptance length under the card protocol: its replies are not
   streamed, so no chunks count the engine steps) gets the across-boots interval alone, none with one boot.
 
