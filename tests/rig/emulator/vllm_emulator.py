@@ -2293,6 +2293,16 @@ def _http_classes() -> tuple[type, type]:
         request_queue_size = 128
         emu: Emulator
 
+        def get_request(self) -> tuple[socket.socket, Any]:
+            """TCP_NODELAY on every accepted connection, as real vLLM's server has it: uvicorn runs on asyncio,
+            whose socket transports set it (CPython asyncio/selector_events.py, ``_SelectorSocketTransport``:
+            ``base_events._set_nodelay``). Without it Nagle holds each small SSE chunk until the previous one is
+            acknowledged, and the client's delayed ACK (~40 ms on Linux) shows up as TTFT and bursts of ITL 0
+            (issue 41: the latency figures read the stream's timing)."""
+            conn, addr = super().get_request()
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return conn, addr
+
 
     class _Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
