@@ -195,7 +195,7 @@ def capacity(target: Path, drafter: Path, workdir: Path, spec: bool, cell: Cell)
     try:
         if two_cpus:
             os.sched_setaffinity(0, {0})
-        run_cell(emu.url, MODEL, Cell("warm", 4, 4, 256), builtin_prompts())
+        run_cell(emu.url, MODEL, Cell("warm", 2 * cell.concurrency, cell.concurrency, 256), builtin_prompts())
         c0 = time.process_time()
         r = run_cell(emu.url, MODEL, cell, builtin_prompts())
         cpu = time.process_time() - c0
