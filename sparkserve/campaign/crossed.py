@@ -39,7 +39,7 @@ from sparkserve.measure.ab_records import Boot, CampaignSpec, CellSpec
 from sparkserve.measure.chat_template import ChatTemplate
 from sparkserve.measure.prompts import PromptSet
 from sparkserve.measure.records import BenchResult, RequestOutcome, Sampling
-from sparkserve.measure.run import run_cell_outcomes_async
+from sparkserve.measure.run import default_warmup, run_cell_outcomes_async
 from sparkserve.nodes.base import Node
 from sparkserve.plan.replicas import Replica, replicas_of
 
@@ -146,7 +146,8 @@ async def _cells_at_once(jobs: list[Live], cs: CellSpec, prompt_set: PromptSet, 
     async def one(res: UpResult, node: str) -> Any:
         try:
             return await run_cell_outcomes_async(res.api_url, res.served_name, cs.cell(), prompt_set,
-                                                 sampling=sampling, node=node, api_key=api_key, template=template)
+                                                 sampling=sampling, node=node, api_key=api_key, template=template,
+                                                 warmup=default_warmup(cs.cell()))  # issue 41
         except SparkserveError as e:
             if interrupted(e):
                 raise

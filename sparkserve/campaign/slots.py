@@ -25,7 +25,7 @@ from sparkserve.measure.ab_records import Boot, CampaignSpec, CellSpec, Pins, Sa
 from sparkserve.measure.chat_template import ChatTemplate
 from sparkserve.measure.prompts import PromptSet
 from sparkserve.measure.records import BenchResult, RequestOutcome, Sampling
-from sparkserve.measure.run import run_cell_outcomes_async
+from sparkserve.measure.run import default_warmup, run_cell_outcomes_async
 from sparkserve.nodes.base import Node
 
 
@@ -170,6 +170,7 @@ def _one_slot(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec,
                 run_cell_outcomes_async,
                 res.api_url, res.served_name, cs.cell(), prompt_set, sampling=sampling, node=cfg.head.name,
                 api_key=resolve_api_key(cfg), progress=progress, template=template,
+                warmup=default_warmup(cs.cell()),  # issue 41: unmeasured requests first, so no cell pays it
             )
         except SparkserveError as e:
             if interrupted(e):

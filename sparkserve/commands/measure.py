@@ -6,9 +6,11 @@ record), `ab diff RESULT…` (bench result files against the first; `ab RESULT�
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import click
 import typer
@@ -30,6 +32,11 @@ from sparkserve.measure.ab import compare_files
 from sparkserve.measure.card_rows import DEFAULT_MATCH
 from sparkserve.measure.records import CELLS, BenchResult, Cell
 from sparkserve.measure.run import bench_and_record
+
+if TYPE_CHECKING:
+    from sparkserve.config import Config
+    from sparkserve.deploy.power import PowerSampler
+    from sparkserve.nodes.base import Node
 
 
 class CellName(StrEnum):
@@ -93,6 +100,9 @@ def bench(
     stall: Annotated[float, typer.Option("--stall-timeout", help="forced: silent this long = hung, s")] = 60.0,
     replica: Annotated[int | None, typer.Option("--replica", help="replicas: N — bench replica K's own head API "
                                                 "(default: through the router)")] = None,
+    warmup: Annotated[int | None, typer.Option(
+        "--warmup", min=0, help="unmeasured requests before the cell, at its concurrency and length (default: "
+        "concurrency × 2; 0: none)")] = None,
 ) -> None:
     """Run one cell of the model card's bench protocol and record it in the journal."""
     the_cell = _sized(cell.value, size)
@@ -101,31 +111,50 @@ def bench(
     cfg = config_from(config, nodes=False, replicas=True)  # HTTP to the API only: no SSH, no placeholder check
     _check_replica(cfg.replicas, replica, url)
     prompts = prompts or (cfg.bench.prompts.expanduser() if cfg.bench.prompts else None)  # the card's holdout
-    if url is None:  # the config's own stack(s): every rank alive first, or the dead one named at once
-        from sparkserve.deploy.stack import ranks_alive
-        from sparkserve.nodes.factory import open_reachable
-        from sparkserve.plan.replicas import replicas_of
-
-        say = (lambda _: None) if json_out else (lambda line: err_console.print(line, markup=False))
-        try:
-            with open_reachable(cfg) as (nodes, unreachable):
-                for r in replicas_of(cfg):
-                    if replica in (None, r.index):
-                        ranks_alive(r.cfg, {n: nodes[n] for n in r.nodes if n in nodes},
-                                    {n: e for n, e in unreachable.items() if n in r.nodes}, say=say)
-        except BadInput as e:  # nodes it cannot even try (a placeholder host): the API alone is benched
-            say(f"warning: ranks' liveness not checked: {e.where}: {e.what}")
-    result, bench_id = bench_and_record(
-        cfg, the_cell, prompts, url=url, model=model,
-        config_given=config is not None, deadline_s=deadline, stall_timeout_s=stall, progress=not json_out,
-        protocol=protocol.value, chat_template=chat_template, replica=replica,
-    )
+    say = (lambda _: None) if json_out else (lambda line: err_console.print(line, markup=False))
+    with contextlib.ExitStack() as stack:
+        window = None
+        if url is None:  # the config's own stack(s): every rank alive first, or the dead one named at once
+            window, chat_template = _stack_checks(cfg, stack, replica, say, protocol, chat_template)
+        result, bench_id = bench_and_record(
+            cfg, the_cell, prompts, url=url, model=model,
+            config_given=config is not None, deadline_s=deadline, stall_timeout_s=stall, progress=not json_out,
+            protocol=protocol.value, chat_template=chat_template, replica=replica, warmup=warmup, window=window,
+        )
     if json_out:
         print(result.to_json(), end="")
     else:
         _print_result(result, bench_id)
     if result.refused:
         raise GateFailed(f"bench {result.cell}", f"refused: {result.refused[0]}", details=result.refused[1:])
+
+
+def _stack_checks(cfg: Config, stack: contextlib.ExitStack, replica: int | None, say: Callable[[str], None],
+                  protocol: ProtocolName, chat_template: Path | None) -> tuple[PowerSampler | None, Path | None]:
+    """The config's own stack: every rank alive (or the dead one named at once), the nodes' power sampler over
+    the measured window, and (card protocol, no --chat-template, the target not on this machine) the target's
+    chat template read from the head. The nodes stay open in ``stack`` until the cell is done."""
+    from sparkserve.deploy.chat_template_remote import head_template_dir, needs_remote_template
+    from sparkserve.deploy.power import PowerSampler
+    from sparkserve.deploy.stack import ranks_alive
+    from sparkserve.nodes.factory import open_reachable
+    from sparkserve.plan.replicas import replicas_of
+
+    try:
+        nodes, unreachable = stack.enter_context(open_reachable(cfg))
+    except BadInput as e:  # nodes it cannot even try (a placeholder host): the API alone is benched
+        say(f"warning: ranks' liveness not checked: {e.where}: {e.what}")
+        return None, chat_template
+    mine: dict[str, Node] = {}
+    for r in replicas_of(cfg):
+        if replica in (None, r.index):
+            ranks_alive(r.cfg, {n: nodes[n] for n in r.nodes if n in nodes},
+                        {n: e for n, e in unreachable.items() if n in r.nodes}, say=say)
+            mine |= {n: nodes[n] for n in r.nodes if n in nodes}
+    if protocol is ProtocolName.card and chat_template is None and needs_remote_template(cfg) \
+            and cfg.head.name in nodes:
+        chat_template = head_template_dir(cfg, nodes[cfg.head.name], say=say)
+    return PowerSampler(mine), chat_template
 
 
 def _check_replica(replicas: int, replica: int | None, url: str | None) -> None:
@@ -162,6 +191,18 @@ def _print_result(r: BenchResult, bench_id: int | None) -> None:
     if r.protocol != "card":  # the card protocol forces no length: EOS ends a request
         t.add_row("incomplete", str(r.incomplete))
     t.add_row("output", f"{r.output_tokens:,} tokens in {r.duration_s:.2f} s = {r.output_tok_s:,.1f} tok/s")
+    if r.requests_per_s is not None:  # tok/s follows output length: requests/s and the length beside it
+        t.add_row("requests/s · output length", f"{r.requests_per_s:,.3f} req/s · {_fmt(r.output_len_mean, ',.1f')} "
+                  f"tokens mean, {_fmt(r.output_len_p50, ',.0f')} p50")
+    for label, stats in _latency_rows(r):
+        t.add_row(label, stats)
+    if r.warmup is not None:
+        w = r.warmup
+        t.add_row("warm-up (not measured)", "none (--warmup 0)" if not w.requests else
+                  f"{w.requests} requests at c{w.concurrency} × {w.max_tokens}: {w.output_tokens:,} tokens in "
+                  f"{w.duration_s:.2f} s, {w.errors} errors")
+    if r.power is not None:
+        t.add_row("power", _power_text(r))
     t.add_row("acceptance length", _fmt(r.acceptance_length))
     t.add_row("acceptance rate", _fmt(r.acceptance_rate))
     t.add_row("per position", "  ".join(f"{x:.3f}" for x in r.per_position_acceptance) or "n/a")
@@ -173,6 +214,33 @@ def _print_result(r: BenchResult, bench_id: int | None) -> None:
         err_console.print(f"[red]request {e.request}[/red] {e.kind}: {e.detail}")
     for w in r.warnings:
         err_console.print(f"[yellow]warning:[/yellow] {w}")
+
+
+def _latency_rows(r: BenchResult) -> list[tuple[str, str]]:
+    """TTFT / TPOT / ITL / E2E rows (mean · median · p90 · p99 ms), vLLM's definitions."""
+    lat = r.latency
+    if lat is None:
+        return []
+    rows = []
+    for name, s in (("TTFT", lat.ttft), ("TPOT", lat.tpot), ("ITL", lat.itl), ("E2E", lat.e2e)):
+        if s is not None and s.n:
+            rows.append((f"{name} ms mean/p50/p90/p99", " / ".join(
+                _fmt(x, ",.1f" if name in ("TTFT", "E2E") else ",.2f")
+                for x in (s.mean_ms, s.median_ms, s.p90_ms, s.p99_ms))))
+    if lat.note:
+        rows.append(("TTFT / TPOT / ITL", lat.note))
+    return rows
+
+
+def _power_text(r: BenchResult) -> str:
+    p = r.power
+    assert p is not None
+    each = " · ".join(f"{n.node} {n.mean_w:,.1f} W" if n.mean_w is not None else f"{n.node}: {n.note}"
+                      for n in p.nodes)
+    if p.joules_per_token is None:
+        return f"{each} — {p.note}" if each else str(p.note)
+    return (f"{each} — {p.joules:,.0f} J over {p.window_s:.1f} s = {p.joules_per_token:.4f} J/token "
+            f"({p.tokens_per_joule:,.2f} tokens/J)")
 
 
 def history(

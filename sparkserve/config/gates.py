@@ -16,6 +16,10 @@ class SmokeCell(Strict):
     max_tokens: int = Field(default=512, ge=1, description="max_tokens of each smoke request")
     request_timeout_s: float = Field(default=120.0, gt=0, description="the deadline of each smoke request; one past "
                                      "it fails the smoke gate")
+    # how the cell is measured, not what runs: excluded from the dump, so not part of the deployment fingerprint
+    warmup: int | None = Field(default=None, ge=0, exclude=True, description="unmeasured requests before the smoke "
+                               "cell, at its concurrency and length (null: concurrency × 2; 0: none); a failed one "
+                               "fails the smoke gate too")
 
 
 class GatesConfig(Strict):

@@ -25,7 +25,7 @@ from sparkserve.journal import lookup, record
 from sparkserve.journal.history import GATES_SMOKE_CELL
 from sparkserve.measure.prompts import builtin_prompts
 from sparkserve.measure.records import CELLS, Cell
-from sparkserve.measure.run import run_cell
+from sparkserve.measure.run import default_warmup, run_cell
 from sparkserve.measure.wedge import wedge_probe
 from sparkserve.nodes.base import Node
 from sparkserve.nodes.engine import ContainerState
@@ -53,12 +53,20 @@ def run_smoke(cfg: Config, plan: Plan, *, progress: bool = False) -> tuple[Smoke
     wedged = wedge_probe(cfg, plan)  # a wedged engine fails at once, within the supervisor's stall bound
     if wedged is not None:
         return wedged, {}
+    warmup = cfg.gates.smoke.warmup
     res = run_cell(plan.api_url, plan.served_name, cell, builtin_prompts(), node=plan.head.node,
                    api_key=resolve_api_key(cfg), deadline_s=cfg.gates.smoke.request_timeout_s,
-                   stall_timeout_s=min(60.0, cfg.gates.smoke.request_timeout_s), progress=progress)
+                   stall_timeout_s=min(60.0, cfg.gates.smoke.request_timeout_s), progress=progress,
+                   warmup=default_warmup(cell) if warmup is None else warmup)
     errors = tuple(SmokeError(plan.head.node, f"request {e.request}: {e.kind}: {e.detail}") for e in res.errors)
+    warm = res.warmup
+    if warm is not None and warm.errors:  # the server failed before the measured requests: the gate sees it too
+        kinds = ", ".join(f"{n} {k}" for k, n in warm.error_kinds.items())
+        errors += (SmokeError(plan.head.node, f"warm-up: {warm.errors} of {warm.requests} requests failed "
+                              f"({kinds})"),)
     incomplete = res.incomplete
-    return SmokeResult(requests=cell.prompts, requests_ok=res.requests_ok, stream_errors=res.stream_errors,
+    return SmokeResult(requests=cell.prompts, requests_ok=res.requests_ok,
+                       stream_errors=res.stream_errors + (warm.errors if warm is not None else 0),
                        incomplete=incomplete, errors=errors, node=plan.head.node), res.model_dump(mode="json")
 
 

@@ -131,6 +131,11 @@ def _bench_summary(cell: str, raw: str) -> str:
     al_s = f"AL {al:.2f}" if isinstance(al, int | float) else "AL n/a"
     proto = f" [{v['protocol']}]" if isinstance(v.get("protocol"), str) else ""  # issue 21: card | forced
     s = f"{cell}{proto}: {v.get('output_tok_s', 0):,.1f} tok/s, {al_s}, {v.get('stream_errors', '?')} stream errors"
+    e2e = ((v.get("latency") or {}).get("e2e") or {}).get("median_ms") if isinstance(v.get("latency"), dict) else None
+    if isinstance(e2e, int | float):  # issue 41: latency, the warm-up
+        s += f", E2E p50 {e2e:,.0f} ms"
+    warm = v.get("warmup")
+    s += f", warm-up {warm.get('requests')}" if isinstance(warm, dict) else ""
     if v.get("refused"):
         s += f" — refused: {v['refused'][0]}"
     return s

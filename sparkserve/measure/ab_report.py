@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from sparkserve.errors import BadInput
 from sparkserve.measure.ab_records import Boot, CampaignSpec, Wave
-from sparkserve.measure.ab_stats import Analysis, CellFigures, Interval, analyze
+from sparkserve.measure.ab_stats import E2E_P50, Analysis, CellFigures, Interval, analyze
 
 PLOT_EXTRA = "plot"
 
@@ -154,10 +154,11 @@ def holdout_rows(r: Report) -> tuple[list[str], list[list[str]]]:
 
 def interval_rows(r: Report) -> tuple[list[str], list[list[str]]]:
     """Per cell and drafter: boots, acceptance length and tok/s with 95 % intervals, the delta vs the
-    baseline, TTFT and TPOT p50/p90/p99, and the journal rows."""
+    baseline, TTFT and TPOT p50/p90/p99, E2E p50 with its interval and delta, and the journal rows."""
     base = r.spec.rule.baseline
     header = ["Cell", "Drafter", "Boots", "Accept [95 %]", "tok/s [95 %]", f"Δ accept vs {base}",
-              f"Δ tok/s vs {base}", "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99", "Waves"]
+              f"Δ tok/s vs {base}", "TTFT ms p50/p90/p99", "TPOT ms p50/p90/p99", "E2E ms p50 [95 %]",
+              f"Δ E2E p50 vs {base}", "Waves"]
     rows = []
     for cs in r.spec.cells:
         for a in r.spec.drafters:
@@ -174,6 +175,7 @@ def interval_rows(r: Report) -> tuple[list[str], list[list[str]]]:
                 delta("acceptance_length"), delta("output_tok_s"),
                 "/".join(_num(x, ".1f") for x in (f.ttft_ms.p50, f.ttft_ms.p90, f.ttft_ms.p99)),
                 "/".join(_num(x, ".2f") for x in (f.tpot_ms.p50, f.tpot_ms.p90, f.tpot_ms.p99)),
+                "—" if f.e2e_p50_ms is None else _ci(f.e2e_p50_ms, ",.0f"), delta(E2E_P50),
                 ",".join(f"#{i}" for i in f.waves),
             ])
     return header, rows

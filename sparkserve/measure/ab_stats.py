@@ -19,6 +19,9 @@ How the intervals are made (seeded: the same banked rows give the same intervals
   round (the crossed design: by replica, then round) — so what the two have in common cancels; the delta is
   relative, ``x / baseline − 1``.
 * per-position acceptance comes from the counters only: its interval is across boots, none with one boot.
+* **E2E p50** (:func:`e2e_p50`): each boot's median request latency, its replicates the medians of the same
+  resampled requests, then boots as above; its delta is relative too, and lower is the win. The percentiles
+  (TTFT, TPOT, E2E) come from :func:`sparkserve.measure.latency.latency_stats`, the function ``bench`` uses.
 * a figure without within-boot replicates (acceptance length under the card protocol: its replies are not
   streamed, so no chunks count the engine steps) gets the across-boots interval alone, none with one boot.
 
@@ -36,6 +39,7 @@ import numpy as np
 from pydantic import BaseModel
 
 from sparkserve.measure.ab_records import CROSSED, Boot, CampaignSpec, Wave
+from sparkserve.measure.latency import latency_stats, tpot_s
 
 LEVEL = 0.95
 
@@ -73,6 +77,8 @@ class CellFigures(BaseModel):
     ttft_ms: Percentiles
     tpot_ms: Percentiles
     requests: int
+    e2e_ms: Percentiles | None = None  # E2E per request (vLLM's), streamed or not
+    e2e_p50_ms: Interval | None = None  # the median E2E with its 95 % interval (prompts, then boots)
 
 
 class Delta(BaseModel):
@@ -104,11 +110,9 @@ class Analysis(BaseModel):
 
 
 def _pct(values: Sequence[float]) -> Percentiles:
-    if not values:
-        return Percentiles(p50=None, p90=None, p99=None)
-    a = np.asarray(values, dtype=float) * 1000.0
-    p50, p90, p99 = (round(float(x), 3) for x in np.percentile(a, [50, 90, 99]))
-    return Percentiles(p50=p50, p90=p90, p99=p99)
+    """p50/p90/p99 in ms by the one percentile function every report uses (:func:`.latency.latency_stats`)."""
+    s = latency_stats(values)
+    return Percentiles(p50=s.median_ms, p90=s.p90_ms, p99=s.p99_ms)
 
 
 def _interval(point: float | None, reps: np.ndarray | None) -> Interval:
@@ -202,9 +206,39 @@ def _tpot(w: Wave) -> list[float]:
     s = w.samples
     out = []
     for n, t, lat in zip(s.tokens, s.ttft_s, s.latency_s, strict=True):
-        if t is not None and lat is not None and n > 1:
-            out.append((lat - t) / (n - 1))
+        x = tpot_s(n, t, lat)
+        if x is not None:
+            out.append(x)
     return out
+
+
+E2E_P50 = "e2e_p50_ms"  # the delta metric: the median E2E (lower is better)
+
+
+def _median_reps(values: list[float], idx: np.ndarray) -> np.ndarray:
+    """Replicates of the median over resampled requests."""
+    a = np.asarray(values, dtype=float)
+    return np.median(a[idx], axis=1)
+
+
+def e2e_p50(waves: list[Wave], draws: _Draws) -> tuple[float | None, np.ndarray | None]:
+    """A drafter's median E2E (ms) on a cell — the mean over its boots of each boot's median request latency —
+    and its bootstrap replicates (requests within a boot, then boots), paired with every other drafter's by
+    ``draws``. The requests' latency is the banked ``latency_s``: the whole reply (for a streamed request it
+    includes the usage chunk and ``[DONE]`` after the last token, well under a millisecond)."""
+    per: list[tuple[float, np.ndarray]] = []
+    for w in waves:
+        lat = [x * 1000.0 for x in w.samples.latency_s if x is not None]
+        if not lat or len(lat) != len(w.samples.latency_s):
+            return None, None
+        per.append((float(np.median(lat)), _median_reps(lat, draws.prompts(len(lat)))))
+    if not per:
+        return None, None
+    point = float(np.mean([p for p, _ in per]))
+    stack = np.stack([r for _, r in per], axis=1)
+    if len(per) == 1:
+        return point, stack[:, 0]
+    return point, np.take_along_axis(stack, draws.boots(len(per)), axis=1).mean(axis=1)
 
 
 def _by_round(waves: list[Wave], crossed: bool = False) -> list[Wave]:
@@ -231,24 +265,28 @@ def analyze(spec: CampaignSpec, waves: list[Wave], boots: list[Boot]) -> Analysi
                 continue
             tok = reps[(arm.name, "output_tok_s")] = _arm_reps(mine, "output_tok_s", draws)
             al = reps[(arm.name, "acceptance_length")] = _arm_reps(mine, "acceptance_length", draws)
+            e2e = reps[(arm.name, E2E_P50)] = e2e_p50(mine, draws)
             figures.append(CellFigures(
                 drafter=arm.name, cell=cs.name, boots=len(mine), waves=[w.id for w in mine if w.id is not None],
                 tok_s=_interval(*tok), acceptance_length=_interval(*al), per_position=_per_position(mine, draws),
                 ttft_ms=_pct([t for w in mine for t in w.samples.ttft_s if t is not None]),
                 tpot_ms=_pct([t for w in mine for t in _tpot(w)]),
                 requests=sum(len(w.samples.tokens) for w in mine),
+                e2e_ms=_pct([x for w in mine for x in w.samples.latency_s if x is not None]),
+                e2e_p50_ms=_interval(*e2e),
             ))
         for arm in spec.drafters:
             if arm.name == base:
                 continue
-            for metric in ("output_tok_s", "acceptance_length"):
+            for metric in ("output_tok_s", "acceptance_length", E2E_P50):
                 b, x = reps.get((base, metric)), reps.get((arm.name, metric))
                 if b is None or x is None or b[0] is None or x[0] is None or b[0] == 0:
                     continue
                 point = x[0] / b[0] - 1
                 rel_reps = None if b[1] is None or x[1] is None else x[1] / b[1] - 1
                 rel = _interval(point, rel_reps)
-                outcome = "tie" if rel.spans_zero else ("win" if (rel.lo or 0) > 0 else "loss")
+                better = (rel.hi or 0) < 0 if metric == E2E_P50 else (rel.lo or 0) > 0  # E2E: lower wins
+                outcome = "tie" if rel.spans_zero else ("win" if better else "loss")
                 deltas.append(Delta(drafter=arm.name, baseline=base, cell=cs.name, metric=metric, rel=rel,
                                     outcome=outcome))
     verdicts = _verdicts(spec, deltas)

@@ -106,6 +106,7 @@ async def stream_request(
             conn.abort()  # a response left part-way must not be mistaken for the next one
         out.latency_s = time.perf_counter() - t0
         out.ttft_s, out.finish_reason, out.chunks = stream.ttft_s, stream.finish_reason, stream.chunks
+        out.e2e_s, out.itl_s = stream.last_s, stream.itl
     if failure is not None:
         out.error, out.detail = failure
         return out

@@ -14,7 +14,7 @@ DESIGN.md (Output contracts) and their order is the printed order.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -101,6 +101,8 @@ class RequestOutcome:
     latency_s: float | None = None
     finish_reason: str | None = None
     chunks: int = 0  # stream chunks that carried output (≈ engine steps: tokens / chunks ≈ acceptance length)
+    e2e_s: float | None = None  # streamed: to the last output chunk (vLLM's E2E); None: the whole reply
+    itl_s: list[float] = field(default_factory=list)  # streamed: gaps between successive output chunks
 
 
 class RequestError(BaseModel):
@@ -109,6 +111,63 @@ class RequestError(BaseModel):
     request: int
     kind: str
     detail: str
+
+
+class LatencyStats(BaseModel):
+    """One latency's statistics over a run's requests, in milliseconds (None without samples)."""
+
+    n: int
+    mean_ms: float | None
+    median_ms: float | None
+    p90_ms: float | None
+    p99_ms: float | None
+
+
+class Latency(BaseModel):
+    """A run's TTFT, TPOT, ITL and E2E (vLLM's definitions; ``ttft``/``tpot``/``itl`` None when the run did
+    not stream, with ``note`` saying so)."""
+
+    streamed: bool
+    ttft: LatencyStats | None = None
+    tpot: LatencyStats | None = None
+    itl: LatencyStats | None = None
+    e2e: LatencyStats
+    note: str | None = None
+
+
+class Warmup(BaseModel):
+    """The unmeasured requests sent before a cell (``--warmup N``): their tokens, time and errors are not the
+    cell's, and /metrics is read after them."""
+
+    requests: int
+    concurrency: int
+    max_tokens: int
+    requests_ok: int = 0
+    errors: int = 0
+    error_kinds: dict[str, int] = Field(default_factory=dict)
+    output_tokens: int = 0
+    duration_s: float = 0.0
+
+
+class NodePower(BaseModel):
+    """One node's GPU power over the measured window (``nvidia-smi power.draw`` samples, summed over its GPUs)."""
+
+    node: str
+    samples: int
+    mean_w: float | None
+    note: str | None = None  # why there is no figure (no nvidia-smi, no power reading)
+
+
+class Power(BaseModel):
+    """Energy over the measured window: each node's mean watts; joules per output token only when every node
+    of the stack reported power (never a partial or invented figure)."""
+
+    nodes: list[NodePower]
+    window_s: float
+    joules: float | None = None
+    joules_per_token: float | None = None
+    tokens_per_joule: float | None = None
+    note: str | None = None
 
 
 class BenchResult(BaseModel):
@@ -156,6 +215,13 @@ class BenchResult(BaseModel):
     router: dict[str, Any] | None = None
     per_replica: list[dict[str, Any]] = Field(default_factory=list)
     replica: int | None = None
+    # --- issue 41: figures that compare across runs, latency as vLLM defines it, the warm-up, energy ---
+    requests_per_s: float | None = None
+    output_len_mean: float | None = None  # output tokens per successful request
+    output_len_p50: float | None = None
+    latency: Latency | None = None  # TTFT / TPOT / ITL (streamed) and E2E: mean, median, p90, p99 in ms
+    warmup: Warmup | None = None  # None: no warm-up (--warmup 0, or a record from before issue 41)
+    power: Power | None = None  # None: not sampled (a bench given --url, or a record from before issue 41)
 
     def to_json(self) -> str:
         """The record as ``bench --json`` prints it and the journal stores it."""

@@ -30,11 +30,12 @@ from __future__ import annotations
 import asyncio
 import os
 import time
+from collections import Counter
 from collections.abc import Coroutine
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import httpx
 
@@ -55,8 +56,10 @@ from sparkserve.measure.records import (
     NOT_SENT,
     BenchResult,
     Cell,
+    Power,
     RequestOutcome,
     Sampling,
+    Warmup,
     sampling_for,
 )
 from sparkserve.measure.scrape import check_model, scrape
@@ -72,6 +75,22 @@ def default_deadline_s(cell: Cell, protocol: str = "forced") -> float:
     if protocol == CARD:
         return max(CARD_DEADLINE_S, 120.0 + cell.max_tokens / 5.0)
     return 120.0 + cell.max_tokens / 5.0
+
+
+def default_warmup(cell: Cell) -> int:
+    """The warm-up a cell gets unless told otherwise: twice its concurrency, so every batch size the cell will
+    run at (1 … concurrency) is reached before the clock starts (real vLLM's first run after a boot pays
+    for the shapes it meets first: shared/docs/real-vllm-notes.md, issue 41)."""
+    return cell.concurrency * 2
+
+
+class Window(Protocol):
+    """Something sampled during the measured window only (the nodes' GPU power): started after the warm-up
+    and the first /metrics read, stopped when the cell's last request ended."""
+
+    def start(self) -> None: ...
+
+    def stop(self, window_s: float, output_tokens: int) -> Power: ...
 
 
 def render_prompts(template: ChatTemplate, prompts: list[Prompt], n: int, sampling: Sampling) -> list[str]:
@@ -191,6 +210,27 @@ async def _with_progress(
         return job.result()
 
 
+async def _warm_up(
+    base_url: str, model: str, cell: Cell, prompt_set: PromptSet, sampling: Sampling, n: int, *,
+    rendered: list[str] | None, deadline_s: float, stall_s: float, headers: dict[str, str], where: str,
+    progress: bool,
+) -> Warmup:
+    """``n`` unmeasured requests at the cell's concurrency and length, all with the cell's first prompt (as
+    ``vllm bench serve --num-warmups`` sends its first request again)."""
+    wcell = Cell("warm-up", prompts=n, concurrency=min(cell.concurrency, n), max_tokens=cell.max_tokens)
+    live = _Live()
+    t0 = time.perf_counter()
+    runner = _run_requests(base_url, model, wcell, prompt_set.prompts[:1], sampling, deadline_s=deadline_s,
+                           stall_s=stall_s, headers=headers, where=where, live=live,
+                           rendered=None if rendered is None else [rendered[0]] * n)
+    outcomes = await (_with_progress(runner, wcell, live, where) if progress else runner)
+    kinds = Counter(o.error for o in outcomes if o.error)
+    return Warmup(requests=n, concurrency=wcell.concurrency, max_tokens=wcell.max_tokens,
+                  requests_ok=sum(1 for o in outcomes if not o.error), errors=sum(kinds.values()),
+                  error_kinds=dict(kinds), output_tokens=sum(o.completion_tokens for o in outcomes),
+                  duration_s=round(time.perf_counter() - t0, 6))
+
+
 async def run_cell_async(
     base_url: str,
     model: str,
@@ -206,12 +246,14 @@ async def run_cell_async(
     check_served_model: bool = True,
     template: ChatTemplate | None = None,
     metrics_urls: dict[int, str] | None = None,
+    warmup: int = 0,
+    window: Window | None = None,
 ) -> BenchResult:
     """:func:`run_cell` inside a running event loop."""
     result, _ = await run_cell_outcomes_async(
         base_url, model, cell, prompt_set, sampling=sampling, node=node, api_key=api_key, deadline_s=deadline_s,
         stall_timeout_s=stall_timeout_s, progress=progress, check_served_model=check_served_model,
-        template=template, metrics_urls=metrics_urls,
+        template=template, metrics_urls=metrics_urls, warmup=warmup, window=window,
     )
     return result
 
@@ -231,12 +273,18 @@ async def run_cell_outcomes_async(
     check_served_model: bool = True,
     template: ChatTemplate | None = None,
     metrics_urls: dict[int, str] | None = None,
+    warmup: int = 0,
+    window: Window | None = None,
 ) -> tuple[BenchResult, list[RequestOutcome]]:
     """:func:`run_cell_async`, with every request's outcome beside the record (an A/B campaign keeps them:
     its intervals are bootstrapped over prompts). The card protocol (``sampling.protocol == "card"``)
     needs the target's chat ``template``; it runs the first ``cell.prompts`` prompts (fewer when the set
     holds fewer, with a warning), never cycling. ``metrics_urls`` (replicas behind a router at ``base_url``):
-    the counters come from each replica's own /metrics, summed, each one's share kept (:mod:`.fleet`)."""
+    the counters come from each replica's own /metrics, summed, each one's share kept (:mod:`.fleet`).
+    ``warmup`` N: N unmeasured requests first (:func:`default_warmup` is what ``bench`` sends by default);
+    their tokens and counters are not the cell's (/metrics is read after them), the record keeps them in
+    ``warmup``, and a failed warm-up request refuses the cell. ``window``: sampled over the measured requests
+    only (the nodes' power), its figures in ``power``."""
     base_url = base_url.rstrip("/")
     where = _where(base_url, node)
     card = sampling.protocol == CARD
@@ -258,6 +306,11 @@ async def run_cell_outcomes_async(
     async with httpx.AsyncClient(timeout=30.0, headers=headers, trust_env=False) as client:
         if check_served_model:
             await check_model(client, base_url, model, where)
+        warm = Warmup(requests=0, concurrency=0, max_tokens=cell.max_tokens)  # --warmup 0: none, said so
+        if warmup > 0:
+            warm = await _warm_up(base_url, model, cell, prompt_set, sampling, warmup, rendered=rendered,
+                                  deadline_s=deadline, stall_s=stall_timeout_s, headers=headers, where=where,
+                                  progress=progress)
         each: dict[int, Snapshot] = {}
         if metrics_urls:
             each = await scrape_replicas(client, metrics_urls, model, where)
@@ -266,17 +319,27 @@ async def run_cell_outcomes_async(
             before = await scrape(client, base_url, model, where)
         started_at = datetime.now(UTC).isoformat(timespec="seconds")
         live = _Live()
+        if window is not None:
+            window.start()
         t0 = time.perf_counter()
         runner = _run_requests(
             base_url, model, cell, prompt_set.prompts, sampling,
             deadline_s=deadline, stall_s=stall_timeout_s, headers=headers, where=where, live=live,
             rendered=rendered,
         )
-        if progress:
-            outcomes = await _with_progress(runner, cell, live, where)
-        else:
-            outcomes = await runner
+        try:
+            if progress:
+                outcomes = await _with_progress(runner, cell, live, where)
+            else:
+                outcomes = await runner
+        except BaseException:  # interrupted: the sampler stops with the cell
+            if window is not None:
+                window.stop(time.perf_counter() - t0, 0)
+            raise
         duration = time.perf_counter() - t0
+        power = None
+        if window is not None:  # joins the samplers (each bounded by its nvidia-smi timeout): off the loop
+            power = await asyncio.to_thread(window.stop, duration, sum(o.completion_tokens for o in outcomes))
         each_after: dict[int, Snapshot] = {}
         try:
             if metrics_urls:
@@ -291,6 +354,11 @@ async def run_cell_outcomes_async(
         prompt_set=None if card else prompt_set, started_at=started_at,
     )
     result.warnings += notes
+    result.warmup, result.power = warm, power
+    if warm is not None and warm.errors:
+        kinds = ", ".join(f"{n} {k}" for k, n in Counter(warm.error_kinds).most_common())
+        result.refused.append(f"warm-up: {warm.errors} of {warm.requests} requests failed ({kinds})")
+        result.ok = False
     if metrics_urls:
         result.per_replica = shares(metrics_urls, each, each_after)
     result.endpoint = COMPLETIONS_PATH if card else CHAT_PATH
@@ -344,6 +412,8 @@ def bench_and_record(
     protocol: str = CARD,
     chat_template: Path | None = None,
     replica: int | None = None,
+    warmup: int | None = None,
+    window: Window | None = None,
 ) -> tuple[BenchResult, int | None]:
     """``sparkserve bench``: run ``cell`` against ``url`` (default: the plan's head) with ``prompts``
     (default: the built-in set) by ``protocol`` (the card's by default) and record it in the journal;
@@ -356,6 +426,9 @@ def bench_and_record(
     ``replicas: N``: by default the cell goes through the router (its URL; the counters from every replica's
     own /metrics, each one's share in ``per_replica``); ``replica`` K benches that replica's own head API, as
     the single stack it is (its own deployment fingerprint).
+
+    ``warmup``: unmeasured requests before the cell (None: :func:`default_warmup`; 0: none); ``window``:
+    sampled over the measured requests (the nodes' power).
     """
     fleet = cfg.replicas > 1 and replica is None and url is None
     if cfg.replicas > 1 and replica is not None:
@@ -383,6 +456,8 @@ def bench_and_record(
         progress=progress,
         sampling=sampling,
         template=template,
+        warmup=default_warmup(cell) if warmup is None else warmup,
+        window=window,
     )
     if fleet:
         result.router = {"url": router_url(cfg), "policy": cfg.router.policy, "replicas": cfg.replicas}

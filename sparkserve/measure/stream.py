@@ -41,7 +41,7 @@ class ChatStream:
 
     __slots__ = (
         "t0", "on_chunk", "done", "got_tokens", "usage_tokens", "ttft_s", "finish_reason", "error", "_buf",
-        "chunks",
+        "chunks", "last_s", "itl",
     )
 
     def __init__(self, t0: float, on_chunk: Callable[[], None] | None = None) -> None:
@@ -54,6 +54,8 @@ class ChatStream:
         self.error: tuple[str, str] | None = None  # (kind, detail) once the stream is known broken
         self._buf = b""
         self.chunks = 0  # chunks that carried output: one per engine step, unless the server merged steps
+        self.last_s: float | None = None  # when the last output chunk came, from t0 (vLLM's E2E)
+        self.itl: list[float] = []  # gaps between successive output chunks (vLLM's ITL)
 
     def feed(self, raw: bytes) -> bool:
         """Body bytes as they arrive; False once the stream is known to be broken (see ``error``)."""
@@ -98,9 +100,13 @@ class ChatStream:
             c0 = choices[0]
             if _has_output(c0):
                 self.chunks += 1
+                now = time.perf_counter() - self.t0
                 if not self.got_tokens:
                     self.got_tokens = True
-                    self.ttft_s = time.perf_counter() - self.t0
+                    self.ttft_s = now
+                else:
+                    self.itl.append(now - self.last_s)  # type: ignore[operator]
+                self.last_s = now
                 if self.on_chunk is not None:
                     self.on_chunk()
             if c0.get("finish_reason"):

@@ -15,13 +15,16 @@ tokens than the cell is for (``c16-k4``: Δdraft_tokens / Δdrafts must be 4).
 from __future__ import annotations
 
 import math
+import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
 from sparkserve.errors import RemoteFailure
+from sparkserve.measure.latency import latency_of
 from sparkserve.measure.metrics import CounterDelta, MetricsError, Snapshot, SpecFigures, acceptance, counter_delta
 from sparkserve.measure.prompts import PromptSet
 from sparkserve.measure.records import (
+    CARD,
     INCOMPLETE,
     NOT_SENT,
     BenchResult,
@@ -158,6 +161,7 @@ def summarize(
     if prompt_set is not None and len(prompt_set) < cell.prompts:
         v.warnings.append(f"{len(prompt_set)} distinct prompts cycled over {cell.prompts} requests")
     after_boot = None if isinstance(after, RemoteFailure) else after.boot_id
+    ok_tokens = [o.completion_tokens for o in outcomes if not o.error]
     return BenchResult(
         cell=cell.name,
         prompts=cell.prompts,
@@ -192,6 +196,10 @@ def summarize(
         started_at=started_at,
         protocol=sampling.protocol,
         k=_k(spec),
+        requests_per_s=round(len(ok_tokens) / duration_s, 6) if duration_s > 0 else None,
+        output_len_mean=round(statistics.fmean(ok_tokens), 3) if ok_tokens else None,
+        output_len_p50=round(float(statistics.median(ok_tokens)), 3) if ok_tokens else None,
+        latency=latency_of(outcomes, streamed=sampling.protocol != CARD),
     )
 
 

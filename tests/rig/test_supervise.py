@@ -236,7 +236,7 @@ def test_give_up_after_the_budget_stops_everything_and_alerts_loudly(tmp_path: P
     try:
         st.cli("up")
         sup = st.supervise()
-        fault(st, "wedge@after=3")  # the gates' 2 smoke requests and a canary pass, then every boot wedges
+        fault(st, "wedge@after=5")  # the gates' 2 warm-up + 2 smoke requests and a canary pass, then it wedges
         code = sup.proc.wait(120)
         text = sup.text()
         assert code == 1, text

@@ -10,7 +10,7 @@ from _ab_waves import campaign
 
 from sparkserve.errors import BadInput
 from sparkserve.measure.ab_records import Boot, CellSpec, interleaved_order, parse_size
-from sparkserve.measure.ab_report import build_report, card_rows, holdout_rows, markdown, plot
+from sparkserve.measure.ab_report import build_report, card_rows, holdout_rows, interval_rows, markdown, plot
 from sparkserve.measure.ab_stats import analyze
 
 
@@ -156,3 +156,24 @@ def test_a_wave_is_excluded_for_a_guard_a_restart_or_a_replaced_container() -> N
         "requests, the cell sent 8"
     assert "restarted since this boot's first cell" in wave_exclusion(r, 99.0, "b1", "b1")
     assert "rank of this boot restarted" in wave_exclusion(r, 100.0, "b1", "b2")
+
+
+def test_e2e_p50_has_a_bootstrap_interval_and_a_delta_that_wins_when_lower() -> None:
+    # B accepts more (3.6 vs 3.0): fewer steps per request, so its median E2E is lower — a win; D's is higher
+    sp, waves = campaign(["A", "B", "C", "D"])
+    a = analyze(sp, waves, [])
+    fig = {(f.drafter, f.cell): f for f in a.figures}
+    e2e = fig[("A", "c16")].e2e_p50_ms
+    assert e2e is not None and e2e.lo is not None and e2e.hi is not None and e2e.lo < e2e.point < e2e.hi
+    assert fig[("A", "c16")].e2e_ms is not None and fig[("A", "c16")].e2e_ms.p50 is not None
+    d = {(x.drafter, x.cell): x for x in a.deltas if x.metric == "e2e_p50_ms"}
+    assert d[("B", "c16")].outcome == "win" and d[("B", "c16")].rel.hi < 0
+    assert d[("D", "c16")].outcome == "loss" and d[("D", "c16")].rel.lo > 0
+    assert d[("C", "c16")].outcome == "tie"
+    assert [v.metric for v in a.verdicts] == ["output_tok_s"] * 3  # the verdict stays the rule's metric
+    r = build_report(7, "done", sp, waves, [])
+    header, rows = interval_rows(r)
+    col = header.index("E2E ms p50 [95 %]")
+    b_row = next(row for row in rows if row[0] == "c16" and row[1] == "B")
+    assert "[" in b_row[col] and b_row[col + 1].startswith("-")  # the interval, and B's delta below 0
+    assert "E2E ms p50" in markdown(r)

@@ -48,7 +48,8 @@ def write_config(path: Path, port: int, model: str = "fake-model") -> Path:
 def test_bench_smoke_from_config_json_contract_and_journal(env: dict[str, str], tmp_path: Path) -> None:
     with FakeVllm() as srv:
         cfg = write_config(tmp_path / "sparkserve.yaml", int(srv.url.rsplit(":", 1)[1]))
-        p = sparkserve("bench", "--protocol", "forced", "--cell", "smoke", "--json", "-c", str(cfg), env=env)
+        p = sparkserve("bench", "--protocol", "forced", "--cell", "smoke", "--json", "-c", str(cfg), "--warmup", "0",
+                       env=env)
         st = srv.state
     assert p.returncode == 0, p.stderr
     data = json.loads(p.stdout)
@@ -81,7 +82,7 @@ def test_bench_sends_the_configured_api_key(env: dict[str, str], tmp_path: Path)
 def test_bench_refused_cell_prints_json_and_exits_1_with_one_error_line(env: dict[str, str]) -> None:
     with FakeVllm(FakeState(modes=lambda i: SHORT if i == 0 else "ok")) as srv:
         p = sparkserve("bench", "--protocol", "forced", "--cell", "smoke", "--json", "--url", srv.url,
-                       "--model", "fake-model", env=env)
+                       "--model", "fake-model", "--warmup", "0", env=env)
     assert p.returncode == 1
     data = json.loads(p.stdout)
     assert data["ok"] is False and data["incomplete"] == 1

@@ -42,6 +42,14 @@ Environment (emulator knobs are ``SSEMU_*``; real vLLM variables keep their mean
   1 tokens) instead of by ``SSEMU_TOKEN_RATE`` — so a better profile is faster, as on real hardware — and
   ``"seed": N`` for the drafter's own acceptance draws.
 * ``SSEMU_SEED`` (default: ``--seed``): seed of the acceptance sampler and filler text.
+* ``SSEMU_FIRST_BATCH_S`` (default 0.05): the one-off cost, in seconds, the whole engine pays the first time
+  it runs a batch of a size it has not run since boot (every stream stalls; 0 = none). Real vLLM's first
+  measured run after a boot is slow: on one H100 (vLLM 0.25.1, the tiny models, 96 prompts × c8 × 256) the
+  first of two identical runs after a fresh ``up`` took 22.0 s and the second 17.2 s, whichever client went
+  first (issue 41's table; shared/docs/real-vllm-notes.md, "Card protocol beside an independent client",
+  1.168 then 1.030). That is ~4-5 s over batch sizes 1..8, ~0.5 s a size; scaled here by about the ratio of
+  the emulator's boot to a real one (2.5 s to ~60-200 s) so tests stay fast, and still a visible share of
+  a small cell. A warm-up of concurrency × 2 requests (``bench --warmup``) reaches every size first.
 * ``SSEMU_EOS_AFTER``: a natural end of sequence after N tokens (``finish_reason: stop``) unless
   ``ignore_eos`` or ``min_tokens`` says otherwise; ``LO-HI``: each request's own length, drawn from
   [LO, HI] (seeded by the engine seed and the request number), so replies end at EOS at different
@@ -847,6 +855,28 @@ class Engine:
         self.requests = 0
         self.hist: dict[str, list[float]] = {"prompt": [], "gen": [], "ttft": [], "e2e": [], "itl": []}
         self.created = time.time()
+        # the first run of each batch size stalls the engine (SSEMU_FIRST_BATCH_S; issue 41, see the docstring)
+        self.first_batch_s = env_float("SSEMU_FIRST_BATCH_S", 0.05)
+        self.warm_sizes: set[int] = set()
+        self.stall_until = 0.0
+
+    def enter(self, prompt_tokens: int) -> None:
+        """A request joins the running batch; a batch size never run since boot stalls the whole engine."""
+        with self.lock:
+            self.running += 1
+            self.prompt_tokens += prompt_tokens
+            self.iv_prompt += prompt_tokens
+            if self.first_batch_s > 0 and self.running not in self.warm_sizes:
+                self.warm_sizes.add(self.running)
+                self.stall_until = max(self.stall_until, time.monotonic()) + self.first_batch_s
+
+    def stalled(self) -> float:
+        """Wait out an engine stall (a first-seen batch size); the seconds waited."""
+        wait = self.stall_until - time.monotonic()
+        if wait <= 0:
+            return 0.0
+        time.sleep(wait)
+        return wait
 
     @staticmethod
     def _fit(base: list[float], k: int) -> list[float]:
@@ -2263,6 +2293,16 @@ def _http_classes() -> tuple[type, type]:
         request_queue_size = 128
         emu: Emulator
 
+        def get_request(self) -> tuple[socket.socket, Any]:
+            """TCP_NODELAY on every accepted connection, as real vLLM's server has it: uvicorn runs on asyncio,
+            whose socket transports set it (CPython asyncio/selector_events.py, ``_SelectorSocketTransport``:
+            ``base_events._set_nodelay``). Without it Nagle holds each small SSE chunk until the previous one is
+            acknowledged, and the client's delayed ACK (~40 ms on Linux) shows up as TTFT and bursts of ITL 0
+            (issue 41: the latency figures read the stream's timing)."""
+            conn, addr = super().get_request()
+            conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return conn, addr
+
 
     class _Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -2451,10 +2491,7 @@ def _http_classes() -> tuple[type, type]:
             steps = 0
             emu.wait_collective(n)
             t0 = time.monotonic()
-            with eng.lock:
-                eng.running += 1
-                eng.prompt_tokens += req.prompt_tokens
-                eng.iv_prompt += req.prompt_tokens
+            eng.enter(req.prompt_tokens)
             try:
                 wedge = emu.faults.get("wedge")
                 if wedge is not None and n > (wedge.int("after", 0) or 0):
@@ -2466,6 +2503,7 @@ def _http_classes() -> tuple[type, type]:
                         emu.hang_forever()
                     if emu.engine_dead:
                         raise EngineDead()
+                    t0 += eng.stalled()  # the pace resumes after the stall: no burst to catch up
                     a = eng.draw_accepted(rng) if eng.k else 0
                     eng.count_step(a)
                     cap = limit - produced if stop_at is None else min(limit, stop_at) - produced
