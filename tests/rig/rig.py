@@ -365,7 +365,10 @@ def _sshd_config(n: NodeInfo) -> str:
         "LogLevel VERBOSE",
         # HOME: a node's own home (as on a real Spark), not this build machine's /root, whose .bashrc
         # runs `pyenv init` (~80 ms) on every SSH command and puts pyenv's python3 shim on PATH
-        f"SetEnv DOCKER_HOST=unix://{n.docker_socket} SSRIG_NODE={n.name} HOME={NODE_ROOT / 'home'}",
+        f"SetEnv DOCKER_HOST=unix://{n.docker_socket} SSRIG_NODE={n.name} HOME={NODE_ROOT / 'home'} "
+        # the node's fabric ports live in a network namespace of the rig's own (see fabric_up): sparkserve's
+        # fabric programs (setup, weights ship) enter it with `ip netns exec`; sshd itself stays on loopback
+        f"SPARKSERVE_FABRIC_NETNS={FABRIC_NETNS}",
         "Subsystem sftp internal-sftp",
         "",
     ])
@@ -416,6 +419,88 @@ def _wait(pred, what: str, timeout: float) -> None:
     raise RigError(f"{what} not ready after {timeout:.0f}s")
 
 
+# ---------------------------------------------------------------------------------------------- fabric
+# A real second network between the nodes, in network namespaces of the rig's own (never this machine's):
+# each node has one network namespace holding four ports named as a Spark's ConnectX-7 netdevs (the two
+# QSFP ports, each seen as two PCIe twins: spark-field-notes §2). Each port is one end of a veth pair whose
+# other end sits in the rig's "switch" namespace: the f1 twins of every node are enslaved to one bridge per
+# twin (the cable, or a switch with more nodes), the f0 ports' far ends are left down (no cable: no carrier).
+# Inside each node's mount namespace the node's network namespace is named FABRIC_NETNS (a tmpfs on
+# /run/netns of the node's own), so `ip netns exec` on the node enters its fabric; sshd stays on loopback.
+
+FABRIC_NETNS = "ssfabric"
+FABRIC_PORTS = (("enp1s0f1np1", "br1"), ("enP2p1s0f1np1", "br2"), ("enp1s0f0np0", None), ("enP2p1s0f0np0", None))
+
+
+def _switch_pid_file() -> Path:
+    return RIG_DIR / "fabric-switch.pid"
+
+
+def _net_holder(pid_file: Path) -> int:
+    """A process holding a new, empty network namespace (lo up); its pid, written to ``pid_file``."""
+    p = subprocess.Popen(["unshare", "--net", "sh", "-c", "ip link set lo up && exec sleep infinity"],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    pid_file.write_text(f"{p.pid}\n")
+    _wait(lambda: os.readlink(f"/proc/{p.pid}/ns/net") != os.readlink("/proc/self/ns/net")
+          and "sleep" in " ".join(cmdline(p.pid)), "fabric namespace", 10)
+    return p.pid
+
+
+def _in_net(pid: int, *argv: str) -> None:
+    run(["nsenter", f"--net=/proc/{pid}/ns/net", "--", *argv])
+
+
+def fabric_mac(i: int, k: int) -> str:
+    return f"4c:bb:47:{IP_BASE % 256:02x}:{i:02x}:{k + 1:02x}"
+
+
+def fabric_up(nodes: list[NodeInfo]) -> None:
+    """The fabric (idempotent: kept while every holder lives, else made anew)."""
+    sw = read_pid(_switch_pid_file())
+    holders = [read_pid(Path(n.dir) / "fabric.pid") for n in nodes]
+    if pid_alive(sw) and all(pid_alive(h) for h in holders):
+        return
+    fabric_down(nodes)
+    sw = _net_holder(_switch_pid_file())
+    # the switch itself has no addresses: only the nodes answer on the fabric
+    _in_net(sw, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1", "net.ipv6.conf.all.disable_ipv6=1")
+    for br in ("br1", "br2"):
+        _in_net(sw, "ip", "link", "add", br, "type", "bridge")
+        _in_net(sw, "ip", "link", "set", br, "up")
+    for n in nodes:
+        h = _net_holder(Path(n.dir) / "fabric.pid")
+        for k, (port, br) in enumerate(FABRIC_PORTS):
+            far = f"{n.name[-1]}{k}"
+            _in_net(sw, "ip", "link", "add", far, "type", "veth", "peer", "name", port, "netns", str(h))
+            _in_net(h, "ip", "link", "set", port, "address", fabric_mac(n.index, k))
+            _in_net(h, "ip", "link", "set", port, "up")
+            if br:
+                _in_net(sw, "ip", "link", "set", far, "master", br)
+                _in_net(sw, "ip", "link", "set", far, "up")
+        holder = read_pid(Path(n.dir) / "ns.pid")
+        script = ('mkdir -p /run/netns && { [ "$(findmnt -n -o FSTYPE --target /run/netns)" = tmpfs ] '
+                  '|| mount -t tmpfs -o size=64k tmpfs /run/netns; } '
+                  '&& { umount /run/netns/"$1" 2>/dev/null; touch /run/netns/"$1"; } '
+                  '&& mount --bind /proc/"$2"/ns/net /run/netns/"$1"')
+        run(["nsenter", f"--mount=/proc/{holder}/ns/mnt", "--", "sh", "-c", script, "rig-fabric", FABRIC_NETNS,
+             str(h)])
+
+
+def fabric_down(nodes: list[NodeInfo]) -> None:
+    for n in nodes:
+        stop_pid(read_pid(Path(n.dir) / "fabric.pid"), f"{n.name} fabric namespace")
+        (Path(n.dir) / "fabric.pid").unlink(missing_ok=True)
+    stop_pid(read_pid(_switch_pid_file()), "fabric switch")
+    _switch_pid_file().unlink(missing_ok=True)
+
+
+def fabric_exec(n: NodeInfo, *argv: str) -> subprocess.CompletedProcess:
+    """Run ``argv`` in node ``n``'s fabric namespace (tests compare a node's ports before and after)."""
+    h = read_pid(Path(n.dir) / "fabric.pid")
+    return run(["nsenter", f"--net=/proc/{h}/ns/net", "--", *argv])
+
+
 def stop_node(n: NodeInfo) -> None:
     """Stop one node's sshd, containers, dockerd and namespace holder (each by its pid)."""
     d = Path(n.dir)
@@ -428,7 +513,8 @@ def stop_node(n: NodeInfo) -> None:
     for pid in _pids_referencing(n.dir):
         stop_pid(pid, f"{n.name} leftover {(cmdline(pid) or ['?'])[0]}")
     stop_pid(read_pid(d / "ns.pid"), f"{n.name} namespace holder")
-    for f in (d / "ns.pid", d / "dockerd.pid", d / "ssh" / "sshd.pid"):
+    stop_pid(read_pid(d / "fabric.pid"), f"{n.name} fabric namespace")
+    for f in (d / "fabric.pid", d / "ns.pid", d / "dockerd.pid", d / "ssh" / "sshd.pid"):
         f.unlink(missing_ok=True)
 
 
@@ -466,7 +552,7 @@ def _drop_stale_containerd_pid(n: NodeInfo) -> None:
 def start_node(n: NodeInfo) -> dict[str, int]:
     """Bring one node up (idempotent): namespace holder, dockerd, sshd. Returns their pids."""
     d = Path(n.dir)
-    for sub in ("docker", "exec", "srv", "ssh", "tmp"):
+    for sub in ("docker", "exec", "srv", "ssh", "tmp", "etc-upper", "etc-work"):
         (d / sub).mkdir(parents=True, exist_ok=True)
     os.chmod(n.tmp_dir, 0o1777)
     holder = _holder_ok(n)
@@ -475,12 +561,15 @@ def start_node(n: NodeInfo) -> dict[str, int]:
         NODE_ROOT.mkdir(parents=True, exist_ok=True)
         # Every mount is private to the node (no propagation either way), the node root and /tmp are the
         # node's own: two rigs, or two nodes of one rig, never see each other's locks or temp files.
+        # /etc is an overlay of the machine's own: what `sparkserve setup` writes on a node (/etc/netplan,
+        # /etc/sysctl.d, the docker group) stays the node's, and never reaches this machine's /etc.
         script = ('mount --make-rprivate / && mount --bind "$1" "$2" && mount --bind "$3" /tmp '
+                  '&& mount -t overlay overlay -o "lowerdir=/etc,upperdir=$4,workdir=$5" /etc '
                   '&& exec sleep infinity')
         with open(d / "ns.log", "w") as out:
             p = subprocess.Popen(
                 ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "rig-ns", n.srv_dir,
-                 str(NODE_ROOT), n.tmp_dir],
+                 str(NODE_ROOT), n.tmp_dir, str(d / "etc-upper"), str(d / "etc-work")],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
         (d / "ns.pid").write_text(f"{p.pid}\n")
@@ -1036,6 +1125,7 @@ def _up(nnodes: int | None, bare: bool = False) -> dict:
     ensure_keys(nodes)
     with concurrent.futures.ThreadPoolExecutor(max_workers=count) as ex:
         pids = dict(zip([n.name for n in nodes], ex.map(start_node, nodes), strict=True))
+    fabric_up(nodes)
     t_nodes = time.monotonic() - t0
     if bare:
         for n in nodes:
@@ -1081,6 +1171,8 @@ def down(purge: bool = False, cache: bool = False) -> None:
         n = make_node(ord(d.name[-1]) - ord("a"))
         stop_node(n)
         log(f"{n.name} stopped")
+    stop_pid(read_pid(_switch_pid_file()), "fabric switch")
+    _switch_pid_file().unlink(missing_ok=True)
     leftovers = _pids_referencing(str(RIG_DIR / "nodes"))  # daemons, shims, holders: all run below nodes/
     mounts = [line for line in Path("/proc/self/mounts").read_text().splitlines() if str(RIG_DIR) in line]
     if leftovers or mounts:
