@@ -253,6 +253,7 @@ def write_config(path: Path, nodes: list[NodeConfig], plan: FabricPlan, *, ssh_c
 
     yaml = YAML()
     yaml.preserve_quotes = True
+    yaml.width = 4096  # one node per line
     verb = "updated" if path.exists() else "wrote"
     data = yaml.load(path.read_text() if path.exists() else default_yaml_text())
     seq = CommentedSeq()

@@ -1,0 +1,260 @@
+"""`setup` (the hosts and the fabric, from two bare Sparks) and `weights pull|ship|verify` (the model fetched once
+on the head and shipped over the fabric): parse, open the nodes, call one function, print.
+
+The logic lives in :mod:`sparkserve.nodes.hostsetup` (+ :mod:`sparkserve.plan.fabric_setup`) and
+:mod:`sparkserve.deploy.weights`.
+"""
+
+from __future__ import annotations
+
+import getpass
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+
+from sparkserve.commands._common import ConfigOpt, JsonOpt, console, emit_json, err_console
+from sparkserve.errors import BadInput, RemoteFailure
+
+if TYPE_CHECKING:
+    from sparkserve.config import NodeConfig, SSHConfig
+    from sparkserve.nodes.base import Node
+
+
+def _say(line: str, *, err: bool = False) -> None:
+    (err_console if err else console).print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _password_for(user_of: dict[str, str]) -> Any:
+    if not sys.stdin.isatty():
+        return None
+    asked: dict[str, str] = {}
+
+    def ask(node: str) -> str:  # asked once per node, kept in memory for this run only
+        if node not in asked:
+            asked[node] = getpass.getpass(f"[sudo] password for {user_of.get(node, '?')} on {node}: ")
+        return asked[node]
+
+    return ask
+
+
+def _targets(hosts: list[str], config: Path | None, user: str | None, ssh_config: Path | None,
+             known_hosts: Path | None, identity_file: Path | None, accept_new: bool
+             ) -> tuple[list[NodeConfig], SSHConfig, Path]:
+    from sparkserve.config import DEFAULT_CONFIG_NAME, SSHConfig, find_config_path, load_config
+    from sparkserve.nodes.hostsetup import setup_targets
+
+    path = config or find_config_path(None) or Path(DEFAULT_CONFIG_NAME)
+    if hosts:
+        nodes = setup_targets(hosts, user=user)
+        kw: dict[str, Any] = {"identity_file": identity_file}
+        if ssh_config is not None:
+            kw["config_file"] = ssh_config
+        if known_hosts is not None:
+            kw["known_hosts"] = known_hosts
+        ssh = SSHConfig(**kw)
+    else:
+        if not path.exists():
+            raise BadInput("HOST", "name the nodes (`sparkserve setup spark-a.lan spark-b.lan`) or a config with "
+                           "-c")
+        cfg = load_config(path, require_file=True)
+        nodes, ssh = list(cfg.nodes), cfg.ssh.model_copy()
+    if accept_new:
+        ssh.accept_new_host_keys = True
+    return nodes, ssh, path
+
+
+def _connect(nodes: list[NodeConfig], ssh: SSHConfig) -> dict[str, Node]:
+    from sparkserve.nodes.factory import make_node
+    from sparkserve.nodes.hostsetup import ssh_fix
+    from sparkserve.nodes.parallel import on_all
+    from sparkserve.nodes.ssh import SSHNode
+
+    opened = {n.name: make_node(n, ssh) for n in nodes}
+    failed: dict[str, str] = {}
+
+    def one(name: str) -> None:
+        node = opened[name]
+        try:
+            if isinstance(node, SSHNode):
+                node.connect()
+        except RemoteFailure as e:
+            failed[name] = str(e)
+
+    on_all(list(opened), one)
+    if failed:
+        for n in nodes:
+            if n.name in failed:
+                _say(f"error: {n.name}: ssh: {failed[n.name]}", err=True)
+                _say(f"  fix: {ssh_fix(n.host, n.user, n.port, failed[n.name])}", err=True)
+        for node in opened.values():
+            node.close()
+        raise typer.Exit(3)
+    return opened
+
+
+def _table(found: dict[str, Any], plan: Any, changes: dict[str, Any]) -> None:
+    from rich.table import Table
+
+    peer_of = {(a, b): f"{c} {d}" for a, b, c, d in plan.links}
+    t = Table(title="ConnectX-7 ports", title_justify="left")
+    for col in ("node", "port", "link", "speed", "MTU", "IPv4", "RDMA", "peer (cabled to)"):
+        t.add_column(col)
+    for name, f in found.items():
+        for p in f.ports.values():
+            t.add_row(name, p.name, "up" if p.link else "down", f"{p.speed_mbps // 1000} Gb/s" if p.speed_mbps else "-",
+                      str(p.mtu or "-"), ", ".join(p.ipv4) or "-", p.rdma or "-", peer_of.get((name, p.name), "-"))
+    console.print(t)
+    h = Table(title="hosts", title_justify="left")
+    for col in ("node", "docker", "NVIDIA runtime", "groups", "swappiness", "free at model path", "HF cache"):
+        h.add_column(col)
+    for name, f in found.items():
+        r = f.raw
+        d = r["docker"]
+        hf = r["hf_cache"]
+        h.add_row(name, d["server"] or (d["error"] or "no docker CLI"),
+                  "yes" if "nvidia" in d["runtimes"] else "missing", ",".join(r["groups"]), r["swappiness"],
+                  f"{r['disk']['free_bytes'] / 1e9:.0f} GB ({r['disk']['path']})",
+                  f"{hf['path']} ({len(hf['repos'])} models)" if hf["exists"] else f"{hf['path']} (none yet)")
+    console.print(h)
+    for _, _, hint in plan.unlinked:
+        _say(f"· {hint}")
+    for name, ch in changes.items():
+        for line in ch.lines():
+            _say(f"would change on {name}: {line}")
+
+
+def _facts_json(found: dict[str, Any], plan: Any, changes: dict[str, Any]) -> dict[str, Any]:
+    from dataclasses import asdict
+
+    return {
+        "nodes": [{"name": n, "host": f.host, "ports": [asdict(p) for p in f.ports.values()],
+                   "docker": f.raw["docker"], "groups": f.raw["groups"], "swappiness": f.raw["swappiness"],
+                   "disk": f.raw["disk"], "hf_cache": f.raw["hf_cache"], "netplan": f.raw["netplan"],
+                   "sparkserve_state": f.raw["state"]} for n, f in found.items()],
+        "links": [{"node": a, "port": b, "peer": c, "peer_port": d} for a, b, c, d in plan.links],
+        "unlinked": [{"node": a, "port": b, "hint": c} for a, b, c in plan.unlinked],
+        "changes": {n: ch.lines() for n, ch in changes.items()},
+        "conflicts": plan.conflicts, "errors": plan.errors,
+        "config": {"interface": plan.interface, "hca": plan.hca, "fabric_ip": plan.fabric_ip},
+    }
+
+
+def setup_cmd(
+    hosts: Annotated[list[str] | None, typer.Argument(
+        help="the nodes' SSH addresses, head first: host, user@host or user@host:port (none: the config's nodes)")] = None,
+    config: ConfigOpt = None,
+    apply: Annotated[bool, typer.Option("--apply", help="make the changes (asks first unless --yes)")] = False,
+    yes: Annotated[bool, typer.Option("--yes", "-y", help="with --apply: do not ask")] = False,
+    force: Annotated[bool, typer.Option("--force", help="with --apply: replace fabric addresses set differently")
+                     ] = False,
+    undo: Annotated[bool, typer.Option("--undo", help="remove every file setup wrote, ports back as they were")
+                    ] = False,
+    fabric_range: Annotated[str, typer.Option(
+        "--fabric-range", help="where the fabric's /24s come from (one per twin port)")] = "192.168.100.0/22",
+    sysfs_root: Annotated[str, typer.Option("--sysfs-root", help="where the RDMA devices are read")] = "/sys",
+    model_path: Annotated[str, typer.Option("--model-path", help="where the weights go (free disk is read there)")
+                          ] = "~/.cache/huggingface",
+    user: Annotated[str | None, typer.Option("--user", help="SSH user for hosts without user@")] = None,
+    ssh_config: Annotated[Path | None, typer.Option("--ssh-config", help="OpenSSH client config to resolve hosts")
+                          ] = None,
+    known_hosts: Annotated[Path | None, typer.Option("--known-hosts", help="known_hosts file")] = None,
+    identity_file: Annotated[Path | None, typer.Option("--identity-file", help="private key to offer first")] = None,
+    accept_new: Annotated[bool, typer.Option("--accept-new-host-keys", help="add unknown host keys")] = False,
+    rollback_s: Annotated[float, typer.Option("--rollback-s", help="seconds a node waits to be reached again after "
+                                              "--apply before it undoes it by itself")] = 30.0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Discover the nodes (read-only), then, with --apply, set up their hosts and fabric and write the config.
+
+    Without --apply nothing changes: every node's ConnectX-7 ports (link, speed, MTU, IPv4, RDMA device, GIDs),
+    which port is cabled to which peer, docker and the NVIDIA runtime, groups, swappiness, free disk, the HF
+    cache, and what it would change.
+
+    --apply changes, on each node (root through sudo; a password prompt is the user's, never stored): the
+    cabled ports' IPv4 (one /24 per twin) and MTU 9000, live through `ip`; /etc/netplan/60-sparkserve-fabric.yaml;
+    /etc/sysctl.d/60-sparkserve.conf (vm.swappiness = 1, when it is above 10); the user in the docker group;
+    /etc/sparkserve/setup.json (the record of all this). A node not reached again within --rollback-s undoes the
+    apply by itself. Then it writes or updates the config (nodes, hosts, fabric IPs, interface, HCA).
+    --undo removes those files and puts the ports back."""
+    from sparkserve.nodes import hostsetup
+    from sparkserve.plan.fabric_setup import plan_fabric
+
+    nodes, ssh, path = _targets(hosts or [], config, user, ssh_config, known_hosts, identity_file, accept_new)
+    users = {n.name: n.user for n in nodes}
+    opened = _connect(nodes, ssh)
+    try:
+        if undo:
+            done = hostsetup.undo(opened, password_for=_password_for(users))
+            if as_json:
+                emit_json({"undo": done})
+            for name, r in done.items():
+                what = ", ".join(r["removed"]) or "nothing of sparkserve's"
+                _say(f"{name}: removed {what}" + (f"; problems: {'; '.join(r['problems'])}" if r["problems"] else ""))
+            if any(r["problems"] for r in done.values()):
+                raise typer.Exit(3)
+            return
+        found = hostsetup.discover(opened, {n.name: n.host for n in nodes}, sysfs_root=sysfs_root,
+                                   model_path=model_path)
+        plan = plan_fabric(list(found.values()), address_range=fabric_range)
+        changes = hostsetup.node_changes(plan, found)
+        if as_json:
+            emit_json(_facts_json(found, plan, changes))
+        else:
+            _table(found, plan, changes)
+            _say(f"ssh: every node answered from this machine ({', '.join(f'{n.user}@{n.host}' for n in nodes)})")
+        for e in plan.errors:
+            _say(f"error: fabric: {e}", err=True)
+        if plan.conflicts:
+            _say("addresses already set differently (- now, + setup's):", err=True)
+            for line in plan.conflicts:
+                _say(f"  {line}", err=True)
+        if not apply:
+            if not as_json:
+                _say("nothing changed (read-only); `sparkserve setup --apply` makes these changes")
+            if plan.errors:
+                raise typer.Exit(2)
+            return
+        if plan.errors:
+            raise typer.Exit(2)
+        if plan.conflicts and not force:
+            _say("error: fabric: refused: ports hold other addresses (shown above); --force replaces them", err=True)
+            raise typer.Exit(2)
+        if not yes and not typer.confirm("apply these changes?", default=False, err=True):
+            _say("nothing changed", err=True)
+            raise typer.Exit(1)
+        by_name = {n.name: n for n in nodes}
+
+        def reconnect(name: str) -> Node:
+            from sparkserve.nodes.factory import make_node
+            from sparkserve.nodes.ssh import SSHNode
+
+            fresh = make_node(by_name[name], ssh)
+            if isinstance(fresh, SSHNode):
+                fresh.connect()
+            return fresh
+
+        applied = hostsetup.apply(opened, changes, reconnect=reconnect, password_for=_password_for(users),
+                                  rollback_s=rollback_s)
+        bad = False
+        for name, a in applied.items():
+            if a.confirmed:
+                _say(f"{name}: applied; wrote {', '.join(a.written)}")
+            else:
+                bad = True
+                _say(f"error: {name}: {a.error}", err=True)
+        if bad:
+            raise typer.Exit(3)
+        verb = hostsetup.write_config(path, nodes, plan, ssh_config=ssh.config_file if hosts else None,
+                                      known_hosts=ssh.known_hosts if hosts else None,
+                                      identity_file=ssh.identity_file if hosts else "keep")
+        _say(f"{verb} {path}: nodes {', '.join(f'{n} ({ip})' for n, ip in plan.fabric_ip.items())}, "
+             f"fabric interface {plan.interface}, hca {plan.hca}; next: `sparkserve weights pull`")
+    finally:
+        for node in opened.values():
+            node.close()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("setup")(setup_cmd)
