@@ -256,5 +256,178 @@ def setup_cmd(
             node.close()
 
 
+CARD_TARGET = "canada-quant/GLM-5.3-Flash-W4A16-MTP"  # the card's target (~178 GiB, the README's size)
+CARD_DRAFTER = "canada-quant/GLM-5.3-Flash-DFlash2-G"  # the card's Spark drafter of record (~6.2 GB)
+
+weights_app = typer.Typer(help="The model fetched once on the head (`pull`) and shipped over the fabric (`ship`), "
+                               "checked by content on every node (`verify`).", no_args_is_help=True)
+
+
+class _Rate:
+    """One progress line a second at most: bytes done of all, GB/s, ETA (stderr)."""
+
+    def __init__(self, verb: str) -> None:
+        import time
+
+        self.verb, self.t0, self.last, self._time = verb, time.monotonic(), 0.0, time.monotonic
+
+    def __call__(self, what: str, done: int, total: int) -> None:
+        now = self._time()
+        if now - self.last < 0.95 and done < total:
+            return
+        self.last = now
+        rate = done / max(now - self.t0, 1e-6)
+        eta = f"ETA {(total - done) / rate:.0f} s" if rate > 0 and done < total else ("done" if done >= total else "")
+        _say(f"{self.verb} {what}: {done / 1e9:.2f} / {total / 1e9:.2f} GB, {rate / 1e9:.2f} GB/s, {eta}", err=True)
+
+
+def _split_rev(ref: str) -> tuple[str, str | None]:
+    from sparkserve.models.hf_cache import parse_repo_id
+
+    try:
+        r = parse_repo_id(ref)
+    except BadInput:
+        raise BadInput(ref, "not a Hugging Face repo id (org/name or org/name@revision)") from None
+    return f"{r.org}/{r.name}", r.revision
+
+
+def pull_cmd(
+    config: ConfigOpt = None,
+    target: Annotated[str, typer.Option("--target", help="the target, org/name[@revision]")] = CARD_TARGET,
+    drafter: Annotated[str | None, typer.Option("--drafter", help="the drafter, org/name[@revision] (empty: none)")
+                       ] = CARD_DRAFTER,
+    python: Annotated[str, typer.Option("--python", help="the head's python that has huggingface_hub")] = "python3",
+    hub_cache: Annotated[str | None, typer.Option("--hub-cache", help="the head's HF hub cache (default: its "
+                                                  "HF_HUB_CACHE, else ~/.cache/huggingface/hub)")] = None,
+    write: Annotated[bool, typer.Option("--write/--no-write", help="set model.target and drafter.path in the config "
+                                        "to the pulled snapshots")] = True,
+    as_json: JsonOpt = False,
+) -> None:
+    """Download the target and the drafter once, on the head, into its Hugging Face cache.
+
+    Through huggingface_hub on the head: its cache, its token (or HF_TOKEN from here, sent on stdin), HF_ENDPOINT
+    (from here when set), at the commit the revision resolves to (pinned: the snapshot path names it). A pull
+    that stopped resumes. Changes: the head's HF cache; the config's model.target and drafter.path (unless
+    --no-write). Progress once a second with GB/s and ETA."""
+    import os
+
+    from sparkserve.commands._common import config_from
+    from sparkserve.deploy.weights import pull, write_model_paths
+    from sparkserve.nodes.factory import open_nodes
+
+    cfg = config_from(config)
+    refs = [("target", *_split_rev(target))] + ([("drafter", *_split_rev(drafter))] if drafter else [])
+    out: dict[str, Any] = {}
+    with open_nodes(cfg, names=[cfg.head.name]) as nodes:
+        head = nodes[cfg.head.name]
+        for role, repo, rev in refs:
+            got = pull(head, repo, rev, python=python, token=os.environ.get("HF_TOKEN") or None,
+                       endpoint=os.environ.get("HF_ENDPOINT") or None, hub_cache=hub_cache, progress=_Rate("pull"))
+            out[role] = got
+            if not as_json:
+                _say(f"{role}: {repo}@{got.revision} ({got.bytes / 1e9:.2f} GB, {got.seconds:.0f} s) at "
+                     f"{cfg.head.name}:{got.path}")
+    if write:
+        from sparkserve.config import find_config_path
+
+        path = find_config_path(config)
+        if path is not None:
+            write_model_paths(path, out["target"].path, out["drafter"].path if "drafter" in out else None)
+            if not as_json:
+                _say(f"updated {path}: model.target" + (" and drafter.path" if "drafter" in out else "")
+                     + "; next: `sparkserve weights ship`")
+    if as_json:
+        from dataclasses import asdict
+
+        emit_json({role: asdict(p) for role, p in out.items()})
+
+
+def _ship_roots(cfg: Any) -> list[str]:
+    from sparkserve.models.hf_cache import snapshot_of
+
+    roots = []
+    for p in (str(cfg.model.target), str(cfg.drafter.path)):
+        snap = snapshot_of(p)
+        r = snap.repo_dir if snap else p
+        if r not in roots:
+            roots.append(r)
+    return roots
+
+
+def ship_cmd(
+    config: ConfigOpt = None,
+    streams: Annotated[int, typer.Option("--streams", min=1, max=32, help="parallel TCP streams per node")] = 4,
+    bwlimit: Annotated[float, typer.Option("--bwlimit", min=0, help="MB/s in all (0: no limit)")] = 0,
+    as_json: JsonOpt = False,
+) -> None:
+    """Copy the target and the drafter from the head to every other node over the fabric IPs, then verify.
+
+    Bytes go head → node directly over each node's fabric_ip (never through this machine, never the management
+    network); only what a node lacks is sent, and a file a stopped ship left partial is sent from where it
+    stopped. Then each node hashes its own copy (sha256, where the bytes are) and the hashes are compared with
+    the head's; a file that differs is sent again once. Changes: the model directories on the other nodes.
+    Progress once a second with GB/s and ETA."""
+    from sparkserve.commands._common import config_from
+    from sparkserve.deploy.weights import ship
+    from sparkserve.nodes.factory import open_nodes
+
+    cfg = config_from(config)
+    roots = _ship_roots(cfg)
+    bad = False
+    result: dict[str, Any] = {}
+    with open_nodes(cfg) as nodes:
+        head = nodes[cfg.head.name]
+        targets = {n.name: (nodes[n.name], n.fabric_ip) for n in cfg.nodes[1:]}
+        for root in roots:
+            reps = ship(head, targets, root, streams=streams, bwlimit=bwlimit * 1e6, progress=_Rate("ship"))
+            result[root] = reps
+            for name, r in reps.items():
+                bad = bad or not r.verified
+                if not as_json:
+                    line = (f"{name}: {root}: sent {r.sent_bytes / 1e9:.2f} GB in {r.seconds:.1f} s "
+                            f"({r.gb_per_s:.2f} GB/s) over {targets[name][1]}, {r.skipped_bytes / 1e9:.2f} GB there "
+                            f"already; content " + ("verified" if r.verified else "DIFFERS: " + ", ".join(r.mismatched)))
+                    if r.repaired:
+                        line += f" (sent again: {', '.join(r.repaired)})"
+                    _say(line)
+    if as_json:
+        from dataclasses import asdict
+
+        emit_json({"ship": {root: {n: asdict(r) for n, r in reps.items()} for root, reps in result.items()}})
+    if bad:
+        raise typer.Exit(1)
+
+
+def verify_cmd(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+    """Compare the model's content on every node with the head's: sha256 of every file, computed on each node.
+
+    Changes nothing (a per-directory hash cache in ~/.cache/sparkserve on each node). Exit 1 when any differs."""
+    from sparkserve.commands._common import config_from
+    from sparkserve.deploy.weights import verify
+    from sparkserve.nodes.factory import open_nodes
+
+    cfg = config_from(config)
+    out: dict[str, dict[str, list[str]]] = {}
+    with open_nodes(cfg) as nodes:
+        head = nodes[cfg.head.name]
+        for root in _ship_roots(cfg):
+            out[root] = verify(head, {n.name: nodes[n.name] for n in cfg.nodes[1:]}, root)
+    if as_json:
+        emit_json({"verify": out})
+    else:
+        for root, per in out.items():
+            for name, files in per.items():
+                _say(f"{name}: {root}: " + ("same content as the head" if not files else
+                                            "differs from the head: " + ", ".join(files)))
+    if any(f for per in out.values() for f in per.values()):
+        raise typer.Exit(1)
+
+
+weights_app.command("pull")(pull_cmd)
+weights_app.command("ship")(ship_cmd)
+weights_app.command("verify")(verify_cmd)
+
+
 def register(app: typer.Typer) -> None:
     app.command("setup")(setup_cmd)
+    app.add_typer(weights_app, name="weights")

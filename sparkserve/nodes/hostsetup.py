@@ -67,8 +67,8 @@ def run_program(node: Node, fn_name: str, args: dict, *, root: bool = False,  # 
             prefix = ["sudo", "-n", "--"]
         else:
             if password_for is None:
-                raise NodeError(f"{user} needs a password for sudo on this node (run without --yes to be asked, or "
-                                "allow it in sudoers)", node_name=node.name, step_name=f"{step}: sudo")
+                raise NodeError(node.name, f"{step}: sudo", f"{user} needs a password for sudo (run it where it can "
+                                "ask you, or allow it in sudoers)")
             prefix = ["sudo", "-S", "-p", "", "--"]
             stdin = (password_for(node.name) + "\n").encode()
     argv = ["sh", "-c", NETNS_WRAP, "sparkserve-setup", *prefix, "python3", "-c", program_source(fn_name),
@@ -80,7 +80,7 @@ def run_program(node: Node, fn_name: str, args: dict, *, root: bool = False,  # 
         out = {}
     if not res.ok or "error" in out:
         why = out.get("error") or (res.stderr.strip().splitlines() or [f"exit {res.exit_code}"])[-1]
-        raise NodeError(why, node_name=node.name, step_name=step)
+        raise NodeError(node.name, step, why, argv=argv[:4] + ["…"], last_lines=res.tail())
     return out
 
 

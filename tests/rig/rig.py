@@ -475,7 +475,8 @@ def fabric_up(nodes: list[NodeInfo]) -> None:
             _in_net(sw, "ip", "link", "add", far, "type", "veth", "peer", "name", port, "netns", str(h))
             _in_net(h, "ip", "link", "set", port, "address", fabric_mac(n.index, k))
             _in_net(h, "ip", "link", "set", port, "up")
-            if br:
+            if br:  # the switch takes jumbo frames, as the cable does (setup sets MTU 9000 on the nodes' ports)
+                _in_net(sw, "ip", "link", "set", far, "mtu", "9000")
                 _in_net(sw, "ip", "link", "set", far, "master", br)
                 _in_net(sw, "ip", "link", "set", far, "up")
         holder = read_pid(Path(n.dir) / "ns.pid")
