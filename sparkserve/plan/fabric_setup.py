@@ -51,7 +51,7 @@ class NodeFacts:
 def node_facts(name: str, host: str, raw: dict) -> NodeFacts:  # type: ignore[type-arg]
     """The node program's answer → :class:`NodeFacts` (ConnectX-7 ports only: by RDMA device, else by name)."""
     sysfs: SysfsFacts = parse_sysfs(raw.get("sysfs", {}))
-    rdma_of = {nd: hca for hca in sysfs.hcas.values() for nd in hca.netdevs}
+    rdma_of = {nd: hca.name for hca in sysfs.hcas.values() for nd in hca.netdevs}
     ports: dict[str, PortFacts] = {}
     other: list[str] = []
     addrs = raw.get("ports", {})

@@ -387,6 +387,8 @@ def _holder_ok(n: NodeInfo) -> int | None:
         return None
     if f" {NODE_ROOT} " not in mounts or f"{n.tmp_dir} /tmp " not in mounts:
         return None  # an older generation without the private /tmp is replaced
+    if not any(line.split()[4] == "/etc" and " overlay " in line for line in mounts.splitlines()):
+        return None  # nor one without its own /etc (what `sparkserve setup` writes must never reach this machine)
     return pid
 
 
@@ -406,6 +408,11 @@ def _sshd_ok(n: NodeInfo, holder: int) -> int | None:
         return None
     assert pid is not None
     if mnt_ns(pid) != mnt_ns(holder) or not port_open(n.host, n.port):
+        return None
+    try:  # an sshd started with an older config (without the fabric's SetEnv) is replaced
+        if (Path(n.dir) / "ssh" / "sshd_config").read_text() != _sshd_config(n):
+            return None
+    except OSError:
         return None
     return pid
 
