@@ -398,7 +398,9 @@ def ship_cmd(
         raise typer.Exit(1)
 
 
-def verify_cmd(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
+def verify_cmd(config: ConfigOpt = None, rehash: Annotated[bool, typer.Option(
+        "--rehash", help="hash every file again (not trusting each node's cache of unchanged files)")] = False,
+               as_json: JsonOpt = False) -> None:
     """Compare the model's content on every node with the head's: sha256 of every file, computed on each node.
 
     Changes nothing (a per-directory hash cache in ~/.cache/sparkserve on each node). Exit 1 when any differs."""
@@ -411,7 +413,7 @@ def verify_cmd(config: ConfigOpt = None, as_json: JsonOpt = False) -> None:
     with open_nodes(cfg) as nodes:
         head = nodes[cfg.head.name]
         for root in _ship_roots(cfg):
-            out[root] = verify(head, {n.name: nodes[n.name] for n in cfg.nodes[1:]}, root)
+            out[root] = verify(head, {n.name: nodes[n.name] for n in cfg.nodes[1:]}, root, rehash=rehash)
     if as_json:
         emit_json({"verify": out})
     else:

@@ -229,8 +229,10 @@ def _content_root(root: str, inv: dict) -> str:  # type: ignore[type-arg]
     return f"{root.rstrip('/')}/blobs" if "blobs" in inv.get("dirs", []) else root
 
 
-def verify(head: Node, targets: dict[str, Node], root: str) -> dict[str, list[str]]:
-    """{node: files whose content differs from the head's (missing ones and differing links included)}."""
+def verify(head: Node, targets: dict[str, Node], root: str, *, rehash: bool = False) -> dict[str, list[str]]:
+    """{node: files whose content differs from the head's (missing ones and differing links included)}.
+    ``rehash``: hash every file again (each node's cache trusts a file whose size, mtime and inode are the
+    same: a byte changed behind a restored mtime is only seen this way)."""
     from sparkserve.nodes.parallel import on_all
 
     inv = _run(head, "node_inventory", {"root": root}, step="weights: inventory")
@@ -238,15 +240,20 @@ def verify(head: Node, targets: dict[str, Node], root: str) -> dict[str, list[st
     nodes = {head.name: head, **targets}
     invs = on_all(list(nodes), lambda n: _run(nodes[n], "node_inventory", {"root": root},
                                               step="weights: inventory"))
-    mans = on_all(list(nodes), lambda n: remote_manifest(nodes[n], croot, step="weights: content hashes"))
+    sub = croot[len(root.rstrip("/")) + 1:] + "/" if croot != root else ""
+
+    def again(n: str) -> list[str] | None:
+        return [r[len(sub):] for r in invs[n]["files"] if r.startswith(sub)] if rehash else None
+
+    mans = on_all(list(nodes), lambda n: remote_manifest(nodes[n], croot, rehash=again(n),
+                                                         step="weights: content hashes"))
     ref = mans[head.name].manifest.files
     out: dict[str, list[str]] = {}
     for name in targets:
         have = mans[name].manifest.files
         bad = sorted(rel for rel in set(ref) | set(have) if ref.get(rel) != have.get(rel)
                      and not rel.endswith(weights_node.PART))  # a part is a stopped ship's, not content
-        prefix = croot[len(root.rstrip("/")) + 1:] + "/" if croot != root else ""
-        bad = [prefix + b for b in bad]
+        bad = [sub + b for b in bad]
         bad += sorted(rel for rel in set(invs[head.name]["links"]) | set(invs[name]["links"])
                       if invs[head.name]["links"].get(rel) != invs[name]["links"].get(rel))
         out[name] = bad
