@@ -143,7 +143,8 @@ def _facts_json(found: dict[str, Any], plan: Any, changes: dict[str, Any]) -> di
 
 def setup_cmd(
     hosts: Annotated[list[str] | None, typer.Argument(
-        help="the nodes' SSH addresses, head first: host, user@host or user@host:port (none: the config's nodes)")] = None,
+        help="the nodes' SSH addresses, head first: host, user@host or user@host:port (none: the config's "
+             "nodes)")] = None,
     config: ConfigOpt = None,
     apply: Annotated[bool, typer.Option("--apply", help="make the changes (asks first unless --yes)")] = False,
     yes: Annotated[bool, typer.Option("--yes", "-y", help="with --apply: do not ask")] = False,
@@ -386,7 +387,7 @@ def ship_cmd(
                 if not as_json:
                     line = (f"{name}: {root}: sent {r.sent_bytes / 1e9:.2f} GB in {r.seconds:.1f} s "
                             f"({r.gb_per_s:.2f} GB/s) over {targets[name][1]}, {r.skipped_bytes / 1e9:.2f} GB there "
-                            f"already; content " + ("verified" if r.verified else "DIFFERS: " + ", ".join(r.mismatched)))
+                            "already; content " + ("verified" if r.verified else "DIFFERS: " + ", ".join(r.mismatched)))
                     if r.repaired:
                         line += f" (sent again: {', '.join(r.repaired)})"
                     _say(line)

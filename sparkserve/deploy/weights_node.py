@@ -68,14 +68,15 @@ def node_pull(args: dict) -> dict:  # type: ignore[type-arg]
     total = sum((s.size or 0) for s in (info.siblings or []))
     repo_dir = os.path.join(constants.HF_HUB_CACHE, "models--" + args["repo"].replace("/", "--"))
 
+    def size(p: str) -> int:
+        try:
+            return os.stat(p).st_size
+        except OSError:  # a blob renamed while counted
+            return 0
+
     def done_bytes() -> dict:  # type: ignore[type-arg]
-        n = 0
-        for d, _, names in os.walk(os.path.join(repo_dir, "blobs")):
-            for name in names:
-                try:
-                    n += os.stat(os.path.join(d, name)).st_size
-                except OSError:
-                    pass
+        n = sum(size(os.path.join(d, name)) for d, _, names in os.walk(os.path.join(repo_dir, "blobs"))
+                for name in names)
         return {"done": min(n, total), "total": total}
 
     stop, t = _progress_writer(workdir, done_bytes)

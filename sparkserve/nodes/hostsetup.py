@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from sparkserve.config import NodeConfig, SSHConfig
+from sparkserve.config import NodeConfig
 from sparkserve.errors import BadInput, SparkserveError
 from sparkserve.nodes import hostsetup_node
 from sparkserve.nodes.base import Node, NodeError

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 import rig as riglib
 
 REPO = Path(__file__).resolve().parents[2]
