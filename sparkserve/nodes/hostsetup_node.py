@@ -105,10 +105,21 @@ def node_discover(args: dict) -> dict:  # type: ignore[type-arg]
     names = [n for n in files.get("class/net/", "").split("\n") if n and n != "lo"]
     ports = _port_state(names)
     own = {a for p in ports.values() for a in p["ipv6_ll"]}
-    peers = {}
-    for name in names:
-        if files.get(f"class/net/{name}/carrier") == "1" and ports.get(name, {}).get("ipv6_ll"):
-            peers[name] = _probe_peers(name, own)
+    def probe(name: str) -> list[str]:
+        # a link that just came up: its (and the peer's) link-local address is tentative until duplicate
+        # address detection ends (~1-2 s), and a tentative address neither sends nor answers: ask again
+        found: list[str] = []
+        for _ in range(4):
+            found = _probe_peers(name, own)
+            if found:
+                break
+        return found
+
+    from concurrent.futures import ThreadPoolExecutor
+
+    linked = [n for n in names if files.get(f"class/net/{n}/carrier") == "1" and ports.get(n, {}).get("ipv6_ll")]
+    with ThreadPoolExecutor(max(1, len(linked))) as pool:
+        peers = dict(zip(linked, pool.map(probe, linked), strict=True))
     user = pwd.getpwuid(os.geteuid()).pw_name if not args.get("user") else str(args["user"])
     try:
         groups = sorted({g.gr_name for g in grp.getgrall() if user in g.gr_mem}

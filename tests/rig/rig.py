@@ -477,6 +477,9 @@ def fabric_up(nodes: list[NodeInfo]) -> None:
         _in_net(sw, "ip", "link", "set", br, "up")
     for n in nodes:
         h = _net_holder(Path(n.dir) / "fabric.pid")
+        # link-local addresses usable at once (no duplicate address detection): the ports are a fresh cable's,
+        # and discovery right after `rig up` must not meet tentative addresses that neither ask nor answer
+        _in_net(h, "sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0", "net.ipv6.conf.all.accept_dad=0")
         for k, (port, br) in enumerate(FABRIC_PORTS):
             far = f"{n.name[-1]}{k}"
             _in_net(sw, "ip", "link", "add", far, "type", "veth", "peer", "name", port, "netns", str(h))
