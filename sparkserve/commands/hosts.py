@@ -247,10 +247,11 @@ def setup_cmd(
                 _say(f"error: {name}: {a.error}", err=True)
         if bad:
             raise typer.Exit(3)
+        names = hostsetup.node_names(nodes, found)
         verb = hostsetup.write_config(path, nodes, plan, ssh_config=ssh.config_file if hosts else None,
                                       known_hosts=ssh.known_hosts if hosts else None,
-                                      identity_file=ssh.identity_file if hosts else "keep")
-        _say(f"{verb} {path}: nodes {', '.join(f'{n} ({ip})' for n, ip in plan.fabric_ip.items())}, "
+                                      identity_file=ssh.identity_file if hosts else "keep", names=names)
+        _say(f"{verb} {path}: nodes {', '.join(f'{names[n]} ({ip})' for n, ip in plan.fabric_ip.items())}, "
              f"fabric interface {plan.interface}, hca {plan.hca}; next: `sparkserve weights pull`")
     finally:
         for node in opened.values():

@@ -175,9 +175,10 @@ def ship_one(head: Node, name: str, target: Node, ip: str, root: str, *, streams
     if not todo and src["links"] == dst["links"]:
         return rep
     t0 = time.monotonic()
-    recv = target.start(_argv("node_recv", {"root": root, "workdir": work, "ip": ip, "token": token, "streams": n,
+    recv = target.start(_argv("node_recv", {"root": root, "workdir": work, "ip": ip, "streams": n,
                                             "dirs": src["dirs"], "links": src["links"]}, fabric=True),
                         timeout=24 * 3600.0, step="weights: receive")
+    recv.write(token.encode() + b"\n")
     recv.close_stdin()
     sender = None
     try:
@@ -192,9 +193,10 @@ def ship_one(head: Node, name: str, target: Node, ip: str, root: str, *, streams
             if port is None:
                 raise NodeError(target.name, "weights: receive", f"no listener on {ip} after 30 s")
             sender = head.start(_argv("node_send", {"root": root, "workdir": work, "ip": ip, "port": port,
-                                                    "token": token, "files": todo, "streams": n, "total": send,
+                                                    "files": todo, "streams": n, "total": send,
                                                     "bwlimit": bwlimit}, fabric=True),
                                 timeout=24 * 3600.0, step="weights: send")
+            sender.write(token.encode() + b"\n")
             sender.close_stdin()
             box: dict = {}  # type: ignore[type-arg]
             t = threading.Thread(target=lambda: box.setdefault("res", sender.wait(check=False)), daemon=True)

@@ -6,8 +6,8 @@ imports ``huggingface_hub`` on the head; shipped by source as ``python3 -c`` wit
 * :func:`node_inventory` (every node): what a directory holds — whole files (size), partial files
   (``<name>.sparkserve-part``, their size: where a resumed ship starts), symlinks (their targets).
 * :func:`node_recv` (each target, in its fabric namespace): listens on its fabric IP, takes ``streams``
-  connections that present the token, writes each file's bytes from the offset it is told into its part file,
-  renames it into place when whole; creates the directories and symlinks first.
+  connections that present the token (both ends read it from stdin), writes each file's bytes from the offset
+  it is told into its part file, renames it into place when whole; creates the directories and symlinks first.
 * :func:`node_send` (the head, in its fabric namespace): ``streams`` connections to the target, files from one
   queue, each sent with ``sendfile`` from its offset (``bwlimit`` bytes/s in all, 0: none);
   ``workdir/progress`` twice a second.
@@ -130,8 +130,10 @@ def node_recv(args: dict) -> dict:  # type: ignore[type-arg]
     import json
     import os
     import socket
+    import sys
     import threading
 
+    token = sys.stdin.readline().strip()  # the connection token on stdin: not in argv, where `ps` shows it
     root = os.path.expanduser(args["root"])
     workdir = args["workdir"]
     os.makedirs(workdir, exist_ok=True)
@@ -214,7 +216,7 @@ def node_recv(args: dict) -> dict:  # type: ignore[type-arg]
 
     def serve(conn: socket.socket) -> None:
         try:
-            if frame(conn).get("token") != args["token"]:
+            if frame(conn).get("token") != token:
                 return
             while True:
                 hdr = frame(conn)
@@ -265,9 +267,11 @@ def node_send(args: dict) -> dict:  # type: ignore[type-arg]
     import queue
     import socket
     import struct
+    import sys
     import threading
     import time
 
+    token = sys.stdin.readline().strip()  # as node_recv's
     root = os.path.expanduser(args["root"])
     workdir = args["workdir"]
     os.makedirs(workdir, exist_ok=True)
@@ -298,7 +302,7 @@ def node_send(args: dict) -> dict:  # type: ignore[type-arg]
                 data = json.dumps(obj).encode()
                 sock.sendall(struct.pack("!I", len(data)) + data)
 
-            send_frame({"token": args["token"]})
+            send_frame({"token": token})
             while True:
                 try:
                     rel, size, offset = todo.get_nowait()

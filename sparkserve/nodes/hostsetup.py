@@ -242,8 +242,21 @@ def ssh_fix(host: str, user: str, port: int, error: str) -> str:
     return f"ssh{p} {target} true   (is the node on and reachable from here?)"
 
 
+def node_names(nodes: list[NodeConfig], found: dict[str, NodeFacts]) -> dict[str, str]:
+    """The name each node gets in the config: its hostname where every node's differs and is a valid node name
+    (two Sparks straight from the box may share one), else the host it was reached by."""
+    import re
+
+    names = {n.name: str(found[n.name].raw.get("hostname", "")) if n.name in found else "" for n in nodes}
+    ok = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+    if len(set(names.values())) == len(nodes) and all(ok.match(v) for v in names.values()):
+        return names
+    return {n.name: n.name for n in nodes}
+
+
 def write_config(path: Path, nodes: list[NodeConfig], plan: FabricPlan, *, ssh_config: Path | None,
-                 known_hosts: Path | None, identity_file: Path | None | str) -> str:
+                 known_hosts: Path | None, identity_file: Path | None | str,
+                 names: dict[str, str] | None = None) -> str:
     """Write or update ``path``: nodes (names, hosts, users, ports, fabric IPs) and fabric (interface, HCA);
     the rest of an existing file stays as it was, comments included. Returns "wrote" or "updated"."""
     from ruamel.yaml import YAML
@@ -259,7 +272,7 @@ def write_config(path: Path, nodes: list[NodeConfig], plan: FabricPlan, *, ssh_c
     seq = CommentedSeq()
     for n in nodes:
         m = CommentedMap()
-        m["name"] = n.name
+        m["name"] = (names or {}).get(n.name, n.name)
         m["host"] = n.host
         m["fabric_ip"] = plan.fabric_ip.get(n.name, n.fabric_ip)
         m["user"] = n.user

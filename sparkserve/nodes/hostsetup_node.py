@@ -313,20 +313,24 @@ def node_apply(args: dict) -> dict:  # type: ignore[type-arg]
                 "rewrite": {STATE: previous_text} if previous_text else {}}
     _write(PENDING, args["token"], 0o600)
     _watchdog(args["token"], float(args["rollback_s"]), rollback)
-    for port, want in args["ports"].items():
-        for a in want.get("remove", []):
-            if a in before[port]["ipv4"]:
-                _run(["ip", "addr", "del", a, "dev", port])
-        _run(["ip", "link", "set", "dev", port, "mtu", str(args["mtu"])])
-        if want["address"] not in before[port]["ipv4"]:
-            _run(["ip", "addr", "add", want["address"], "dev", port])
-        _run(["ip", "link", "set", "dev", port, "up"])
-    for path, text, mode in writes:
-        _write(path, text, mode)
-    if shutil.which("netplan") and args["netplan"]:
-        _run(["netplan", "generate"])  # the file is valid and takes effect at boot; the live state came from ip
-    if add_user:
-        _run(["usermod", "-aG", "docker", add_user])
+    try:
+        for port, want in args["ports"].items():
+            for a in want.get("remove", []):
+                if a in before[port]["ipv4"]:
+                    _run(["ip", "addr", "del", a, "dev", port])
+            _run(["ip", "link", "set", "dev", port, "mtu", str(args["mtu"])])
+            if want["address"] not in before[port]["ipv4"]:
+                _run(["ip", "addr", "add", want["address"], "dev", port])
+            _run(["ip", "link", "set", "dev", port, "up"])
+        for path, text, mode in writes:
+            _write(path, text, mode)
+        if shutil.which("netplan") and args["netplan"]:
+            _run(["netplan", "generate"])  # the file is valid and takes effect at boot; the live state came from ip
+        if add_user:
+            _run(["usermod", "-aG", "docker", add_user])
+    except BaseException:  # nothing half-done: this apply undone now (the watchdog then finds nothing pending)
+        _restore(rollback)
+        raise
     state = {
         "version": 1,
         "ports": {**rollback["ports"], **previous.get("ports", {})},  # the first-seen state of each port wins
