@@ -330,3 +330,26 @@ def test_ship_killed_halfway_resumes_and_a_corrupted_tensor_byte_is_caught(frig,
     p = cli("weights", "ship", cwd=work)
     assert p.returncode == 0 and f"sent again: blobs/{blob.name}" in p.stdout, p.stdout + p.stderr
     assert cli("weights", "verify", "--rehash", cwd=work).returncode == 0
+
+
+def test_an_apply_that_fails_on_the_node_leaves_nothing_half_done(frig):
+    from sparkserve.config import SSHConfig
+    from sparkserve.errors import RemoteFailure
+    from sparkserve.nodes import hostsetup
+    from sparkserve.nodes.factory import make_node
+
+    before = frig.state(0)
+    ssh = SSHConfig(config_file=frig.d / "ssh" / "config", known_hosts=frig.d / "ssh" / "known_hosts",
+                    identity_file=None)
+    node = make_node(hostsetup.setup_targets(frig.hosts(0))[0], ssh)
+    node.connect()
+    try:  # the first port takes its MTU, the second's address is refused by `ip`: the first is put back too
+        args = {"ports": {"enp1s0f1np1": {"address": "10.60.9.10/24"},
+                          "enP2p1s0f1np1": {"address": "10.60.9.300/24"}},
+                "mtu": 9000, "netplan": "network: {version: 2}\n", "sysctl": "", "docker_user": "",
+                "token": "t0", "rollback_s": 60}
+        with pytest.raises(RemoteFailure, match="10.60.9.300"):
+            hostsetup.run_program(node, "node_apply", args, root=True)
+    finally:
+        node.close()
+    assert frig.state(0) == before
