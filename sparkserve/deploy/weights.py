@@ -113,12 +113,17 @@ def pull(head: Node, repo: str, revision: str | None, *, python: str = "python3"
 
     t = threading.Thread(target=wait, daemon=True)
     t.start()
-    while t.is_alive():
-        t.join(1.0)
-        p = _poll(head, f"{workdir}/progress")
-        if p and progress is not None:
-            progress(repo, int(p["done"]), int(p["total"]))
-    head.run(["rm", "-rf", workdir], timeout=30, check=False, step="weights: pull")
+    try:
+        while t.is_alive():
+            t.join(1.0)
+            p = _poll(head, f"{workdir}/progress")
+            if p and progress is not None:
+                progress(repo, int(p["done"]), int(p["total"]))
+    except BaseException:  # stopped here: stopped there too (what it fetched stays in the cache for a resume)
+        _kill(head, workdir)
+        raise
+    finally:
+        head.run(["rm", "-rf", workdir], timeout=30, check=False, step="weights: pull")
     out = _answer(head, "weights: pull", result["res"])
     return Pulled(out["repo"], out["revision"], out["path"], out["repo_dir"], int(out["bytes"]),
                   time.monotonic() - t0)

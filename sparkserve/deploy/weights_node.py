@@ -1,8 +1,10 @@
 """The programs `sparkserve weights` runs ON the nodes (standard library only, except :func:`node_pull`, which
 imports ``huggingface_hub`` on the head; shipped by source as ``python3 -c`` with one JSON argv item):
 
-* :func:`node_pull` (head): ``snapshot_download`` at a revision pinned to its commit, into the head's HF cache
-  with its token (read from stdin, never argv) and ``HF_ENDPOINT``; ``workdir/progress`` twice a second.
+* :func:`node_pull` (head): each file fetched into the head's HF cache as huggingface_hub names it (its URL,
+  metadata and headers), resumable, an LFS file checked against its sha256; then ``snapshot_download`` at the
+  commit the revision resolved to makes the snapshot; the token read from stdin (never argv), ``HF_ENDPOINT``
+  honoured; ``workdir/progress`` twice a second.
 * :func:`node_inventory` (every node): what a directory holds — whole files (size), partial files
   (``<name>.sparkserve-part``, their size: where a resumed ship starts), symlinks (their targets).
 * :func:`node_recv` (each target, in its fabric namespace): listens on its fabric IP, takes ``streams``
@@ -62,6 +64,8 @@ def node_pull(args: dict) -> dict:  # type: ignore[type-arg]
     token = sys.stdin.readline().strip() or None
     workdir = args["workdir"]
     os.makedirs(workdir, exist_ok=True)
+    with open(os.path.join(workdir, "pid"), "w") as f:  # the controller stops this process by it on Ctrl-C
+        f.write(str(os.getpid()))
     api = hf.HfApi(token=token)
     info = api.model_info(args["repo"], revision=args.get("revision") or None, files_metadata=True, token=token)
     sha = info.sha
@@ -79,8 +83,55 @@ def node_pull(args: dict) -> dict:  # type: ignore[type-arg]
                 for name in names)
         return {"done": min(n, total), "total": total}
 
+    def fetch(name: str) -> None:
+        """One file into ``blobs/<etag>`` as huggingface_hub names it, resumable: the bytes go to
+        ``<etag>.sparkserve-part`` first and a new pull asks only for the rest (``Range``). (huggingface_hub
+        itself downloads into a per-process temporary file, so a stopped pull would start over.)"""
+        import hashlib
+        import urllib.request
+
+        url = hf.hf_hub_url(args["repo"], name, revision=sha)
+        meta = hf.get_hf_file_metadata(url, token=token)
+        if not meta.etag:
+            return  # huggingface_hub's own download below handles it
+        blob = os.path.join(repo_dir, "blobs", meta.etag)
+        if os.path.exists(blob):
+            return
+        os.makedirs(os.path.dirname(blob), exist_ok=True)
+        part = blob + PART
+        have = os.path.getsize(part) if os.path.exists(part) else 0
+        if meta.size is not None and have > meta.size:
+            os.unlink(part)
+            have = 0
+        from huggingface_hub.utils import build_hf_headers
+
+        headers = build_hf_headers(token=token)
+        if have:
+            headers["Range"] = f"bytes={have}-"
+        req = urllib.request.Request(meta.location or url, headers=headers)
+        with urllib.request.urlopen(req, timeout=60) as r, open(part, "ab" if have and r.status == 206 else "wb") as f:
+            while chunk := r.read(1 << 22):
+                f.write(chunk)
+        if meta.size is not None and os.path.getsize(part) != meta.size:
+            raise RuntimeError(f"{name}: {os.path.getsize(part)} bytes, the Hub says {meta.size}")
+        if len(meta.etag) == 64:  # an LFS file: its etag is the sha256 of its bytes
+            h = hashlib.sha256()
+            with open(part, "rb") as f:
+                while chunk := f.read(1 << 24):
+                    h.update(chunk)
+            if h.hexdigest() != meta.etag:
+                os.unlink(part)
+                raise RuntimeError(f"{name}: sha256 {h.hexdigest()} is not the Hub's {meta.etag} (removed; pull again)")
+        os.replace(part, blob)
+
     stop, t = _progress_writer(workdir, done_bytes)
     try:
+        from concurrent.futures import ThreadPoolExecutor
+
+        names = [s.rfilename for s in (info.siblings or [])]
+        with ThreadPoolExecutor(max(1, min(int(args.get("workers") or 8), len(names)))) as pool:
+            list(pool.map(fetch, names))
+        # every blob is there now: this makes the snapshot's links and refs, as the cache wants them
         path = hf.snapshot_download(args["repo"], revision=sha, token=token,
                                     max_workers=int(args.get("workers") or 8))
     finally:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import threading
+import time
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -42,6 +43,7 @@ class Repo:
 class HFEndpoint:
     def __init__(self, repos: dict[str, Path], *, token: str | None = None, host: str = "127.0.0.1") -> None:
         self.repos = {rid: Repo(p).scan() for rid, p in repos.items()}
+        self.rate = 0.0  # bytes/s a file body is served at (0: as fast as it goes), so a test can stop a pull
         self.token = token
         self.served_bytes = 0
         self.requests: list[str] = []
@@ -128,11 +130,18 @@ class HFEndpoint:
                 h.send_header("Content-Range", f"bytes {start}-{size - 1}/{size}")
             h.end_headers()
             if not head:
+                t0, sent = time.monotonic(), 0
                 with open(repo.root / rel, "rb") as f:
                     f.seek(start)
                     while chunk := f.read(1 << 20):
-                        h.wfile.write(chunk)
+                        try:
+                            h.wfile.write(chunk)
+                        except OSError:  # the client went away (a stopped pull)
+                            return
+                        sent += len(chunk)
                         with self._lock:
                             self.served_bytes += len(chunk)
+                        if self.rate and (ahead := sent / self.rate - (time.monotonic() - t0)) > 0:
+                            time.sleep(ahead)
             return
         self._json(h, {"error": f"no route {path}"}, 404)

@@ -353,3 +353,46 @@ def test_an_apply_that_fails_on_the_node_leaves_nothing_half_done(frig):
     finally:
         node.close()
     assert frig.state(0) == before
+
+
+def test_a_stopped_pull_stops_on_the_head_and_resumes_from_what_it_fetched(frig, tmp_path):
+    models = riglib.ensure_models()
+    p = cli("setup", *frig.hosts(0, 1), *frig.ssh, "--fabric-range", "10.62.0.0/16", "--apply", "--yes",
+            cwd=tmp_path)
+    assert p.returncode == 0, p.stdout + p.stderr
+    hub = frig.node_dir(0) / "srv" / "home" / ".cache" / "huggingface" / "hub" / "models--slow--target"
+    big = (models / "target" / "model.safetensors").stat().st_size
+    try:
+        with HFEndpoint({"slow/target": models / "target"}) as ep:
+            ep.rate = 40e6
+            env = {**os.environ, "PYTHONPATH": str(REPO), "HF_ENDPOINT": ep.url}
+            argv = [sys.executable, "-m", "sparkserve", "weights", "pull", "--target", "slow/target", "--drafter",
+                    "", "--no-write", "--python", sys.executable]
+            proc = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+            deadline = time.monotonic() + 60
+            part = None
+            while part is None and time.monotonic() < deadline:
+                got = list((hub / "blobs").glob("*.sparkserve-part")) if (hub / "blobs").exists() else []
+                if got and got[0].stat().st_size > 16 << 20:
+                    part = got[0]
+                time.sleep(0.05)
+            assert part is not None, "the pull never started"
+            proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=60)
+            assert proc.returncode == 3, err
+            deadline = time.monotonic() + 15
+            size = -1
+            while time.monotonic() < deadline and size != part.stat().st_size:  # the head's pull is stopped:
+                size = part.stat().st_size                                      # its part stops growing
+                time.sleep(0.5)
+            assert 0 < size < big
+            ep.rate = 0
+            before = ep.served_bytes
+            p = cli("weights", "pull", "--target", "slow/target", "--drafter", "", "--no-write", "--python",
+                    sys.executable, cwd=tmp_path, env={"HF_ENDPOINT": ep.url})
+            assert p.returncode == 0, p.stdout + p.stderr
+            small = (models / "target" / "config.json").stat().st_size
+            assert ep.served_bytes - before in (big - size, big - size + small)  # the tail, and config.json
+    finally:
+        assert cli("setup", "-c", "sparkserve.yaml", "--undo", cwd=tmp_path).returncode == 0
