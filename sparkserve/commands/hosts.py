@@ -184,27 +184,34 @@ def setup_cmd(
 
     nodes, ssh, path = _targets(hosts or [], config, user, ssh_config, known_hosts, identity_file, accept_new)
     users = {n.name: n.user for n in nodes}
+    doc: dict[str, Any] = {}
+
+    def say(line: str) -> None:  # with --json, stdout holds the one document: the narration goes to stderr
+        _say(line, err=as_json)
+
+    def done(code: int = 0) -> None:
+        if as_json:
+            emit_json({**doc, "ok": code == 0})
+        if code:
+            raise typer.Exit(code)
+
     opened = _connect(nodes, ssh)
     try:
         if undo:
-            done = hostsetup.undo(opened, password_for=_password_for(users))
-            if as_json:
-                emit_json({"undo": done})
-            for name, r in done.items():
+            undone = hostsetup.undo(opened, password_for=_password_for(users))
+            doc["undo"] = undone
+            for name, r in undone.items():
                 what = ", ".join(r["removed"]) or "nothing of sparkserve's"
-                _say(f"{name}: removed {what}" + (f"; problems: {'; '.join(r['problems'])}" if r["problems"] else ""))
-            if any(r["problems"] for r in done.values()):
-                raise typer.Exit(3)
-            return
+                say(f"{name}: removed {what}" + (f"; problems: {'; '.join(r['problems'])}" if r["problems"] else ""))
+            return done(3 if any(r["problems"] for r in undone.values()) else 0)
         found = hostsetup.discover(opened, {n.name: n.host for n in nodes}, sysfs_root=sysfs_root,
                                    model_path=model_path)
         plan = plan_fabric(list(found.values()), address_range=fabric_range)
         changes = hostsetup.node_changes(plan, found)
-        if as_json:
-            emit_json(_facts_json(found, plan, changes))
-        else:
+        doc.update(_facts_json(found, plan, changes))
+        if not as_json:
             _table(found, plan, changes)
-            _say(f"ssh: every node answered from this machine ({', '.join(f'{n.user}@{n.host}' for n in nodes)})")
+            say(f"ssh: every node answered from this machine ({', '.join(f'{n.user}@{n.host}' for n in nodes)})")
         for e in plan.errors:
             _say(f"error: fabric: {e}", err=True)
         if plan.conflicts:
@@ -212,19 +219,16 @@ def setup_cmd(
             for line in plan.conflicts:
                 _say(f"  {line}", err=True)
         if not apply:
-            if not as_json:
-                _say("nothing changed (read-only); `sparkserve setup --apply` makes these changes")
-            if plan.errors:
-                raise typer.Exit(2)
-            return
+            say("nothing changed (read-only); `sparkserve setup --apply` makes these changes")
+            return done(2 if plan.errors else 0)
         if plan.errors:
-            raise typer.Exit(2)
+            return done(2)
         if plan.conflicts and not force:
             _say("error: fabric: refused: ports hold other addresses (shown above); --force replaces them", err=True)
-            raise typer.Exit(2)
+            return done(2)
         if not yes and not typer.confirm("apply these changes?", default=False, err=True):
             _say("nothing changed", err=True)
-            raise typer.Exit(1)
+            return done(1)
         by_name = {n.name: n for n in nodes}
 
         def reconnect(name: str) -> Node:
@@ -238,21 +242,25 @@ def setup_cmd(
 
         applied = hostsetup.apply(opened, changes, reconnect=reconnect, password_for=_password_for(users),
                                   rollback_s=rollback_s)
+        doc["applied"] = {n: {"written": a.written, "confirmed": a.confirmed, "error": a.error}
+                          for n, a in applied.items()}
         bad = False
         for name, a in applied.items():
             if a.confirmed:
-                _say(f"{name}: applied; wrote {', '.join(a.written)}")
+                say(f"{name}: applied; wrote {', '.join(a.written)}")
             else:
                 bad = True
                 _say(f"error: {name}: {a.error}", err=True)
         if bad:
-            raise typer.Exit(3)
+            return done(3)
         names = hostsetup.node_names(nodes, found)
         verb = hostsetup.write_config(path, nodes, plan, ssh_config=ssh.config_file if hosts else None,
                                       known_hosts=ssh.known_hosts if hosts else None,
                                       identity_file=ssh.identity_file if hosts else "keep", names=names)
-        _say(f"{verb} {path}: nodes {', '.join(f'{names[n]} ({ip})' for n, ip in plan.fabric_ip.items())}, "
-             f"fabric interface {plan.interface}, hca {plan.hca}; next: `sparkserve weights pull`")
+        doc["config_file"] = str(path)
+        say(f"{verb} {path}: nodes {', '.join(f'{names[n]} ({ip})' for n, ip in plan.fabric_ip.items())}, "
+            f"fabric interface {plan.interface}, hca {plan.hca}; next: `sparkserve weights pull`")
+        return done(0)
     finally:
         for node in opened.values():
             node.close()

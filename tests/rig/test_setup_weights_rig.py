@@ -161,8 +161,10 @@ def test_addresses_set_differently_are_shown_and_refused_without_force(frig, tmp
         assert p.returncode == 2, p.stdout + p.stderr
         assert "127.0.0.60 enp1s0f1np1: - 10.99.0.5/24  + 10.60.0.10/24" in p.stderr
         assert "refused" in p.stderr and frig.state(0, 1) == before
-        p = cli(*args, "--force", cwd=tmp_path)
+        p = cli(*args, "--force", "--json", cwd=tmp_path)
         assert p.returncode == 0, p.stderr
+        doc = json.loads(p.stdout)  # one document: the discovery, what was applied, the config file
+        assert doc["ok"] and doc["applied"]["127.0.0.60"]["confirmed"] and doc["config_file"].endswith(".yaml")
         assert ("inet", "10.99.0.5", 24) not in frig.ports(0)["enp1s0f1np1"][2]
         assert cli("setup", "-c", "sparkserve.yaml", "--undo", cwd=tmp_path).returncode == 0
         assert frig.state(0, 1) == before  # 10.99.0.5 is back
