@@ -256,7 +256,8 @@ def setup_cmd(
         names = hostsetup.node_names(nodes, found)
         verb = hostsetup.write_config(path, nodes, plan, ssh_config=ssh.config_file if hosts else None,
                                       known_hosts=ssh.known_hosts if hosts else None,
-                                      identity_file=ssh.identity_file if hosts else "keep", names=names)
+                                      identity_file=ssh.identity_file if hosts else "keep", names=names,
+                                      sysfs_root=sysfs_root)
         doc["config_file"] = str(path)
         say(f"{verb} {path}: nodes {', '.join(f'{names[n]} ({ip})' for n, ip in plan.fabric_ip.items())}, "
             f"fabric interface {plan.interface}, hca {plan.hca}; next: `sparkserve weights pull`")

@@ -256,7 +256,7 @@ def node_names(nodes: list[NodeConfig], found: dict[str, NodeFacts]) -> dict[str
 
 def write_config(path: Path, nodes: list[NodeConfig], plan: FabricPlan, *, ssh_config: Path | None,
                  known_hosts: Path | None, identity_file: Path | None | str,
-                 names: dict[str, str] | None = None) -> str:
+                 names: dict[str, str] | None = None, sysfs_root: str = "/sys") -> str:
     """Write or update ``path``: nodes (names, hosts, users, ports, fabric IPs) and fabric (interface, HCA);
     the rest of an existing file stays as it was, comments included. Returns "wrote" or "updated"."""
     from ruamel.yaml import YAML
@@ -285,6 +285,8 @@ def write_config(path: Path, nodes: list[NodeConfig], plan: FabricPlan, *, ssh_c
     if plan.interface:
         fab["interface"] = plan.interface
     fab["hca"] = plan.hca
+    if sysfs_root != "/sys":  # where the RDMA devices were read: `up` reads them there too
+        fab["sysfs_root"] = sysfs_root
     ssh = data.setdefault("ssh", CommentedMap())
     if ssh_config is not None:
         ssh["config_file"] = str(ssh_config)

@@ -436,6 +436,10 @@ def _wait(pred, what: str, timeout: float) -> None:
 # /run/netns of the node's own), so `ip netns exec` on the node enters its fabric; sshd stays on loopback.
 
 FABRIC_NETNS = "ssfabric"
+# addresses for the fabric of loopback's range: 127/8 is local in this machine's namespace, so the engines (whose
+# containers run there) reach a head's fabric IP, while in the nodes' namespaces the same addresses cross the
+# veths (see fabric_up). `sparkserve setup --fabric-range FABRIC_RANGE --sysfs-root NODE_ROOT/sys-fabric`.
+FABRIC_RANGE = f"127.{(IP_BASE + 1) % 256}.0.0/16"
 FABRIC_PORTS = (("enp1s0f1np1", "br1"), ("enP2p1s0f1np1", "br2"), ("enp1s0f0np0", None), ("enP2p1s0f0np0", None))
 
 
@@ -480,6 +484,12 @@ def fabric_up(nodes: list[NodeInfo]) -> None:
         # link-local addresses usable at once (no duplicate address detection): the ports are a fresh cable's,
         # and discovery right after `rig up` must not meet tentative addresses that neither ask nor answer
         _in_net(h, "sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0", "net.ipv6.conf.all.accept_dad=0")
+        # the fabric may use addresses of 127.0.0.0/8 (FABRIC_RANGE): then the engines, whose containers run in
+        # this machine's namespace, reach the head's fabric IP over loopback, while `weights ship` crosses the
+        # veths. So here loopback keeps 127.0.0.1 alone and 127/8 may travel on the ports (route_localnet).
+        _in_net(h, "ip", "addr", "del", "127.0.0.1/8", "dev", "lo")
+        _in_net(h, "ip", "addr", "add", "127.0.0.1/32", "dev", "lo")
+        _in_net(h, "sysctl", "-qw", "net.ipv4.conf.default.route_localnet=1", "net.ipv4.conf.all.route_localnet=1")
         for k, (port, br) in enumerate(FABRIC_PORTS):
             far = f"{n.name[-1]}{k}"
             _in_net(sw, "ip", "link", "add", far, "type", "veth", "peer", "name", port, "netns", str(h))
@@ -819,17 +829,26 @@ def _gid_v4(ip: str) -> str:
     return f"0000:0000:0000:0000:0000:ffff:{o[0]:02x}{o[1]:02x}:{o[2]:02x}{o[3]:02x}"
 
 
-def write_fake_sysfs(n: NodeInfo) -> None:
+def fabric_ips(n: NodeInfo) -> tuple[str, str]:
+    """The addresses `sparkserve setup --fabric-range FABRIC_RANGE` gives node ``n``'s two twins when it is run
+    on the rig's nodes in order (one /24 per twin, host 10 + the node's place)."""
+    net = FABRIC_RANGE.split(".")
+    return f"{net[0]}.{net[1]}.0.{10 + n.index}", f"{net[0]}.{net[1]}.1.{10 + n.index}"
+
+
+def write_fake_sysfs(n: NodeInfo, sub: str = "sys", ips: tuple[str, str] | None = None) -> None:
     """A node's /sys/class/{net,infiniband} subset as on a DGX Spark, under NODE_ROOT/sys.
 
     Both CX-7 twins are ACTIVE with MTU 9000; the IPv4 RoCEv2 GID sits at index ``n.gid_index``
     (3 on node-a, 5 on node-b, …) because each node carries ``n.index`` extra IPv6 GID pairs first.
     Unused GID entries read as all zeros and have no ``types`` file (the kernel answers EINVAL there).
+    ``sub``/``ips``: the same tree under NODE_ROOT/``sub`` with the twins' IPv4 GIDs for ``ips`` (sys-fabric:
+    the GID table a CX-7 shows once `setup` gave its ports the fabric's addresses, :func:`fabric_ips`).
     """
-    root = Path(n.srv_dir) / "sys"
+    root = Path(n.srv_dir) / sub
     shutil.rmtree(root, ignore_errors=True)
-    twins = [("enp1s0f1np1", "rocep1s0f1", n.fabric_ip),
-             ("enP2p1s0f1np1", "roceP2p1s0f1", f"127.1.0.{IP_BASE + n.index}")]
+    twins = [("enp1s0f1np1", "rocep1s0f1", ips[0] if ips else n.fabric_ip),
+             ("enP2p1s0f1np1", "roceP2p1s0f1", ips[1] if ips else f"127.1.0.{IP_BASE + n.index}")]
 
     def w(path: Path, text: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -1141,6 +1160,7 @@ def _up(nnodes: int | None, bare: bool = False) -> dict:
     if bare:
         for n in nodes:
             write_fake_sysfs(n)
+            write_fake_sysfs(n, "sys-fabric", fabric_ips(n))
             write_fake_proc(n)
         info = {"rig_dir": str(RIG_DIR), "node_root": str(NODE_ROOT), "nodes": [asdict(n) for n in nodes],
                 "pids": pids, "bare": True}
@@ -1152,6 +1172,7 @@ def _up(nnodes: int | None, bare: bool = False) -> dict:
     for n in nodes:
         sync_models(n, models)
         write_fake_sysfs(n)
+        write_fake_sysfs(n, "sys-fabric", fabric_ips(n))
         write_fake_proc(n)
         install_process_engine(n)
     rig_yaml = write_rig_yaml(nodes, models)
