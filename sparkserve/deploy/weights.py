@@ -125,6 +125,8 @@ def pull(head: Node, repo: str, revision: str | None, *, python: str = "python3"
     finally:
         head.run(["rm", "-rf", workdir], timeout=30, check=False, step="weights: pull")
     out = _answer(head, "weights: pull", result["res"])
+    if progress is not None:
+        progress(repo, int(out["bytes"]), int(out["bytes"]))
     return Pulled(out["repo"], out["revision"], out["path"], out["repo_dir"], int(out["bytes"]),
                   time.monotonic() - t0)
 

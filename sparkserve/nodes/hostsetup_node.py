@@ -108,10 +108,11 @@ def node_discover(args: dict) -> dict:  # type: ignore[type-arg]
     def probe(name: str) -> list[str]:
         # a link that just came up: its (and the peer's) link-local address is tentative until duplicate
         # address detection ends (~1-2 s), and a tentative address neither sends nor answers: ask again
+        # and a busy node answers late: two rounds always (their union), more while nobody answered
         found: list[str] = []
-        for _ in range(4):
-            found = _probe_peers(name, own)
-            if found:
+        for k in range(5):
+            found += [a for a in _probe_peers(name, own, wait_s=0.8) if a not in found]
+            if k >= 1 and found:
                 break
         return found
 

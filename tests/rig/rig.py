@@ -453,8 +453,8 @@ def _net_holder(pid_file: Path) -> int:
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                          start_new_session=True)
     pid_file.write_text(f"{p.pid}\n")
-    _wait(lambda: os.readlink(f"/proc/{p.pid}/ns/net") != os.readlink("/proc/self/ns/net")
-          and "sleep" in " ".join(cmdline(p.pid)), "fabric namespace", 10)
+    # the shell has exec'd sleep once lo is up (its own cmdline names sleep too: look at argv[0])
+    _wait(lambda: cmdline(p.pid)[:1] == ["sleep"], "fabric namespace", 10)
     return p.pid
 
 

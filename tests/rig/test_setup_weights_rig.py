@@ -1,8 +1,9 @@
 """`sparkserve setup` and `sparkserve weights` on a rig of their own with a real fabric (tests/rig/rig.py:
 fabric_up — veth ports named as a Spark's ConnectX-7 netdevs, in network namespaces of the rig's own, through
-the rig's switch namespace; the f0 ports have no cable). Four bare nodes, 127.0.0.60-63, port 2240: node-a/b
-for setup's own tests, node-c/d (another address range on the same switch) for the weights, pulled from a
-local Hugging Face endpoint (tests/helpers/hf_endpoint.py; huggingface_hub itself runs on the head).
+the rig's switch namespace; the f0 ports have no cable). Four nodes, 127.0.0.60-63, port 2240. node-a/b go
+from bare to serving — setup on the hosts alone (the rig's fabric range, FABRIC), the weights pulled from a local
+Hugging Face endpoint (tests/helpers/hf_endpoint.py; huggingface_hub itself runs on the head), shipped over the
+fabric, validate, up — after setup's own tests on them; node-c/d take the tests that need a pair of their own.
 
 Every node's /etc is an overlay of its own (what setup writes never reaches this machine); the tests compare
 each node's ports (``ip -j addr`` in its fabric namespace) and its /etc before and after.
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -28,6 +30,7 @@ sys.path.insert(0, str(REPO / "tests" / "helpers"))
 from hf_endpoint import HFEndpoint  # noqa: E402
 
 IP_BASE, PORT = 60, 2240  # a rig of this module's own: not marked `rig`, so it never waits for the shared one
+FABRIC = f"127.{IP_BASE + 1}.0.0/16"  # rig.py FABRIC_RANGE: loopback's range, so the engines reach the fabric IPs
 
 
 class FabricRig:
@@ -82,8 +85,8 @@ def frig():
     env = {**os.environ, "SSRIG_DIR": str(d), "SSRIG_IP_BASE": str(IP_BASE), "SSRIG_SSH_PORT": str(PORT),
            "SSRIG_CACHE": str(riglib.CACHE_DIR)}
     try:
-        p = subprocess.run([sys.executable, str(RIG_PY), "up", "--nodes", "4", "--bare"], env=env,
-                           capture_output=True, text=True, timeout=300)
+        p = subprocess.run([sys.executable, str(RIG_PY), "up", "--nodes", "4"], env=env,
+                           capture_output=True, text=True, timeout=600)
         if p.returncode != 0:
             pytest.fail(f"the fabric rig cannot come up: {p.stderr[-2000:]}", pytrace=False)
         r = FabricRig(d, env)
@@ -214,23 +217,51 @@ def test_a_node_that_stops_answering_after_apply_rolls_itself_back(frig, tmp_pat
     finally:
         for n in nodes.values():
             n.close()
-        p = subprocess.run([sys.executable, str(RIG_PY), "up", "--nodes", "4", "--bare"], env=frig.env,
-                           capture_output=True, text=True, timeout=300)
+        p = subprocess.run([sys.executable, str(RIG_PY), "up", "--nodes", "4"], env=frig.env,
+                           capture_output=True, text=True, timeout=600)
         assert p.returncode == 0, p.stderr
     p = cli("setup", *frig.hosts(0, 1), *frig.ssh, "--undo", cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert frig.state(0, 1) == before
 
 
+def rig_engine_env(frig: FabricRig, state: Path) -> dict[str, str]:
+    """What makes a stack run on the rig's engine emulator rather than the card's vLLM (the rig's own rig.yaml:
+    image, host procfs, container limits, gates for the tiny models) as SPARKSERVE_* overrides: the config file
+    stays as setup and pull wrote it."""
+    import yaml
+
+    rig = yaml.safe_load((frig.d / "rig.yaml").read_text())
+    env = {"XDG_STATE_HOME": str(state)}
+
+    def flat(prefix: str, d: dict) -> None:
+        for k, v in d.items():
+            if isinstance(v, dict):
+                flat(f"{prefix}{k.upper()}__", v)
+            else:
+                env[f"{prefix}{k.upper()}"] = json.dumps(v) if isinstance(v, list | bool) else str(v)
+
+    for section in ("host", "image", "serve", "container", "gates"):
+        flat(f"SPARKSERVE_{section.upper()}__", rig[section])
+    env["SPARKSERVE_MODEL__SERVED_NAME"] = rig["model"]["served_name"]
+    # the stack setup configured is two of the rig's four nodes: TP 2, and the pool the emulator computes for it
+    env["SPARKSERVE_SERVE__TENSOR_PARALLEL_SIZE"] = "2"
+    env["SPARKSERVE_GATES__POOL_TOKENS"] = str(riglib.pool_tokens_for(
+        riglib.ensure_models(), 8 << 30, rig["serve"]["kv_cache_dtype"], 2, rig["serve"]["max_model_len"]))
+    assert rig["serve"]["kv_cache_memory_bytes"] == "8GiB"
+    return env
+
+
 @pytest.fixture(scope="module")
 def weights_flow(frig, tmp_path_factory):
-    """node-c and node-d from bare to a validated config: setup --apply on the hosts alone, weights pull from a
-    local HF endpoint (token required), nothing edited by hand. Undone at the end of the module."""
+    """node-a and node-b from bare to a validated config: setup --apply on the hosts alone (the rig's fabric range
+    and RDMA sysfs), weights pull from a local HF endpoint (token required); nothing edited by hand. Undone at
+    the end of the module."""
     work = tmp_path_factory.mktemp("weights")
     models = riglib.ensure_models()
     with HFEndpoint({"tiny/target": models / "target", "tiny/drafter": models / "drafter"}, token="hf_rig40") as ep:
-        p = cli("setup", *frig.hosts(2, 3), *frig.ssh, "--fabric-range", "10.61.0.0/16", "--apply", "--yes",
-                cwd=work)
+        p = cli("setup", *frig.hosts(0, 1), *frig.ssh, "--fabric-range", FABRIC, "--sysfs-root",
+                "/srv/spark/sys-fabric", "--apply", "--yes", cwd=work)
         assert p.returncode == 0, p.stdout + p.stderr
         env = {"HF_ENDPOINT": ep.url, "HF_TOKEN": "hf_rig40"}
         p = cli("weights", "pull", "--target", "tiny/target", "--drafter", "tiny/drafter", "--python",
@@ -241,29 +272,39 @@ def weights_flow(frig, tmp_path_factory):
     cli("setup", "-c", "sparkserve.yaml", "--undo", cwd=work)
 
 
-def test_weights_pull_on_the_head_through_huggingface_hub_then_ship_and_validate(frig, weights_flow):
+def test_from_bare_nodes_setup_pull_ship_validate_and_up_serve_with_no_file_edited(frig, weights_flow):
     from sparkserve.config import load_config
 
     work, pulled, served, models = weights_flow
     total = sum(f.stat().st_size for d in ("target", "drafter") for f in (models / d).iterdir())
     assert served == total  # every byte once, through the endpoint, with the token
-    assert "GB/s" in pulled.stderr and "ETA" in pulled.stderr
+    assert pulled.stderr.splitlines()[-1].startswith("pull tiny/drafter: 0.01 / 0.01 GB,")
+    assert pulled.stderr.splitlines()[-1].endswith("GB/s, done")
     cfg = load_config(work / "sparkserve.yaml")
+    assert [n.fabric_ip for n in cfg.nodes] == [f"127.{IP_BASE + 1}.0.10", f"127.{IP_BASE + 1}.0.11"]
+    assert cfg.fabric.hca == "rocep1s0f1,roceP2p1s0f1"  # read from the RDMA sysfs
     snap = "/srv/spark/home/.cache/huggingface/hub/models--tiny--target/snapshots/"
     assert str(cfg.model.target).startswith(snap) and "5ab1e0c0ffee" in str(cfg.model.target)  # pinned
-    assert frig.host_path(2, str(cfg.model.target)).joinpath("model.safetensors").stat().st_size > 0
-    assert not frig.host_path(3, str(cfg.model.target)).exists()
+    assert frig.host_path(0, str(cfg.model.target)).joinpath("model.safetensors").stat().st_size > 0
+    assert not frig.host_path(1, str(cfg.model.target)).exists()
 
     p = cli("weights", "ship", "--json", cwd=work)
     assert p.returncode == 0, p.stdout + p.stderr
     out = json.loads(p.stdout)["ship"]
-    rep = out[str(Path(str(cfg.model.target)).parents[1])]["127.0.0.63"]
-    repo_c = frig.host_path(2, str(Path(str(cfg.model.target)).parents[1]))
-    assert rep["verified"] and rep["sent_bytes"] == sum(f.stat().st_size for f in repo_c.rglob("*")
+    rep = out[str(Path(str(cfg.model.target)).parents[1])]["127.0.0.61"]
+    repo_a = frig.host_path(0, str(Path(str(cfg.model.target)).parents[1]))
+    assert rep["verified"] and rep["sent_bytes"] == sum(f.stat().st_size for f in repo_a.rglob("*")
                                                         if f.is_file() and not f.is_symlink())
-    assert "over 10.61.0.11" in cli("weights", "ship", cwd=work).stdout  # the fabric IP; nothing left to send
-    p = cli("validate", cwd=work)
+    assert f"over 127.{IP_BASE + 1}.0.11" in cli("weights", "ship", cwd=work).stdout  # the fabric IP; nothing left
+    env = rig_engine_env(frig, work / "state")
+    p = cli("validate", cwd=work, env=env)
     assert p.returncode == 0, p.stdout + p.stderr
+    try:
+        p = cli("up", cwd=work, env=env, timeout=300)
+        assert p.returncode == 0 and "all gates passed" in p.stdout, p.stdout[-3000:] + p.stderr[-3000:]
+        assert "gate identity: ok — one image and one drafter digest on 2 node(s)" in p.stderr
+    finally:
+        assert cli("down", cwd=work, env=env, timeout=300).returncode == 0
 
 
 def test_ship_killed_halfway_resumes_and_a_corrupted_tensor_byte_is_caught(frig, weights_flow):
@@ -273,8 +314,8 @@ def test_ship_killed_halfway_resumes_and_a_corrupted_tensor_byte_is_caught(frig,
     work, _, _, models = weights_flow
     cfg = load_config(work / "sparkserve.yaml")
     repo = Path(str(cfg.model.target)).parents[1]
-    blobs_d = frig.host_path(3, str(repo / "blobs"))
-    if (w := frig.host_path(3, str(repo))).exists():
+    blobs_d = frig.host_path(1, str(repo / "blobs"))
+    if (w := frig.host_path(1, str(repo))).exists():
         subprocess.run(["rm", "-rf", str(w)], check=True)
     big = (models / "target" / "model.safetensors").stat().st_size
     proc = subprocess.Popen([sys.executable, "-m", "sparkserve", "weights", "ship", "--bwlimit", "40"], cwd=work,
@@ -302,7 +343,7 @@ def test_ship_killed_halfway_resumes_and_a_corrupted_tensor_byte_is_caught(frig,
                     cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
                 except OSError:
                     continue
-                if b"sparkserve-weights" in cmd and b"10.61.0.11" in cmd:
+                if b"sparkserve-weights" in cmd and f"127.{IP_BASE + 1}.0.11".encode() in cmd:
                     found.append(pid)
         return found
 
@@ -313,11 +354,11 @@ def test_ship_killed_halfway_resumes_and_a_corrupted_tensor_byte_is_caught(frig,
 
     p = cli("weights", "ship", "--json", cwd=work)
     assert p.returncode == 0, p.stdout + p.stderr
-    rep = json.loads(p.stdout)["ship"][str(repo)]["127.0.0.63"]
+    rep = json.loads(p.stdout)["ship"][str(repo)]["127.0.0.61"]
     assert rep["verified"]
     assert rep["sent_bytes"] <= big - left + 4096  # only the missing tail (and the small config.json) was sent
 
-    # one tensor byte changed on node-d: the target manifest (names, sizes, headers) cannot see it; content does
+    # one tensor byte changed on node-b: the target manifest (names, sizes, headers) cannot see it; content does
     blob = next(f for f in blobs_d.iterdir() if f.stat().st_size == big)
     header = int.from_bytes(blob.read_bytes()[:8], "little")
     with open(blob, "r+b") as f:
@@ -325,8 +366,8 @@ def test_ship_killed_halfway_resumes_and_a_corrupted_tensor_byte_is_caught(frig,
         b = f.read(1)
         f.seek(8 + header + 1000)
         f.write(bytes([b[0] ^ 0xFF]))
-    snap_c, snap_d = frig.host_path(2, str(cfg.model.target)), frig.host_path(3, str(cfg.model.target))
-    assert target_manifest(str(snap_c)) == target_manifest(str(snap_d))
+    snap_a, snap_b = frig.host_path(0, str(cfg.model.target)), frig.host_path(1, str(cfg.model.target))
+    assert target_manifest(str(snap_a)) == target_manifest(str(snap_b))
     p = cli("weights", "verify", cwd=work)
     assert p.returncode == 1 and f"blobs/{blob.name}" in p.stdout, p.stdout + p.stderr
     p = cli("weights", "ship", cwd=work)
@@ -340,10 +381,10 @@ def test_an_apply_that_fails_on_the_node_leaves_nothing_half_done(frig):
     from sparkserve.nodes import hostsetup
     from sparkserve.nodes.factory import make_node
 
-    before = frig.state(0)
+    before = frig.state(2)
     ssh = SSHConfig(config_file=frig.d / "ssh" / "config", known_hosts=frig.d / "ssh" / "known_hosts",
                     identity_file=None)
-    node = make_node(hostsetup.setup_targets(frig.hosts(0))[0], ssh)
+    node = make_node(hostsetup.setup_targets(frig.hosts(2))[0], ssh)
     node.connect()
     try:  # the first port takes its MTU, the second's address is refused by `ip`: the first is put back too
         args = {"ports": {"enp1s0f1np1": {"address": "10.60.9.10/24"},
@@ -354,15 +395,15 @@ def test_an_apply_that_fails_on_the_node_leaves_nothing_half_done(frig):
             hostsetup.run_program(node, "node_apply", args, root=True)
     finally:
         node.close()
-    assert frig.state(0) == before
+    assert frig.state(2) == before
 
 
 def test_a_stopped_pull_stops_on_the_head_and_resumes_from_what_it_fetched(frig, tmp_path):
     models = riglib.ensure_models()
-    p = cli("setup", *frig.hosts(0, 1), *frig.ssh, "--fabric-range", "10.62.0.0/16", "--apply", "--yes",
+    p = cli("setup", *frig.hosts(2, 3), *frig.ssh, "--fabric-range", "10.62.0.0/16", "--apply", "--yes",
             cwd=tmp_path)
     assert p.returncode == 0, p.stdout + p.stderr
-    hub = frig.node_dir(0) / "srv" / "home" / ".cache" / "huggingface" / "hub" / "models--slow--target"
+    hub = frig.node_dir(2) / "srv" / "home" / ".cache" / "huggingface" / "hub" / "models--slow--target"
     big = (models / "target" / "model.safetensors").stat().st_size
     try:
         with HFEndpoint({"slow/target": models / "target"}) as ep:
@@ -376,13 +417,14 @@ def test_a_stopped_pull_stops_on_the_head_and_resumes_from_what_it_fetched(frig,
             part = None
             while part is None and time.monotonic() < deadline:
                 got = list((hub / "blobs").glob("*.sparkserve-part")) if (hub / "blobs").exists() else []
-                if got and got[0].stat().st_size > 16 << 20:
+                if got and got[0].stat().st_size > 64 << 20:  # past the first progress line
                     part = got[0]
                 time.sleep(0.05)
             assert part is not None, "the pull never started"
             proc.send_signal(signal.SIGTERM)
             _, err = proc.communicate(timeout=60)
             assert proc.returncode == 3, err
+            assert re.search(r"pull slow/target: [\d.]+ / 0\.16 GB, 0\.0\d GB/s, ETA \d+ s", err), err
             deadline = time.monotonic() + 15
             size = -1
             while time.monotonic() < deadline and size != part.stat().st_size:  # the head's pull is stopped:
