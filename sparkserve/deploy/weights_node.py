@@ -390,5 +390,3 @@ def node_send(args: dict) -> dict:  # type: ignore[type-arg]
     pt.join()
     return {"sent": sent[0], "seconds": time.monotonic() - t0, "errors": errors}
 
-
-FUNCTIONS = (_progress_writer, node_pull, node_inventory, _safe, node_recv, node_send)

@@ -44,9 +44,20 @@ def _port_state(names: list[str]) -> dict:  # type: ignore[type-arg]
     return out
 
 
-def _probe_peers(port: str, own: set, wait_s: float = 0.6) -> list[str]:  # type: ignore[type-arg]
-    """Link-local addresses that answer an ICMPv6 echo to all-nodes (ff02::1) on ``port``: who is on the other
-    end of the cable (or the switch). Needs root (raw socket) or the unprivileged ICMP socket; [] when neither."""
+def _peer_macs(port: str, addrs: list[str]) -> list[str]:
+    """The MACs behind ``addrs`` as this port's neighbour table learnt them: a unicast echo to each first makes the
+    kernel resolve it on this link (neighbour discovery), so the entry holds the MAC of the interface that
+    answered — the port at the cable's other end, whichever of its node's addresses it replied from."""
+    for a in addrs:
+        _probe_peers(port, set(), wait_s=0.3, dest=a)
+    return sorted({str(n["lladdr"]).lower() for n in _ip_json("-6", "neigh", "show", "dev", port)
+                   if n.get("lladdr") and str(n.get("dst", "")).split("%")[0] in addrs})
+
+
+def _probe_peers(port: str, own: set, wait_s: float = 0.6, dest: str = "ff02::1") -> list[str]:  # type: ignore[type-arg]
+    """Link-local addresses that answer an ICMPv6 echo to all-nodes (ff02::1, or ``dest``) on ``port``: who is on
+    the other end of the cable (or the switch). Needs root (raw socket) or the unprivileged ICMP socket; []
+    when neither."""
     import select
     import socket
     import struct
@@ -69,7 +80,7 @@ def _probe_peers(port: str, own: set, wait_s: float = 0.6) -> list[str]:  # type
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_BINDTODEVICE, port.encode())
         ident = 0x5350
-        sock.sendto(struct.pack("!BBHHH", 128, 0, 0, ident, 1) + b"sparkserve-setup", ("ff02::1", 0, 0, idx))
+        sock.sendto(struct.pack("!BBHHH", 128, 0, 0, ident, 1) + b"sparkserve-setup", (dest, 0, 0, idx))
         end = time.monotonic() + wait_s
         while (left := end - time.monotonic()) > 0:
             r, _, _ = select.select([sock], [], [], left)
@@ -88,7 +99,7 @@ def _probe_peers(port: str, own: set, wait_s: float = 0.6) -> list[str]:  # type
 
 def node_discover(args: dict) -> dict:  # type: ignore[type-arg]
     """Read-only facts for `setup`: the sysfs files (netdevs here, RDMA devices under ``sysfs_root``), every
-    port's addresses, the peers answering on each port with a carrier, docker and its runtimes, the user's
+    port's addresses, the peers' MACs seen on each port with a carrier, docker and its runtimes, the user's
     groups, swappiness, free disk at the model path, the HF cache, netplan, and sparkserve's own state."""
     import grp
     import json
@@ -114,7 +125,7 @@ def node_discover(args: dict) -> dict:  # type: ignore[type-arg]
             found += [a for a in _probe_peers(name, own, wait_s=0.8) if a not in found]
             if k >= 1 and found:
                 break
-        return found
+        return _peer_macs(name, found)
 
     from concurrent.futures import ThreadPoolExecutor
 
@@ -386,6 +397,3 @@ def node_rollback_note(args: dict) -> dict:  # type: ignore[type-arg]
     except (OSError, ValueError):
         return {}
 
-
-FUNCTIONS = (_ip_json, _port_state, _probe_peers, node_discover, _run, _write, _restore, _watchdog, node_apply,
-             node_confirm, node_undo, node_rollback_note)

@@ -34,7 +34,7 @@ class PortFacts:
     ipv6_ll: tuple[str, ...]
     rdma: str  # the RDMA device whose netdev this is ("" when none)
     gids: tuple[str, ...]  # that device's port-1 GIDs ("index gid type")
-    peers: tuple[str, ...]  # link-local addresses that answered on this port
+    peers: tuple[str, ...]  # the MACs that answered on this port (its link-local probe)
 
 
 @dataclass(frozen=True)
@@ -117,7 +117,7 @@ class FabricPlan:
 
 
 def _peer_map(nodes: list[NodeFacts]) -> dict[str, tuple[str, str]]:
-    return {ll: (n.name, p.name) for n in nodes for p in n.ports.values() for ll in p.ipv6_ll}
+    return {p.mac: (n.name, p.name) for n in nodes for p in n.ports.values() if p.mac}
 
 
 def plan_fabric(nodes: list[NodeFacts], *, address_range: str = DEFAULT_RANGE, host_base: int = 10) -> FabricPlan:

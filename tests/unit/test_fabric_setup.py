@@ -16,8 +16,8 @@ FIX = Path(__file__).resolve().parents[1] / "fixtures" / "sysfs"
 TWINS = ("enp1s0f1np1", "enP2p1s0f1np1")
 
 
-def ll(node: int, port: str) -> str:
-    return f"fe80::{node + 1}:{TWINS.index(port) + 1 if port in TWINS else 9}"
+def mac(node: int, port: str) -> str:
+    return f"4c:bb:47:00:{node:02x}:{TWINS.index(port) + 1 if port in TWINS else 9:02x}"
 
 
 def raw(node: int, tree: str, *, n_nodes: int = 2, ipv4: dict[str, list[str]] | None = None,
@@ -25,9 +25,10 @@ def raw(node: int, tree: str, *, n_nodes: int = 2, ipv4: dict[str, list[str]] | 
     files = node_read_sysfs(str(FIX / tree))
     for port in TWINS:  # the fixture trees have no MACs; carrier as cabled says
         files[f"class/net/{port}/carrier"] = "1" if port in cabled else "0"
-    ports = {p: {"ipv4": (ipv4 or {}).get(p, []), "ipv6_ll": [ll(node, p)], "mtu": 1500} for p in TWINS}
+        files[f"class/net/{port}/address"] = mac(node, port)
+    ports = {p: {"ipv4": (ipv4 or {}).get(p, []), "ipv6_ll": [f"fe80::{node}"], "mtu": 1500} for p in TWINS}
     ports["enP7s7"] = {"ipv4": [mgmt], "ipv6_ll": [], "mtu": 1500}
-    peers = {p: [ll(k, p) for k in range(n_nodes) if k != node] for p in TWINS if p in cabled}
+    peers = {p: [mac(k, p) for k in range(n_nodes) if k != node] for p in TWINS if p in cabled}
     return {"sysfs": files, "ports": ports, "peers": peers, "groups": ["ubuntu"], "uid": 1000, "user": "ubuntu",
             "swappiness": "60"}
 
