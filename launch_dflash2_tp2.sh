@@ -185,6 +185,8 @@ class NetDev:
     operstate: str
     mtu: int | None
     carrier: bool | None
+    address: str = ""  # the MAC ("" when unreadable)
+    speed: int | None = None  # Mb/s (None when unreadable, or no link)
 
     @property
     def up(self) -> bool:
@@ -222,8 +224,11 @@ def parse_sysfs(files: dict[str, str]) -> SysfsFacts:
     for name in listing("class/net"):
         b = f"class/net/{name}"
         carrier = _int(files.get(f"{b}/carrier"))
+        speed = _int(files.get(f"{b}/speed"))
         netdevs[name] = NetDev(name, files.get(f"{b}/operstate", "").strip().lower(),
-                               _int(files.get(f"{b}/mtu")), None if carrier is None else carrier == 1)
+                               _int(files.get(f"{b}/mtu")), None if carrier is None else carrier == 1,
+                               files.get(f"{b}/address", "").strip().lower(),
+                               speed if speed is not None and speed > 0 else None)
     hcas = {}
     for dev in listing("class/infiniband"):
         b = f"class/infiniband/{dev}"
@@ -662,7 +667,7 @@ def node_read_sysfs(root: str) -> dict[str, str]:
         return names
 
     for ifname in ls("class/net"):
-        for attr in ("operstate", "mtu", "carrier", "address"):
+        for attr in ("operstate", "mtu", "carrier", "address", "speed"):
             read(f"class/net/{ifname}/{attr}")
     for dev in ls("class/infiniband"):
         base = f"class/infiniband/{dev}"

@@ -146,7 +146,8 @@ def build_plan(
             cache = cache_dir(cfg, node, image_id, homes, cache_key)
             mounts = [
                 Mount(source=mount_for(str(cfg.model.target), TARGET_MOUNT)[0], target=TARGET_MOUNT, read_only=True),
-                *(Mount(source=d, target=DRAFTER_MOUNT, read_only=True) for d in filter(None, [drafter_path(cfg)])),
+                *(Mount(source=mount_for(d, DRAFTER_MOUNT)[0], target=DRAFTER_MOUNT, read_only=True)
+                  for d in filter(None, [drafter_path(cfg)])),
                 Mount(source=cache, target=CACHE_MOUNT, read_only=False),
             ]
             mounts += [Mount(source=f"{cache}/{sub}", target=dst, read_only=False) for sub, dst in CACHE_MOUNTS.items()]

@@ -49,7 +49,7 @@ def node_read_sysfs(root: str) -> dict[str, str]:
         return names
 
     for ifname in ls("class/net"):
-        for attr in ("operstate", "mtu", "carrier", "address"):
+        for attr in ("operstate", "mtu", "carrier", "address", "speed"):
             read(f"class/net/{ifname}/{attr}")
     for dev in ls("class/infiniband"):
         base = f"class/infiniband/{dev}"

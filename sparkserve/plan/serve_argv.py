@@ -22,8 +22,10 @@ def model_paths(cfg: Config) -> tuple[str, str]:
     host paths themselves."""
     if cfg.runtime == "process":
         return str(cfg.model.target), str(cfg.drafter.path) if cfg.drafter else ""
-    # a Hugging Face cache snapshot is mounted with its repo dir (its links into blobs/ must resolve)
-    return mount_for(str(cfg.model.target), TARGET_MOUNT)[1], DRAFTER_MOUNT
+    # a Hugging Face cache snapshot is mounted with its repo dir (its links into blobs/ must resolve); the
+    # drafter too (`weights pull` leaves both in the cache)
+    drafter = mount_for(str(cfg.drafter.path), DRAFTER_MOUNT)[1] if cfg.drafter else DRAFTER_MOUNT
+    return mount_for(str(cfg.model.target), TARGET_MOUNT)[1], drafter
 
 
 def drafter_in_argv(argv: list[str]) -> str | None:

@@ -365,7 +365,10 @@ def _sshd_config(n: NodeInfo) -> str:
         "LogLevel VERBOSE",
         # HOME: a node's own home (as on a real Spark), not this build machine's /root, whose .bashrc
         # runs `pyenv init` (~80 ms) on every SSH command and puts pyenv's python3 shim on PATH
-        f"SetEnv DOCKER_HOST=unix://{n.docker_socket} SSRIG_NODE={n.name} HOME={NODE_ROOT / 'home'}",
+        f"SetEnv DOCKER_HOST=unix://{n.docker_socket} SSRIG_NODE={n.name} HOME={NODE_ROOT / 'home'} "
+        # the node's fabric ports live in a network namespace of the rig's own (see fabric_up): sparkserve's
+        # fabric programs (setup, weights ship) enter it with `ip netns exec`; sshd itself stays on loopback
+        f"SPARKSERVE_FABRIC_NETNS={FABRIC_NETNS}",
         "Subsystem sftp internal-sftp",
         "",
     ])
@@ -384,6 +387,8 @@ def _holder_ok(n: NodeInfo) -> int | None:
         return None
     if f" {NODE_ROOT} " not in mounts or f"{n.tmp_dir} /tmp " not in mounts:
         return None  # an older generation without the private /tmp is replaced
+    if not any(line.split()[4] == "/etc" and " overlay " in line for line in mounts.splitlines()):
+        return None  # nor one without its own /etc (what `sparkserve setup` writes must never reach this machine)
     return pid
 
 
@@ -404,6 +409,11 @@ def _sshd_ok(n: NodeInfo, holder: int) -> int | None:
     assert pid is not None
     if mnt_ns(pid) != mnt_ns(holder) or not port_open(n.host, n.port):
         return None
+    try:  # an sshd started with an older config (without the fabric's SetEnv) is replaced
+        if (Path(n.dir) / "ssh" / "sshd_config").read_text() != _sshd_config(n):
+            return None
+    except OSError:
+        return None
     return pid
 
 
@@ -414,6 +424,102 @@ def _wait(pred, what: str, timeout: float) -> None:
             return
         time.sleep(0.1)
     raise RigError(f"{what} not ready after {timeout:.0f}s")
+
+
+# ---------------------------------------------------------------------------------------------- fabric
+# A real second network between the nodes, in network namespaces of the rig's own (never this machine's):
+# each node has one network namespace holding four ports named as a Spark's ConnectX-7 netdevs (the two
+# QSFP ports, each seen as two PCIe twins: spark-field-notes §2). Each port is one end of a veth pair whose
+# other end sits in the rig's "switch" namespace: the f1 twins of every node are enslaved to one bridge per
+# twin (the cable, or a switch with more nodes), the f0 ports' far ends are left down (no cable: no carrier).
+# Inside each node's mount namespace the node's network namespace is named FABRIC_NETNS (a tmpfs on
+# /run/netns of the node's own), so `ip netns exec` on the node enters its fabric; sshd stays on loopback.
+
+FABRIC_NETNS = "ssfabric"
+# addresses for the fabric of loopback's range: 127/8 is local in this machine's namespace, so the engines (whose
+# containers run there) reach a head's fabric IP, while in the nodes' namespaces the same addresses cross the
+# veths (see fabric_up). `sparkserve setup --fabric-range FABRIC_RANGE --sysfs-root NODE_ROOT/sys-fabric`.
+FABRIC_RANGE = f"127.{(IP_BASE + 1) % 256}.0.0/16"
+FABRIC_PORTS = (("enp1s0f1np1", "br1"), ("enP2p1s0f1np1", "br2"), ("enp1s0f0np0", None), ("enP2p1s0f0np0", None))
+
+
+def _switch_pid_file() -> Path:
+    return RIG_DIR / "fabric-switch.pid"
+
+
+def _net_holder(pid_file: Path) -> int:
+    """A process holding a new, empty network namespace (lo up); its pid, written to ``pid_file``."""
+    p = subprocess.Popen(["unshare", "--net", "sh", "-c", "ip link set lo up && exec sleep infinity"],
+                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                         start_new_session=True)
+    pid_file.write_text(f"{p.pid}\n")
+    # the shell has exec'd sleep once lo is up (its own cmdline names sleep too: look at argv[0])
+    _wait(lambda: cmdline(p.pid)[:1] == ["sleep"], "fabric namespace", 10)
+    return p.pid
+
+
+def _in_net(pid: int, *argv: str) -> None:
+    run(["nsenter", f"--net=/proc/{pid}/ns/net", "--", *argv])
+
+
+def fabric_mac(i: int, k: int) -> str:
+    return f"4c:bb:47:{IP_BASE % 256:02x}:{i:02x}:{k + 1:02x}"
+
+
+def fabric_up(nodes: list[NodeInfo]) -> None:
+    """The fabric (idempotent: kept while every holder lives, else made anew)."""
+    sw = read_pid(_switch_pid_file())
+    holders = [read_pid(Path(n.dir) / "fabric.pid") for n in nodes]
+    if pid_alive(sw) and all(pid_alive(h) for h in holders):
+        return
+    fabric_down(nodes)
+    sw = _net_holder(_switch_pid_file())
+    # the switch itself has no addresses: only the nodes answer on the fabric
+    _in_net(sw, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1", "net.ipv6.conf.all.disable_ipv6=1")
+    for br in ("br1", "br2"):
+        _in_net(sw, "ip", "link", "add", br, "type", "bridge")
+        _in_net(sw, "ip", "link", "set", br, "up")
+    for n in nodes:
+        h = _net_holder(Path(n.dir) / "fabric.pid")
+        # link-local addresses usable at once (no duplicate address detection): the ports are a fresh cable's,
+        # and discovery right after `rig up` must not meet tentative addresses that neither ask nor answer
+        _in_net(h, "sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0", "net.ipv6.conf.all.accept_dad=0")
+        # the fabric may use addresses of 127.0.0.0/8 (FABRIC_RANGE): then the engines, whose containers run in
+        # this machine's namespace, reach the head's fabric IP over loopback, while `weights ship` crosses the
+        # veths. So here loopback keeps 127.0.0.1 alone and 127/8 may travel on the ports (route_localnet).
+        _in_net(h, "ip", "addr", "del", "127.0.0.1/8", "dev", "lo")
+        _in_net(h, "ip", "addr", "add", "127.0.0.1/32", "dev", "lo")
+        _in_net(h, "sysctl", "-qw", "net.ipv4.conf.default.route_localnet=1", "net.ipv4.conf.all.route_localnet=1")
+        for k, (port, br) in enumerate(FABRIC_PORTS):
+            far = f"{n.name[-1]}{k}"
+            _in_net(sw, "ip", "link", "add", far, "type", "veth", "peer", "name", port, "netns", str(h))
+            _in_net(h, "ip", "link", "set", port, "address", fabric_mac(n.index, k))
+            _in_net(h, "ip", "link", "set", port, "up")
+            if br:  # the switch takes jumbo frames, as the cable does (setup sets MTU 9000 on the nodes' ports)
+                _in_net(sw, "ip", "link", "set", far, "mtu", "9000")
+                _in_net(sw, "ip", "link", "set", far, "master", br)
+                _in_net(sw, "ip", "link", "set", far, "up")
+        holder = read_pid(Path(n.dir) / "ns.pid")
+        script = ('mkdir -p /run/netns && { [ "$(findmnt -n -o FSTYPE --target /run/netns)" = tmpfs ] '
+                  '|| mount -t tmpfs -o size=64k tmpfs /run/netns; } '
+                  '&& { umount /run/netns/"$1" 2>/dev/null; touch /run/netns/"$1"; } '
+                  '&& mount --bind /proc/"$2"/ns/net /run/netns/"$1"')
+        run(["nsenter", f"--mount=/proc/{holder}/ns/mnt", "--", "sh", "-c", script, "rig-fabric", FABRIC_NETNS,
+             str(h)])
+
+
+def fabric_down(nodes: list[NodeInfo]) -> None:
+    for n in nodes:
+        stop_pid(read_pid(Path(n.dir) / "fabric.pid"), f"{n.name} fabric namespace")
+        (Path(n.dir) / "fabric.pid").unlink(missing_ok=True)
+    stop_pid(read_pid(_switch_pid_file()), "fabric switch")
+    _switch_pid_file().unlink(missing_ok=True)
+
+
+def fabric_exec(n: NodeInfo, *argv: str) -> subprocess.CompletedProcess:
+    """Run ``argv`` in node ``n``'s fabric namespace (tests compare a node's ports before and after)."""
+    h = read_pid(Path(n.dir) / "fabric.pid")
+    return run(["nsenter", f"--net=/proc/{h}/ns/net", "--", *argv])
 
 
 def stop_node(n: NodeInfo) -> None:
@@ -428,7 +534,8 @@ def stop_node(n: NodeInfo) -> None:
     for pid in _pids_referencing(n.dir):
         stop_pid(pid, f"{n.name} leftover {(cmdline(pid) or ['?'])[0]}")
     stop_pid(read_pid(d / "ns.pid"), f"{n.name} namespace holder")
-    for f in (d / "ns.pid", d / "dockerd.pid", d / "ssh" / "sshd.pid"):
+    stop_pid(read_pid(d / "fabric.pid"), f"{n.name} fabric namespace")
+    for f in (d / "fabric.pid", d / "ns.pid", d / "dockerd.pid", d / "ssh" / "sshd.pid"):
         f.unlink(missing_ok=True)
 
 
@@ -466,7 +573,7 @@ def _drop_stale_containerd_pid(n: NodeInfo) -> None:
 def start_node(n: NodeInfo) -> dict[str, int]:
     """Bring one node up (idempotent): namespace holder, dockerd, sshd. Returns their pids."""
     d = Path(n.dir)
-    for sub in ("docker", "exec", "srv", "ssh", "tmp"):
+    for sub in ("docker", "exec", "srv", "ssh", "tmp", "etc-upper", "etc-work"):
         (d / sub).mkdir(parents=True, exist_ok=True)
     os.chmod(n.tmp_dir, 0o1777)
     holder = _holder_ok(n)
@@ -475,12 +582,15 @@ def start_node(n: NodeInfo) -> dict[str, int]:
         NODE_ROOT.mkdir(parents=True, exist_ok=True)
         # Every mount is private to the node (no propagation either way), the node root and /tmp are the
         # node's own: two rigs, or two nodes of one rig, never see each other's locks or temp files.
+        # /etc is an overlay of the machine's own: what `sparkserve setup` writes on a node (/etc/netplan,
+        # /etc/sysctl.d, the docker group) stays the node's, and never reaches this machine's /etc.
         script = ('mount --make-rprivate / && mount --bind "$1" "$2" && mount --bind "$3" /tmp '
+                  '&& mount -t overlay overlay -o "lowerdir=/etc,upperdir=$4,workdir=$5" /etc '
                   '&& exec sleep infinity')
         with open(d / "ns.log", "w") as out:
             p = subprocess.Popen(
                 ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "rig-ns", n.srv_dir,
-                 str(NODE_ROOT), n.tmp_dir],
+                 str(NODE_ROOT), n.tmp_dir, str(d / "etc-upper"), str(d / "etc-work")],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )
         (d / "ns.pid").write_text(f"{p.pid}\n")
@@ -719,17 +829,26 @@ def _gid_v4(ip: str) -> str:
     return f"0000:0000:0000:0000:0000:ffff:{o[0]:02x}{o[1]:02x}:{o[2]:02x}{o[3]:02x}"
 
 
-def write_fake_sysfs(n: NodeInfo) -> None:
+def fabric_ips(n: NodeInfo) -> tuple[str, str]:
+    """The addresses `sparkserve setup --fabric-range FABRIC_RANGE` gives node ``n``'s two twins when it is run
+    on the rig's nodes in order (one /24 per twin, host 10 + the node's place)."""
+    net = FABRIC_RANGE.split(".")
+    return f"{net[0]}.{net[1]}.0.{10 + n.index}", f"{net[0]}.{net[1]}.1.{10 + n.index}"
+
+
+def write_fake_sysfs(n: NodeInfo, sub: str = "sys", ips: tuple[str, str] | None = None) -> None:
     """A node's /sys/class/{net,infiniband} subset as on a DGX Spark, under NODE_ROOT/sys.
 
     Both CX-7 twins are ACTIVE with MTU 9000; the IPv4 RoCEv2 GID sits at index ``n.gid_index``
     (3 on node-a, 5 on node-b, …) because each node carries ``n.index`` extra IPv6 GID pairs first.
     Unused GID entries read as all zeros and have no ``types`` file (the kernel answers EINVAL there).
+    ``sub``/``ips``: the same tree under NODE_ROOT/``sub`` with the twins' IPv4 GIDs for ``ips`` (sys-fabric:
+    the GID table a CX-7 shows once `setup` gave its ports the fabric's addresses, :func:`fabric_ips`).
     """
-    root = Path(n.srv_dir) / "sys"
+    root = Path(n.srv_dir) / sub
     shutil.rmtree(root, ignore_errors=True)
-    twins = [("enp1s0f1np1", "rocep1s0f1", n.fabric_ip),
-             ("enP2p1s0f1np1", "roceP2p1s0f1", f"127.1.0.{IP_BASE + n.index}")]
+    twins = [("enp1s0f1np1", "rocep1s0f1", ips[0] if ips else n.fabric_ip),
+             ("enP2p1s0f1np1", "roceP2p1s0f1", ips[1] if ips else f"127.1.0.{IP_BASE + n.index}")]
 
     def w(path: Path, text: str) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -1036,10 +1155,12 @@ def _up(nnodes: int | None, bare: bool = False) -> dict:
     ensure_keys(nodes)
     with concurrent.futures.ThreadPoolExecutor(max_workers=count) as ex:
         pids = dict(zip([n.name for n in nodes], ex.map(start_node, nodes), strict=True))
+    fabric_up(nodes)
     t_nodes = time.monotonic() - t0
     if bare:
         for n in nodes:
             write_fake_sysfs(n)
+            write_fake_sysfs(n, "sys-fabric", fabric_ips(n))
             write_fake_proc(n)
         info = {"rig_dir": str(RIG_DIR), "node_root": str(NODE_ROOT), "nodes": [asdict(n) for n in nodes],
                 "pids": pids, "bare": True}
@@ -1051,6 +1172,7 @@ def _up(nnodes: int | None, bare: bool = False) -> dict:
     for n in nodes:
         sync_models(n, models)
         write_fake_sysfs(n)
+        write_fake_sysfs(n, "sys-fabric", fabric_ips(n))
         write_fake_proc(n)
         install_process_engine(n)
     rig_yaml = write_rig_yaml(nodes, models)
@@ -1081,6 +1203,8 @@ def down(purge: bool = False, cache: bool = False) -> None:
         n = make_node(ord(d.name[-1]) - ord("a"))
         stop_node(n)
         log(f"{n.name} stopped")
+    stop_pid(read_pid(_switch_pid_file()), "fabric switch")
+    _switch_pid_file().unlink(missing_ok=True)
     leftovers = _pids_referencing(str(RIG_DIR / "nodes"))  # daemons, shims, holders: all run below nodes/
     mounts = [line for line in Path("/proc/self/mounts").read_text().splitlines() if str(RIG_DIR) in line]
     if leftovers or mounts:
