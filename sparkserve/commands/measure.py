@@ -336,9 +336,8 @@ def ab_run(
         resume_campaign,
         run_campaign,
     )
-    from sparkserve.nodes.factory import open_nodes
-
     from sparkserve.config.variants import parse_variant
+    from sparkserve.nodes.factory import open_nodes
 
     cfg = config_from(config, accept_new=accept_new, check=True, replicas=True)
     variants = [parse_variant(v) for v in variant or []]
@@ -347,11 +346,12 @@ def ab_run(
                        "DFlash profile (`sparkserve profiles`), or compare settings with --variant")
     say = _say(json_out)
     if resume is not None:
-        if (drafter or variant or size or seed is not None or primary is not None or prompts is not None or chat_template
-                is not None or protocol is not ProtocolName.card or design is not DesignName.sequential):
+        if (drafter or variant or size or seed is not None or primary is not None or prompts is not None
+                or chat_template is not None or protocol is not ProtocolName.card
+                or design is not DesignName.sequential):
             raise BadInput("--resume", "takes the campaign's own arms, cells, seed, prompts and protocol: give "
-                           "none of --drafter, --variant, --size, --seed, --primary, --prompts, --protocol, --chat-template, "
-                           "--design")
+                           "none of --drafter, --variant, --size, --seed, --primary, --prompts, --protocol, "
+                           "--chat-template, --design")
         check_resume(cfg, resume)  # before any node is touched
         with open_nodes(cfg) as nodes:
             outcome = resume_campaign(cfg, nodes, resume, say=say, progress=not json_out)
