@@ -82,7 +82,8 @@ def check_request(cfg: Config, req: CampaignRequest) -> None:
     names = req.arm_names
     opt = "--variant" if req.variants and not req.drafters else "--drafter"
     if len(names) < 2:
-        raise BadInput(opt, "an A/B campaign needs at least two arms (--drafter A=PATH --drafter B=PATH, or "
+        what = "variants" if opt == "--variant" else "drafters"
+        raise BadInput(opt, f"an A/B campaign needs at least two {what} (--drafter A=PATH --drafter B=PATH, or "
                        "--variant k5=speculative.num_speculative_tokens=5 --variant k7=…)")
     for n in names:
         if not n or not n.replace("-", "").replace("_", "").isalnum():

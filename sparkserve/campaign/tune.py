@@ -190,14 +190,14 @@ def fit_budget(values: list[Any], rounds: int, max_boots: int | None) -> tuple[l
         return values, rounds, notes
     if max_boots < 4:
         raise BadInput("--max-boots", f"{max_boots} boots cannot compare two values over two rounds (at least 4)")
-    if max_boots < 2 * rounds:
-        rounds = max(2, max_boots // 2)
-        notes.append(f"--max-boots {max_boots}: {rounds} rounds")
-    keep = max(2, max_boots // rounds)
-    if keep < len(values):
-        notes.append(f"--max-boots {max_boots} at {rounds} rounds: {keep} of {len(values)} candidates, the rest left "
-                     f"out: {', '.join(map(str, values[keep:]))}")
-        values = values[:keep]
+    if max_boots // len(values) >= 2:  # every candidate, fewer rounds
+        rounds = max_boots // len(values)
+        notes.append(f"--max-boots {max_boots}: {rounds} rounds of all {len(values)} candidates")
+        return values, rounds, notes
+    rounds, keep = 2, max_boots // 2  # two rounds (an interval across boots), the first candidates
+    notes.append(f"--max-boots {max_boots} at 2 rounds: {keep} of {len(values)} candidates, the rest left out: "
+                 f"{', '.join(map(str, values[keep:]))}")
+    values = values[:keep]
     return values, rounds, notes
 
 
