@@ -46,6 +46,7 @@ from sparkserve.measure.run import target_template
 from sparkserve.models.manifest import manifest
 from sparkserve.nodes.base import Node
 from sparkserve.plan.build import build_plan
+from sparkserve.plan.replicas import replicas_of
 
 
 @dataclass
@@ -151,8 +152,9 @@ def arm_config(cfg: Config, arm: Arm, *, with_source: bool) -> Config:
 def engine_view(cfg: Config) -> str:
     """Everything the engine is started with (every rank's image, argv, env, mounts, limits), as one string:
     two configs with the same view boot the same engine, whatever else differs (gates, bench, journal)."""
-    plan = build_plan(cfg, fingerprint="engine-view")
-    return json.dumps([s.model_dump(mode="json") for s in plan.specs], sort_keys=True)
+    views = [[s.model_dump(mode="json") for s in build_plan(r.cfg, fingerprint="engine-view").specs]
+             for r in replicas_of(cfg)]  # replicas: N — every replica's stack
+    return json.dumps(views, sort_keys=True)
 
 
 def _variant_arm(cfg: Config, nodes: dict[str, Node], name: str, settings: dict[str, Any], say: Reporter) -> Arm:

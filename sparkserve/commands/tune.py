@@ -127,6 +127,8 @@ def print_table(out: Any) -> None:
             console.print(cell.why, markup=False, highlight=False, style="dim")
     for n in out.notes:
         console.print(f"note: {n}", markup=False, highlight=False)
+    for e in out.outcome.report.analysis.excluded if out.outcome is not None else []:
+        err_console.print(f"excluded: {e}", markup=False, highlight=False, style="yellow")
     if out.stopped:
         console.print(f"Stopped early: {out.stopped}.", markup=False, highlight=False)
     console.print(f"Full report: `sparkserve ab report {out.campaign}`", markup=False, highlight=False)
