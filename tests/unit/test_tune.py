@@ -232,3 +232,33 @@ def test_tune_json_table_shape_is_plain_json() -> None:
     t = tune_table(sp, waves, values=VALUES)
     back = json.loads(t.model_dump_json())
     assert back["knob"] == K and back["cells"][1]["recommend"] == "K3"
+
+
+def test_the_stop_check_spends_the_budget_and_stops_when_the_leader_is_clear(tmp_path, monkeypatch) -> None:
+    import time
+
+    from sparkserve.campaign.tune import TuneRequest, _stopper
+    from sparkserve.journal import Journal
+
+    monkeypatch.setenv("SSJOURNAL_PATH", str(tmp_path / "j.sqlite"))
+    sp, waves = _k_campaign({"K7": 3.6, "K3": 2.9}, {"K7": 0.005, "K3": 0.0033}, rounds=4)
+    banked = [w for w in waves if w.round < 2]  # the first pair of rounds ran
+    with Journal.open() as j:
+        cid = bank(j, sp, banked, status="running")
+    labels = {"K7": "K=7", "K3": "K=3"}
+    first_of_round2 = min(i for i, s in enumerate(sp.order) if s.round == 2)
+    slot = sp.order[first_of_round2]
+    check = _stopper(TuneRequest(knob="K", cells=CELLS), time.monotonic(), labels)(cid, sp)
+    why = check(slot, first_of_round2)
+    assert why is not None and why.startswith("the leader is clear after round 2 of 4: K=3 at smoke, K=3 at c16")
+    assert "97.5 % level" in why
+    spent = _stopper(TuneRequest(knob="K", cells=CELLS, max_boots=4), time.monotonic(), labels)(cid, sp)
+    assert spent(slot, first_of_round2) == "budget: --max-boots 4 spent"
+    late = _stopper(TuneRequest(knob="K", cells=CELLS, max_minutes=1), time.monotonic() - 58, labels)(cid, sp)
+    assert late(slot, first_of_round2).startswith("budget: --max-minutes 1 — 1.0 min spent")
+    sp2, tie = _k_campaign({"K7": 3.3, "K5": 3.3}, {"K7": 0.004, "K5": 0.004}, rounds=4)
+    with Journal.open() as j:
+        cid2 = bank(j, sp2, [w for w in tie if w.round < 2], status="running")
+    k = min(i for i, s in enumerate(sp2.order) if s.round == 2)
+    assert _stopper(TuneRequest(knob="K", cells=CELLS), time.monotonic(), {"K7": "K=7", "K5": "K=5"})(
+        cid2, sp2)(sp2.order[k], k) is None
