@@ -52,7 +52,8 @@ def tune(
     max_minutes: Annotated[float | None, typer.Option("--max-minutes", min=1, help="stop before a boot that would "
                                                        "pass M minutes")] = None,
     min_effect: Annotated[float, typer.Option("--min-effect", min=0, help="percent: smaller differences are read "
-                                              "as noise even with an interval clear of 0")] = 1.0,
+                                              "as noise even with an interval clear of 0 (the spread between boots "
+                                              "of one candidate, when larger, raises it)")] = 1.0,
     apply: Annotated[bool, typer.Option("--apply", help="write the primary cell's choice into the config file "
                                         "(comments kept, a comment cites the campaign)")] = False,
     primary: Annotated[str | None, typer.Option("--primary", help="the cell whose choice --apply writes (default "

@@ -15,9 +15,12 @@ What the figures are:
   no first-token time to take off): ``(latency − TTFT) / (tokens − 1)`` per request (:func:`request_tpot_s`).
 
 A difference is *called* only when its 95 % interval lies wholly on one side of 0 **and** its point is at least
-``min_effect`` (default 1 %): a bootstrap over two boots can be narrower than the spread between boots, and a
-fraction of a percent is not worth a restart. Anything else is "inside noise", and the advice keeps the current
-value: it never recommends a change that the interval does not support.
+the cell's noise floor: ``min_effect`` (default 1 %: a fraction of a percent is not worth a restart), or, when
+larger, the widest spread of output tok/s between two boots of one candidate on that cell
+(:func:`boot_spread`) — a bootstrap over two or three boots rests on those few values and can be narrower than
+what one candidate does from boot to boot (seen on the rig: two K that stream the very same tokens read 2-4 %
+apart, cell after cell, on a busy machine). Anything else is "inside noise", and the advice keeps the current
+value: it never recommends a change that the interval and the floor do not support.
 
 The sequential look (``tune`` between rounds, from the second round on, when every candidate has two counted
 boots): the leader is clear on a cell when its tok/s delta against **every** other candidate is called at the
@@ -67,6 +70,17 @@ def _p50_reps(per_wave: list[list[float]], draws: _Draws) -> tuple[float | None,
     if len(per_wave) == 1:
         return point, stack[:, 0]
     return point, np.take_along_axis(stack, draws.boots(len(per_wave)), axis=1).mean(axis=1)
+
+
+def boot_spread(spec: CampaignSpec, waves: list[Wave], cell: str) -> float:
+    """The widest relative spread of output tok/s between counted waves of one candidate on ``cell`` (max / min
+    − 1; 0 while no candidate has two): how far one setting moves from boot to boot on this machine."""
+    out = 0.0
+    for arm in spec.drafters:
+        v = [w.result.output_tok_s for w in waves if w.counts and w.drafter == arm.name and w.cell == cell]
+        if len(v) >= 2 and min(v) > 0:
+            out = max(out, max(v) / min(v) - 1)
+    return out
 
 
 def _interval(point: float | None, reps: np.ndarray | None, level: float) -> Interval:
@@ -136,6 +150,7 @@ class Candidate(BaseModel):
 
 class CellAdvice(BaseModel):
     cell: str
+    noise_floor: float  # the smallest difference called on this cell: --min-effect, or the spread between boots
     current: str  # the arm that is the config's value now (the campaign's baseline)
     leader: str | None  # the arm with the highest output tok/s
     recommend: str | None  # the arm recommended (the current one when nothing beats it beyond noise)
@@ -215,19 +230,22 @@ def tune_table(spec: CampaignSpec, waves: list[Wave], *, values: dict[str, objec
                 e2e_p50_ms=_interval(*_ms(r["e2e_p50"]), LEVEL), output_tok_s=_interval(*r["output_tok_s"], LEVEL),
                 tpot_p50_ms=_interval(*_ms(r["tpot_p50"]), LEVEL), per_position=_per_position(mine, draws),
                 vs_current=vs))
-        out.append(_advice(knob, cs.name, current, cands, values, min_effect))
+        floor = max(min_effect, boot_spread(spec, waves, cs.name))
+        out.append(_advice(knob, cs.name, current, cands, values, floor))
     return TuneTable(knob=knob, cells=out, min_effect=min_effect)
 
 
 def _advice(knob: str, cell: str, current: str, cands: list[Candidate], values: dict[str, object],
             min_effect: float) -> CellAdvice:
+    """The advice on one cell; ``min_effect`` here is the cell's noise floor."""
     label = {c.arm: value_label(knob, values.get(c.arm)) for c in cands}
     cur_label = value_label(knob, values.get(current))
     ranked = sorted((c for c in cands if c.output_tok_s.point is not None),
                     key=lambda c: c.output_tok_s.point or 0.0, reverse=True)
     if not ranked or current not in label:
         missing = "no candidate has" if not ranked else f"the current value {cur_label} has no"
-        return CellAdvice(cell=cell, current=current, leader=ranked[0].arm if ranked else None, recommend=None,
+        return CellAdvice(cell=cell, noise_floor=min_effect, current=current,
+                          leader=ranked[0].arm if ranked else None, recommend=None,
                           change=False, candidates=cands, why="",
                           advice=f"{cell}: {missing} counted waves: no recommendation; keep {cur_label}")
     leader = ranked[0]
@@ -247,7 +265,8 @@ def _advice(knob: str, cell: str, current: str, cands: list[Candidate], values: 
         if best.arm != leader.arm:
             advice += (f"; {label[leader.arm]} leads on the point, but its gain over {cur_label} is not beyond "
                        "noise")
-        return CellAdvice(cell=cell, current=current, leader=leader.arm, recommend=best.arm, change=True,
+        return CellAdvice(cell=cell, noise_floor=min_effect, current=current, leader=leader.arm, recommend=best.arm,
+                          change=True,
                           candidates=cands, advice=advice, why=why)
     worse = [c for c in cands if c.arm != current and called(c.vs_current["output_tok_s"], "output_tok_s",
                                                              min_effect) < 0]
@@ -255,20 +274,22 @@ def _advice(knob: str, cell: str, current: str, cands: list[Candidate], values: 
     if level:
         nearest = max(level, key=lambda c: c.output_tok_s.point or 0.0)
         advice = (f"at {cell} the difference is inside noise ({label[nearest.arm]} vs {cur_label}: output tok/s "
-                  f"{_pct(nearest.vs_current['output_tok_s'])}); keep {cur_label}")
+                  f"{_pct(nearest.vs_current['output_tok_s'])}, noise floor {min_effect * 100:.1f} %); keep "
+                  f"{cur_label}")
     else:
         advice = f"keep {cur_label} for {cell}: every other candidate is slower beyond noise"
     if worse and level:
         advice += "; " + ", ".join(f"{label[c.arm]} {_pct(c.vs_current['output_tok_s'])}" for c in worse) + \
             " are slower beyond noise"
-    return CellAdvice(cell=cell, current=current, leader=leader.arm, recommend=current, change=False,
-                      candidates=cands, advice=advice, why=why)
+    return CellAdvice(cell=cell, noise_floor=min_effect, current=current, leader=leader.arm, recommend=current,
+                      change=False, candidates=cands, advice=advice, why=why)
 
 
 def leader_clear(spec: CampaignSpec, waves: list[Wave], *, level: float, min_effect: float,
                  min_boots: int = 2) -> dict[str, str] | None:
     """The sequential look: {cell: leader} when on every cell the tok/s leader beats every other candidate
-    beyond noise at ``level``, each candidate having ``min_boots`` counted boots; None when not (yet)."""
+    beyond noise (the interval at ``level``, the cell's noise floor) with ``min_boots`` counted boots each;
+    None when not (yet)."""
     out: dict[str, str] = {}
     for ci, cs in enumerate(spec.cells):
         reps = cell_reps(spec, waves, ci)
@@ -282,8 +303,9 @@ def leader_clear(spec: CampaignSpec, waves: list[Wave], *, level: float, min_eff
         if len(tok) != len(reps):
             return None
         leader = max(tok, key=lambda a: tok[a][0] or 0.0)
+        floor = max(min_effect, boot_spread(spec, waves, cs.name))
         for a, r in tok.items():
-            if a != leader and called(rel_delta(tok[leader], r, level), "output_tok_s", min_effect) <= 0:
+            if a != leader and called(rel_delta(tok[leader], r, level), "output_tok_s", floor) <= 0:
                 return None
         out[cs.name] = leader
     return out
@@ -321,5 +343,5 @@ def markdown_table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     return "\n".join(lines + ["| " + " | ".join(r) + " |" for r in rows])
 
 
-__all__ = ["CellAdvice", "Candidate", "TuneTable", "called", "cell_reps", "leader_clear", "markdown_table",
-           "rel_delta", "request_e2e_s", "request_tpot_s", "table_rows", "tune_table", "value_label"]
+__all__ = ["CellAdvice", "Candidate", "TuneTable", "boot_spread", "called", "cell_reps", "leader_clear",
+           "markdown_table", "rel_delta", "request_e2e_s", "request_tpot_s", "table_rows", "tune_table", "value_label"]

@@ -159,6 +159,24 @@ def test_a_change_is_never_recommended_without_the_interval_and_the_minimum_effe
             assert called(d, "output_tok_s", 0.01) == 1
 
 
+def test_a_difference_inside_the_spread_between_boots_of_one_candidate_is_not_called() -> None:
+    from sparkserve.measure.tune_stats import boot_spread
+
+    sp, waves = _k_campaign({"K7": 3.3, "K5": 3.3 * 1.08}, {"K7": 0.004, "K5": 0.004})
+    c16 = next(c for c in tune_table(sp, waves, values=VALUES).cells if c.cell == "c16")
+    assert c16.change and c16.recommend == "K5"  # +8 %, boots of one candidate within ~3 % of each other
+    assert c16.noise_floor < 0.04
+    # the same figures, but K7's two boots ~15 % apart (a busy machine): +8 % is inside that noise
+    k7 = sorted((w for w in waves if w.drafter == "K7" and w.cell == "c16"), key=lambda w: w.result.output_tok_s)
+    k7[0].result.output_tok_s *= 0.93
+    k7[1].result.output_tok_s *= 1.07
+    spread = boot_spread(sp, waves, "c16")
+    assert spread > 0.14
+    c16 = next(c for c in tune_table(sp, waves, values=VALUES).cells if c.cell == "c16")
+    assert not c16.change and c16.noise_floor == spread
+    assert "inside noise" in c16.advice and f"noise floor {spread * 100:.1f} %" in c16.advice
+
+
 def test_the_sequential_look_needs_two_boots_each_and_a_clear_leader() -> None:
     sp, waves = _k_campaign({"K7": 3.6, "K3": 2.9}, {"K7": 0.005, "K3": 0.0033}, rounds=4)
     first_two = [w for w in waves if w.round < 2]
