@@ -3,7 +3,8 @@ with position against a drafting cost per drafted token: ``ssemu-acceptance.json
 early when the leader is clear and writes the choice with `--apply`; it answers "inside noise" for a planted tie
 (positions never accepted, drafting free: the same streams by construction); and `ab run --variant` compares a
 setting and a drafter changed through the swap path, refusing a no-op before anything boots. The emulator's
-step is 1/50 s (×1.15…1.75 with the drafting cost), so a boot's cell takes two to three seconds; each boot is a real `up` with its gates."""
+step is 1/50 s (×1.15 to ×1.75 with the drafting cost), so a boot's cell takes two to three seconds; each boot
+is a real `up` with its gates."""
 
 from __future__ import annotations
 
