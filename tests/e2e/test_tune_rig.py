@@ -115,6 +115,7 @@ def test_tune_k_answers_no_difference_for_a_planted_tie(e2e, stack) -> None:
     before = cfg.read_text()
     out = e2e.json("tune", "K", "--values", "3", "--rounds", "2", *CELL, "--seed", "4", "--apply", cfg=cfg,
                    timeout=600)
+    (e2e.tmp / "tune-tie.json").write_text(json.dumps(out, indent=1))
     (cell,) = out["table"]["cells"]
     assert not cell["change"] and cell["recommend"] == "K4", cell["advice"]
     assert cell["advice"].startswith("at c16 the difference is inside noise (K=3 vs K=4: output tok/s")
