@@ -22,6 +22,7 @@ from typing import Any
 from sparkserve import interrupts
 from sparkserve.campaign.slots import (
     Clock,
+    StopCheck,
     bank_boot,
     bank_wave,
     done_cells,
@@ -57,8 +58,9 @@ def _sub(nodes: dict[str, Node], r: Replica) -> dict[str, Node]:
 
 
 def run_crossed(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, clock: Clock, *,
-                say: Reporter, progress: bool) -> None:
-    """Round by round: the round's unfinished slots booted at once, then each cell on all of them at once."""
+                say: Reporter, progress: bool, stop: StopCheck | None = None) -> str | None:
+    """Round by round: the round's unfinished slots booted at once, then each cell on all of them at once.
+    With ``stop``, asked before each round (its first slot): the reason it stopped early, or None."""
     prompt_set = prompts_of(spec.prompts_source)
     sampling, template = campaign_sampling(spec, cid)
     reps = {r.index: r for r in replicas_of(cfg)}
@@ -69,6 +71,9 @@ def run_crossed(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpe
         todo = [i for i, s in enumerate(order) if s.round == rnd and not slot_finished(spec, boots, waves, i)]
         if not todo:
             continue
+        why = stop(order[todo[0]], todo[0]) if stop is not None else None
+        if why is not None:
+            return why
         where = f"round {rnd + 1}/{spec.rounds}"
         say(f"ab: {where} · booting at once: " + "; ".join(
             f"drafter {order[i].drafter} on replica {order[i].replica}" for i in todo))
@@ -98,6 +103,7 @@ def run_crossed(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpe
                 if first[i] is None:
                     first[i] = result.boot_id
                 say(f"ab: {where} · drafter {order[i].drafter} on {r.name} · " + wave_line(cs, result, wave, wid))
+    return None
 
 
 def _boot_at_once(nodes: dict[str, Node], cid: int, spec: CampaignSpec, todo: list[int], reps: dict[int, Replica],

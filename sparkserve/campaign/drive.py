@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sparkserve import interrupts
-from sparkserve.campaign.slots import Clock, run_sequential
+from sparkserve.campaign.slots import Clock, StopCheck, run_sequential
 from sparkserve.campaign.spec import (
     CampaignRequest,
     arm_config,
@@ -70,21 +70,24 @@ class CampaignOutcome:
     report: Report
     restored: str
     timings: dict[str, float] = field(default_factory=dict)  # seconds per kind of step: bench/bench_ab.py
+    stopped: str | None = None  # why it stopped before its last slot (`tune`: a budget, the leader clear)
 
 
 Progress = Callable[[str], None]
+StopMaker = Callable[[int, CampaignSpec], StopCheck]  # (campaign id, spec) → the check before each boot
 
 
 def run_campaign(cfg: Config, nodes: dict[str, Node], req: CampaignRequest, *, say: Reporter = quiet,
-                 progress: bool = False) -> CampaignOutcome:
-    """A new campaign (see the module docstring)."""
+                 progress: bool = False, stop: StopMaker | None = None) -> CampaignOutcome:
+    """A new campaign (see the module docstring). ``stop`` (``tune``): given the campaign's id and spec, the
+    check asked before each boot whether to stop early."""
     with journal_open() as j:
         spec = plan_campaign(cfg, nodes, req, say)
         cid = j.create_campaign(spec.config_sha256, spec.model_dump_json())
     say(f"ab: campaign {cid}: {len(spec.order)} boots ({spec.design}), cells "
         f"{', '.join(c.name for c in spec.cells)}, seed {spec.seed}, order "
         + " ".join(s.drafter + (f"@{s.replica}" if s.replica else "") for s in spec.order))
-    return _drive(cfg, nodes, cid, spec, say=say, progress=progress)
+    return _drive(cfg, nodes, cid, spec, say=say, progress=progress, stop=stop(cid, spec) if stop else None)
 
 
 def resume_campaign(cfg: Config, nodes: dict[str, Node], campaign_id: int, *, say: Reporter = quiet,
@@ -108,30 +111,42 @@ def _serving_before(cfg: Config, nodes: dict[str, Node]) -> Config | None:
 
 
 def _run_design(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, clock: Clock, *,
-                say: Reporter, progress: bool) -> None:
+                say: Reporter, progress: bool, stop: StopCheck | None) -> str | None:
     if spec.design == CROSSED:
         from sparkserve.campaign.crossed import run_crossed
 
-        run_crossed(cfg, nodes, cid, spec, clock, say=say, progress=progress)
-        return
+        return run_crossed(cfg, nodes, cid, spec, clock, say=say, progress=progress, stop=stop)
     one = replicas_of(cfg)[0]  # sequential: the config's own stack, or replica 1's
-    run_sequential(one.cfg, {n: nodes[n] for n in one.nodes}, cid, spec, clock, say=say, progress=progress)
+    return run_sequential(one.cfg, {n: nodes[n] for n in one.nodes}, cid, spec, clock, say=say, progress=progress,
+                          stop=stop)
+
+
+def _sync_arms(cfg: Config, nodes: dict[str, Node], spec: CampaignSpec, say: Reporter) -> None:
+    """Every arm's drafter to every node, once per drafter (variants of one config share the config's)."""
+    done: set[tuple[str, str]] = set()
+    for arm in spec.drafters:
+        acfg = arm_config(cfg, arm, with_source=True)
+        key = (arm.source, arm.node_path)
+        if key in done:
+            continue
+        done.add(key)
+        synced = sync_drafter(acfg, nodes, say)
+        if arm.digest and synced.digest != arm.digest:
+            raise BadInput(f"drafter {arm.name}", f"{arm.source} changed while the campaign started")
 
 
 def _drive(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, *, say: Reporter,
-           progress: bool) -> CampaignOutcome:
+           progress: bool, stop: StopCheck | None = None) -> CampaignOutcome:
     clock = Clock()
     before = _serving_before(cfg, nodes)
+    stopped: str | None = None
     try:
         if cfg.replicas > 1:
             _router_off(cfg, say)
         t = time.monotonic()
-        for arm in spec.drafters:  # every drafter to every node, once
-            synced = sync_drafter(arm_config(cfg, arm, with_source=True), nodes, say)
-            if synced.digest != arm.digest:
-                raise BadInput(f"drafter {arm.name}", f"{arm.source} changed while the campaign started")
+        _sync_arms(cfg, nodes, spec, say)
         clock.sync = time.monotonic() - t
-        _run_design(cfg, nodes, cid, spec, clock, say=say, progress=progress)
+        stopped = _run_design(cfg, nodes, cid, spec, clock, say=say, progress=progress, stop=stop)
     except BaseException as e:
         if not interrupted(e):
             _set_status(cid, "failed")
@@ -144,7 +159,9 @@ def _drive(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, *,
         restored = _restore(cfg, nodes, before, say)
         raise RemoteFailure("ab run", f"{what}: campaign {cid} stopped, finished cells are banked; {restored}; "
                             f"resume with `sparkserve ab run --resume {cid}`", step="interrupted") from None
-    _set_status(cid, "done")
+    if stopped is not None:
+        say(f"ab: campaign {cid} stopped before its last boot: {stopped}")
+    _set_status(cid, "done" if stopped is None else f"stopped — {stopped}")
     t = time.monotonic()
     restored = _restore(cfg, nodes, before, say)
     clock.restore = time.monotonic() - t
@@ -156,7 +173,7 @@ def _drive(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, *,
     timings = {"wall": time.monotonic() - clock.t0, "sync": clock.sync, "boots": sum(clock.boots),
                "cells": sum(sum(v) for v in clock.cells.values()), "requests": clock.requests,
                "restore": clock.restore, "report": time.monotonic() - t}
-    return CampaignOutcome(cid, "done", report, restored, timings)
+    return CampaignOutcome(cid, "done" if stopped is None else "stopped", report, restored, timings, stopped)
 
 
 def _router_off(cfg: Config, say: Reporter) -> None:

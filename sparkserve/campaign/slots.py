@@ -12,6 +12,7 @@ crossed design (:mod:`sparkserve.campaign.crossed`) boots several slots at once 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from sparkserve import interrupts
@@ -81,7 +82,7 @@ def up_slot(cfg: Config, nodes: dict[str, Node], spec: CampaignSpec, slot: Slot,
         if interrupted(e):
             raise
         excluded = f"boot failed: {e.line().removeprefix('error: ')}"
-    if res is not None and res.drafter_digest != arm.digest:
+    if res is not None and arm.digest and res.drafter_digest != arm.digest:
         excluded = f"the nodes hold drafter {res.drafter_digest[:12]}, not {arm.digest[:12]}"
     return res, excluded, time.monotonic() - t
 
@@ -128,9 +129,20 @@ def wave_line(cs: CellSpec, result: BenchResult, wave: Wave, wid: int) -> str:
             + (f" — excluded: {wave.excluded}" if wave.excluded else ""))
 
 
+#: ``sparkserve tune``'s say before each boot (the slot about to boot, its index): a reason to stop the
+#: campaign there (a budget spent, the leader clear), or None to go on.
+StopCheck = Callable[[Slot, int], "str | None"]
+
+
+def arm_word(spec: CampaignSpec, name: str) -> str:
+    """"drafter B" or "variant k5", as the progress lines name an arm."""
+    return f"{'variant' if spec.arm(name).is_variant else 'drafter'} {name}"
+
+
 def run_sequential(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, clock: Clock, *,
-                   say: Reporter, progress: bool) -> None:
-    """The sequential design: the slots in the interleaved order, one boot at a time on this one stack."""
+                   say: Reporter, progress: bool, stop: StopCheck | None = None) -> str | None:
+    """The sequential design: the slots in the interleaved order, one boot at a time on this one stack. With
+    ``stop``, asked before each boot: the reason it stopped the campaign early (None: every slot ran)."""
     prompt_set = prompts_of(spec.prompts_source)
     sampling, template = campaign_sampling(spec, cid)
     order = spec.order
@@ -139,13 +151,18 @@ def run_sequential(cfg: Config, nodes: dict[str, Node], cid: int, spec: Campaign
             _, _, boots, waves = load_campaign(j, cid)
         if slot_finished(spec, boots, waves, i):
             continue
+        why = stop(slot, i) if stop is not None else None
+        if why is not None:
+            return why
         left = [k for k in range(i, len(order)) if not slot_finished(spec, boots, waves, k)]
         cells_left = {c.name: sum(1 for k in left if c.name not in done_cells(waves, k)) for c in spec.cells}
-        where = f"round {slot.round + 1}/{spec.rounds} · boot {i + 1}/{len(order)} · drafter {slot.drafter}"
+        where = (f"round {slot.round + 1}/{spec.rounds} · boot {i + 1}/{len(order)} · "
+                 f"{arm_word(spec, slot.drafter)}")
         say(f"ab: {where} · booting · {clock.eta(len(left), cells_left)}")
         _one_slot(cfg, nodes, cid, spec, i, slot, done_cells(waves, i), prompt_set, clock, where=where, say=say,
                   progress=progress, boots_left=len(left) - 1, cells_left=cells_left, sampling=sampling,
                   template=template)
+    return None
 
 
 def _one_slot(cfg: Config, nodes: dict[str, Node], cid: int, spec: CampaignSpec, i: int, slot: Slot,

@@ -12,12 +12,16 @@ The driving (boots, cells, restore) is :mod:`sparkserve.campaign.drive`.
 
 from __future__ import annotations
 
+import json
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from sparkserve.config import Config
-from sparkserve.deploy.inputs import validate_inputs
+from sparkserve.config.profiles import uses_drafter
+from sparkserve.config.variants import DRAFTER_KEY, settings_text, variant_config
+from sparkserve.deploy.inputs import check_inputs, validate_inputs
 from sparkserve.deploy.swap import swapped_config
 from sparkserve.deploy.teardown import Reporter, quiet
 from sparkserve.errors import BadInput
@@ -41,6 +45,8 @@ from sparkserve.measure.records import CARD, FORCED, Sampling, sampling_for
 from sparkserve.measure.run import target_template
 from sparkserve.models.manifest import manifest
 from sparkserve.nodes.base import Node
+from sparkserve.plan.build import build_plan
+from sparkserve.plan.replicas import replicas_of
 
 
 @dataclass
@@ -57,6 +63,13 @@ class CampaignRequest:
     protocol: str = CARD  # issue 21: the card's holdout protocol by default; "forced" = the streamed forced length
     chat_template: Path | None = None  # card: the target's chat template (default: model.target's own)
     design: str = SEQUENTIAL  # or CROSSED: each drafter on a replica of its own at once, rotated each round
+    variants: list[tuple[str, dict[str, Any]]] = field(default_factory=list)  # issue 42: NAME, {KEY: VALUE}
+    tuning: str | None = None  # `sparkserve tune`: the one field the variants differ in
+
+    @property
+    def arm_names(self) -> list[str]:
+        """Every arm's name, the drafters first, then the variants; the first is the baseline."""
+        return [n for n, _ in self.drafters] + [n for n, _ in self.variants]
 
 
 def journal_open() -> Journal:
@@ -67,15 +80,21 @@ def journal_open() -> Journal:
 
 def check_request(cfg: Config, req: CampaignRequest) -> None:
     """The request's own rules (names, rounds, cells, directories exist): BadInput before any node is touched."""
-    names = [n for n, _ in req.drafters]
+    names = req.arm_names
+    opt = "--variant" if req.variants and not req.drafters else "--drafter"
     if len(names) < 2:
-        raise BadInput("--drafter", "an A/B campaign needs at least two drafters (--drafter A=PATH --drafter B=PATH)")
+        what = "variants" if opt == "--variant" else "drafters"
+        raise BadInput(opt, f"an A/B campaign needs at least two {what} (--drafter A=PATH --drafter B=PATH, or "
+                       "--variant k5=speculative.num_speculative_tokens=5 --variant k7=…)")
     for n in names:
         if not n or not n.replace("-", "").replace("_", "").isalnum():
-            raise BadInput("--drafter", f"{n!r}: a drafter name is letters, digits, - or _ (e.g. A=/path)")
+            raise BadInput(opt, f"{n!r}: an arm's name is letters, digits, - or _ (e.g. A=/path)")
     dup = sorted({n for n in names if names.count(n) > 1})
     if dup:
-        raise BadInput("--drafter", f"{dup[0]!r} is named twice")
+        raise BadInput(opt, f"{dup[0]!r} is named twice")
+    if req.drafters and cfg.speculative.method == "mtp":
+        raise BadInput("speculative.method", "mtp serves the target's built-in head: an A/B of drafters needs a "
+                       "DFlash profile (`sparkserve profiles`), or compare settings with --variant")
     if req.rounds < 1:
         raise BadInput("--rounds", "must be at least 1")
     if not req.cells:
@@ -94,6 +113,11 @@ def check_request(cfg: Config, req: CampaignRequest) -> None:
     for n, p in req.drafters:
         if not p.expanduser().is_dir():
             raise BadInput(f"--drafter {n}", f"{p} is not a directory")
+    for n, settings in req.variants:
+        variant_config(cfg, settings, where=f"--variant {n}")  # every field exists, every value fits
+        d = settings.get(DRAFTER_KEY)
+        if d is not None and not Path(str(d)).expanduser().is_dir():
+            raise BadInput(f"--variant {n}", f"drafter: {d} is not a directory")
     if req.protocol == CARD:
         target_template(cfg, req.chat_template)  # BadInput naming the option or the template file
 
@@ -114,11 +138,65 @@ def check_design(cfg: Config, design: str, drafters: int, rounds: int) -> None:
 
 def arm_config(cfg: Config, arm: Arm, *, with_source: bool) -> Config:
     """The config that boots ``arm``: the swap path's node path, synced from its source (``with_source``) or
-    already on every node."""
-    c = swapped_config(cfg, Path(arm.source), arm.digest)
+    already on every node. A variant: the config its settings make, its drafter the config's own unless it
+    names one (then the swap path's, as a drafter arm)."""
+    base = variant_config(cfg, arm.settings, where=f"variant {arm.name}") if arm.is_variant else cfg
+    if not arm.source:  # the config's own drafter (or none: mtp), as the config syncs it
+        return base
+    c = swapped_config(base, Path(arm.source), arm.digest)
     if not with_source:
         c = c.model_copy(update={"drafter": c.drafter.model_copy(update={"source": None})})
     return c
+
+
+def engine_view(cfg: Config) -> str:
+    """Everything the engine is started with (every rank's image, argv, env, mounts, limits), as one string:
+    two configs with the same view boot the same engine, whatever else differs (gates, bench, journal)."""
+    views = [[s.model_dump(mode="json") for s in build_plan(r.cfg, fingerprint="engine-view").specs]
+             for r in replicas_of(cfg)]  # replicas: N — every replica's stack
+    return json.dumps(views, sort_keys=True)
+
+
+def _variant_arm(cfg: Config, nodes: dict[str, Node], name: str, settings: dict[str, Any], say: Reporter) -> Arm:
+    """A variant validated like a boot would be (every rule, the K rule against its drafter) and pinned."""
+    where = f"--variant {name}"
+    vcfg = variant_config(cfg, settings, where=where)
+    source = digest = ""
+    d = settings.get(DRAFTER_KEY)
+    if d is not None:
+        src = Path(str(d)).expanduser().resolve()
+        digest = manifest(src).digest
+        source = str(src)
+        vcfg = swapped_config(vcfg, src, digest)
+    check = vcfg if not source else vcfg.model_copy(
+        update={"drafter": vcfg.drafter.model_copy(update={"source": Path(source)})})
+    report, _ = check_inputs(check, nodes[cfg.head.name])
+    for w in report.warnings:
+        say(f"warning: {where}: {w.where}: {w.what}")
+    try:
+        report.raise_first()
+    except BadInput as e:
+        raise BadInput(where, f"{e.where}: {e.what}", details=e.details) from None
+    node_path = str(vcfg.drafter.path) if vcfg.drafter is not None and uses_drafter(vcfg) else ""
+    return Arm(name=name, source=source, digest=digest, node_path=node_path, settings=settings,
+               fingerprint=vcfg.fingerprint())
+
+
+def check_no_op(cfg: Config, arms: list[Arm]) -> None:
+    """A variant must change what the engine sees: one whose settings change the config but not a rank's argv,
+    env or mounts is refused as a no-op, and two arms that boot the same engine are one arm named twice."""
+    base = engine_view(cfg) + "|"
+    seen: dict[str, str] = {}
+    for arm in arms:
+        view = engine_view(arm_config(cfg, arm, with_source=False)) + "|" + arm.digest
+        if arm.is_variant and view == base and arm.fingerprint != cfg.fingerprint():
+            keys = ", ".join(arm.settings)
+            raise BadInput(f"--variant {arm.name}", f"a no-op: {keys} changes nothing the engine sees (no rank's "
+                           "argv, env or mounts): there is nothing to compare")
+        if view in seen:
+            raise BadInput(f"--variant {arm.name}" if arm.is_variant else f"--drafter {arm.name}",
+                           f"boots the same engine as {seen[view]}: there is nothing to compare")
+        seen[view] = arm.name
 
 
 def prompts_of(source: str) -> PromptSet:
@@ -142,6 +220,13 @@ def plan_campaign(cfg: Config, nodes: dict[str, Node], req: CampaignRequest, say
         node_path = str(swapped_config(cfg, d, digest).drafter.path)
         arms.append(Arm(name=name, source=str(d), digest=digest, node_path=node_path))
         say(f"ab: drafter {name} = {d} ({digest[:12]}) → {node_path} on every node")
+    for name, settings in req.variants:
+        arm = _variant_arm(cfg, nodes, name, settings, say)
+        arms.append(arm)
+        drafter = f"drafter {arm.source} ({arm.digest[:12]})" if arm.source else (
+            f"the config's drafter {arm.node_path}" if arm.node_path else "no drafter (mtp)")
+        say(f"ab: variant {name} = {settings_text(settings)} (config {arm.fingerprint[:12]}, {drafter})")
+    check_no_op(cfg, arms)
     cells = [c.name for c in req.cells]
     sampling = sampling_for(req.protocol).as_dict()
     if req.protocol == CARD:
@@ -153,7 +238,7 @@ def plan_campaign(cfg: Config, nodes: dict[str, Node], req: CampaignRequest, say
         drafters=arms, cells=req.cells, rounds=req.rounds, seed=seed, prompts_source=prompt_set.source,
         prompts_sha256=prompt_set.sha256, config_sha256=cfg.fingerprint(),
         rule=Rule(baseline=arms[0].name, primary=primary), bootstrap=req.bootstrap, sampling=sampling,
-        design=req.design,
+        design=req.design, tuning=req.tuning,
     )
 
 
@@ -220,6 +305,12 @@ def check_resume(cfg: Config, campaign_id: int) -> CampaignSpec:
                        f"{prompt_set.sha256[:12]}, was {spec.prompts_sha256[:12]})")
     campaign_sampling(spec, campaign_id)
     for arm in spec.drafters:
+        if arm.is_variant and variant_config(cfg, arm.settings, where=f"variant {arm.name}").fingerprint() != \
+                arm.fingerprint:
+            raise BadInput(f"variant {arm.name}", f"makes another config than when campaign {campaign_id} started "
+                           f"(fingerprint {str(arm.fingerprint)[:12]})")
+        if not arm.source:
+            continue
         src = Path(arm.source)
         if not src.is_dir() or manifest(src).digest != arm.digest:
             raise BadInput(f"drafter {arm.name}", f"{src} is not the directory campaign {campaign_id} started "

@@ -15,7 +15,7 @@ import json
 import os
 from pathlib import Path
 
-MODULES = ("core", "deploy", "observe", "measure", "image", "operate", "profiles", "hosts")
+MODULES = ("core", "deploy", "observe", "measure", "tune", "image", "operate", "profiles", "hosts")
 HERE = Path(__file__).resolve().parent
 CACHE_VERSION = 1
 

@@ -338,6 +338,22 @@ ab_app = typer.Typer(cls=_AbGroup, no_args_is_help=True, help="A/B of drafters: 
                      "diff bench result files (`ab RESULT…` = `ab diff RESULT…`).")
 
 
+def cell_specs(cells: str, size: list[str] | None) -> list[object]:
+    """``--cells smoke,c16`` with ``--size CELL=PxCxT`` → the campaign's cells (BadInput naming the option)."""
+    from sparkserve.measure.ab_records import CellSpec, parse_size
+
+    names = [c.strip() for c in cells.split(",") if c.strip()]
+    bad = [c for c in names if c not in CELLS]
+    if bad:
+        raise BadInput("--cells", f"{bad[0]!r} is not a cell ({', '.join(CELLS)})")
+    sizes = {s.name: s for s in (parse_size(x) for x in size or [])}
+    extra = sorted(set(sizes) - set(names))
+    if extra:
+        raise BadInput("--size", f"{extra[0]} is not one of --cells ({', '.join(names)})")
+    return [sizes.get(n) or CellSpec(name=n, prompts=CELLS[n].prompts, concurrency=CELLS[n].concurrency,
+                                     max_tokens=CELLS[n].max_tokens) for n in names]
+
+
 def _drafter_arg(text: str) -> tuple[str, Path]:
     name, sep, path = text.partition("=")
     if not sep or not name or not path:
@@ -348,6 +364,10 @@ def _drafter_arg(text: str) -> tuple[str, Path]:
 def ab_run(
     drafter: Annotated[list[str] | None, typer.Option(
         "--drafter", help="NAME=PATH, repeated; the first is the baseline (A)")] = None,
+    variant: Annotated[list[str] | None, typer.Option(
+        "--variant", help="NAME=KEY=VALUE[,KEY=VALUE…], repeated: the config with those fields set, e.g. "
+        "k5=speculative.num_speculative_tokens=5 or long=profile=long-800k (drafter=PATH: another drafter, "
+        "through the swap path); after any --drafter, the first arm is the baseline")] = None,
     cells: Annotated[str, typer.Option("--cells", help="comma-separated: smoke, c16, c1, c16-k4")] = "smoke,c16,c1",
     rounds: Annotated[int, typer.Option("--rounds", help="boots per drafter, interleaved ABBA…")] = 1,
     design: Annotated[DesignName, typer.Option("--design", help="sequential: one stack boots the drafters in turn "
@@ -372,7 +392,8 @@ def ab_run(
     accept_new: AcceptNew = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Boot each drafter in turn (swap path, no rebuild), gate it, run the cells, bank everything; verdicts.
+    """Boot each drafter or variant in turn (swap path, no rebuild; a variant restarts with its own config),
+    gate it, run the cells, bank everything; verdicts.
 
     Exit 0 done (excluded boots are reported, not failures) · 2 bad input (nothing started) · 3 a node or
     step failed, or interrupted: the drafter that served before is restored; `--resume ID` finishes it."""
@@ -383,37 +404,31 @@ def ab_run(
         resume_campaign,
         run_campaign,
     )
-    from sparkserve.measure.ab_records import CellSpec, parse_size
+    from sparkserve.config.variants import parse_variant
     from sparkserve.nodes.factory import open_nodes
 
     cfg = config_from(config, accept_new=accept_new, check=True, replicas=True)
-    if cfg.speculative.method == "mtp":
+    variants = [parse_variant(v) for v in variant or []]
+    if cfg.speculative.method == "mtp" and (drafter or not variants):
         raise BadInput("speculative.method", "mtp serves the target's built-in head: an A/B of drafters needs a "
-                       "DFlash profile (`sparkserve profiles`)")
+                       "DFlash profile (`sparkserve profiles`), or compare settings with --variant")
     say = _say(json_out)
     if resume is not None:
-        if (drafter or size or seed is not None or primary is not None or prompts is not None or chat_template
-                is not None or protocol is not ProtocolName.card or design is not DesignName.sequential):
-            raise BadInput("--resume", "takes the campaign's own drafters, cells, seed, prompts and protocol: give "
-                           "none of --drafter, --size, --seed, --primary, --prompts, --protocol, --chat-template, "
-                           "--design")
+        if (drafter or variant or size or seed is not None or primary is not None or prompts is not None
+                or chat_template is not None or protocol is not ProtocolName.card
+                or design is not DesignName.sequential):
+            raise BadInput("--resume", "takes the campaign's own arms, cells, seed, prompts and protocol: give "
+                           "none of --drafter, --variant, --size, --seed, --primary, --prompts, --protocol, "
+                           "--chat-template, --design")
         check_resume(cfg, resume)  # before any node is touched
         with open_nodes(cfg) as nodes:
             outcome = resume_campaign(cfg, nodes, resume, say=say, progress=not json_out)
     else:
-        names = [c.strip() for c in cells.split(",") if c.strip()]
-        bad = [c for c in names if c not in CELLS]
-        if bad:
-            raise BadInput("--cells", f"{bad[0]!r} is not a cell ({', '.join(CELLS)})")
-        sizes = {s.name: s for s in (parse_size(x) for x in size or [])}
-        extra = sorted(set(sizes) - set(names))
-        if extra:
-            raise BadInput("--size", f"{extra[0]} is not one of --cells ({', '.join(names)})")
-        specs = [sizes.get(n) or CellSpec(name=n, prompts=CELLS[n].prompts, concurrency=CELLS[n].concurrency,
-                                          max_tokens=CELLS[n].max_tokens) for n in names]
+        specs = cell_specs(cells, size)
         if protocol is ProtocolName.forced and chat_template is not None:
             raise BadInput("--chat-template", "only the card protocol renders prompts client-side")
-        req = CampaignRequest(drafters=[_drafter_arg(d) for d in drafter or []], cells=specs, rounds=rounds,
+        req = CampaignRequest(drafters=[_drafter_arg(d) for d in drafter or []], variants=variants, cells=specs,
+                              rounds=rounds,
                               prompts=prompts or (cfg.bench.prompts.expanduser() if cfg.bench.prompts else None),
                               seed=seed, primary=primary, bootstrap=bootstrap,
                               protocol=protocol.value, chat_template=chat_template, design=design.value)

@@ -97,7 +97,8 @@ def read(c: sqlite3.Connection, limit: int) -> list[HistoryEntry]:
         names = ", ".join(a.get("name", "?") for a in json.loads(spec).get("drafters", []))
         out.append(HistoryEntry("campaign", id_, t, fp, f"A/B {names}: {status}, {waves[0]} waves "
                                 f"({waves[1] or 0} counted); `sparkserve ab report {id_}`",
-                                ok=None if status in ("running", "interrupted") else status == "done"))
+                                ok=None if status in ("running", "interrupted") else (
+                                    status == "done" or status.startswith("stopped"))))
     out.sort(key=lambda e: e.time, reverse=True)
     return out[:limit]
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import BaseModel, Field
 
@@ -39,13 +40,22 @@ DESIGNS = (SEQUENTIAL, CROSSED)
 
 
 class Arm(BaseModel):
-    """One drafter of the campaign: its name (``A``), its local directory, its manifest digest and where
-    it lives on every node once synced."""
+    """One arm of the campaign: its name (``A``), its drafter's local directory, manifest digest and where it
+    lives on every node once synced. A variant (``--variant NAME=KEY=VALUE…``, issue 42) also keeps its
+    settings and the fingerprint of the full config they make; its drafter is the config's own (``source``
+    and ``digest`` empty: whatever the nodes hold at ``node_path``) unless it sets ``drafter=PATH``, and none at
+    all (every field empty) for the MTP head."""
 
     name: str
     source: str
     digest: str
     node_path: str
+    settings: dict[str, Any] = Field(default_factory=dict)  # a variant's KEY=VALUE; empty: a drafter arm
+    fingerprint: str | None = None  # a variant's config fingerprint (Config.fingerprint of the config it boots)
+
+    @property
+    def is_variant(self) -> bool:
+        return self.fingerprint is not None
 
 
 class CellSpec(BaseModel):
@@ -102,6 +112,7 @@ class CampaignSpec(BaseModel):
     bootstrap: int = 2000
     sampling: dict[str, object] = Field(default_factory=dict)
     design: str = SEQUENTIAL  # or CROSSED (campaigns from before the choice existed were sequential)
+    tuning: str | None = None  # `sparkserve tune`: the dotted field the arms differ in (None: `ab run`)
 
     @property
     def order(self) -> list[Slot]:

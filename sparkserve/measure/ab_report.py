@@ -181,6 +181,40 @@ def interval_rows(r: Report) -> tuple[list[str], list[list[str]]]:
     return header, rows
 
 
+def per_position_rows(r: Report) -> tuple[list[str], list[list[str]]]:
+    """Acceptance per draft position, every cell and arm (issue 42: where a K's acceptance falls off is why it
+    wins or loses): ``K`` as the counters show it, then one column per position (``—`` past an arm's K)."""
+    width = max((len(f.per_position) for f in r.analysis.figures), default=0)
+    header = ["Cell", "Arm", "K", *(f"pos {p + 1}" for p in range(width))]
+    rows = []
+    for cs in r.spec.cells:
+        for a in r.spec.drafters:
+            f = _fig(r, a.name, cs.name)
+            if f is None or not f.per_position:
+                continue
+            ks = [w["k"] for w in r.waves if w["drafter"] == a.name and w["cell"] == cs.name and not w["excluded"]
+                  and isinstance(w.get("k"), int)]
+            cells = [_ci(i, ".3f") for i in f.per_position] + ["—"] * (width - len(f.per_position))
+            rows.append([cs.name, a.name, str(max(set(ks), key=ks.count)) if ks else "?", *cells])
+    return header, rows
+
+
+def _has_variants(r: Report) -> bool:
+    return any(a.is_variant for a in r.spec.drafters)
+
+
+def _arm_line(a: object) -> str:
+    from sparkserve.measure.ab_records import Arm
+
+    assert isinstance(a, Arm)
+    if not a.is_variant:
+        return f"- **{a.name}**: `{a.source}` (manifest sha256 `{a.digest[:12]}`)"
+    settings = ", ".join(f"`{k}={v}`" for k, v in a.settings.items())
+    drafter = f"drafter `{a.source}` (`{a.digest[:12]}`)" if a.source else (
+        f"the config's drafter `{a.node_path}`" if a.node_path else "no drafter (mtp)")
+    return f"- **{a.name}**: {settings} (config `{(a.fingerprint or '')[:12]}`, {drafter})"
+
+
 def verdict_rows(r: Report) -> tuple[list[str], list[list[str]]]:
     header = ["Drafter", "vs", "Cell", "Δ (95 %)", "Verdict"]
     return header, [[v.drafter, v.baseline, v.cell, _rel(v.rel), v.verdict] for v in r.analysis.verdicts]
@@ -216,14 +250,16 @@ def markdown(r: Report) -> str:
     out += [_md_table(*card_rows(r)), ""]
     out += ["### Holdout-table shape", "", _md_table(*holdout_rows(r)), ""]
     out += ["### Intervals, deltas and latency", "", _md_table(*interval_rows(r)), ""]
+    if _has_variants(r) and per_position_rows(r)[1]:
+        out += ["### Acceptance per position", "", _md_table(*per_position_rows(r)), ""]
     out += ["### Verdicts", "", f"Rule: {r.rule}.", "", f"Design: {r.spec.design_text()}.", ""]
     vh, vr = verdict_rows(r)
     out += [_md_table(vh, vr) if vr else "No verdict (no comparable primary waves).", ""]
     out += ["### Honest read", "", r.analysis.honest_read, ""]
     if r.analysis.excluded:
         out += ["### Excluded", ""] + [f"- {e}" for e in r.analysis.excluded] + [""]
-    out += ["### Drafters", ""]
-    out += [f"- **{a.name}**: `{a.source}` (manifest sha256 `{a.digest[:12]}`)" for a in r.spec.drafters]
+    out += ["### Variants" if _has_variants(r) else "### Drafters", ""]
+    out += [_arm_line(a) for a in r.spec.drafters]
     out += ["", _protocol(r), ""]
     if r.status != "done":
         out[2:2] = [f"> campaign status: **{r.status}** — figures so far", ""]
@@ -246,6 +282,8 @@ def render_rich(r: Report) -> list[object]:
     out: list[object] = [table(f"A/B campaign {r.campaign} ({r.status}) — table of record", *card_rows(r)),
                          table("holdout-table shape", *holdout_rows(r)),
                          table("intervals, deltas, latency", *interval_rows(r))]
+    if _has_variants(r) and per_position_rows(r)[1]:
+        out.append(table("acceptance per position", *per_position_rows(r)))
     vh, vr = verdict_rows(r)
     if vr:
         out.append(table("verdicts", vh, vr))

@@ -49,7 +49,7 @@ def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def serve(models: Path, tmp_path: Path) -> Iterator:
     procs: list[subprocess.Popen[bytes]] = []
 
-    def start(profile: dict | str | None) -> tuple[str, subprocess.Popen[bytes], Path]:
+    def start(profile: dict | str | None, k: int = 7) -> tuple[str, subprocess.Popen[bytes], Path]:
         drafter = tmp_path / f"drafter-{len(procs)}"
         shutil.copytree(models / "drafter", drafter)
         if profile is not None:
@@ -57,7 +57,7 @@ def serve(models: Path, tmp_path: Path) -> Iterator:
             (drafter / "ssemu-acceptance.json").write_text(text)
         port = free_port()
         log = tmp_path / f"emu-{port}.log"
-        spec = json.dumps({"method": "dflash", "model": str(drafter), "num_speculative_tokens": 7})
+        spec = json.dumps({"method": "dflash", "model": str(drafter), "num_speculative_tokens": k})
         argv = [sys.executable, str(EMULATOR), "serve", str(models / "target"), "--served-model-name", MODEL,
                 "--host", "127.0.0.1", "--port", str(port), "--speculative-config", spec, "--seed", "3"]
         env = {**os.environ, "SSEMU_BOOT_SECONDS": "0.3", "SSEMU_TOKEN_RATE": "0"}
@@ -115,3 +115,35 @@ def test_without_the_file_the_default_profile_stays_and_a_wrong_file_fails_the_b
         time.sleep(0.1)
     assert p.returncode not in (None, 0), "the emulator served a profile outside [0, 1]"
     assert "ssemu-acceptance.json: per_position must be" in log.read_text()
+
+
+# issue 42: K has a real optimum in the emulator (acceptance falling with position against a drafting cost per
+# drafted token), and a planted tie (positions never accepted, drafting free) gives the very same streams
+PLANTED = [0.9, 0.85, 0.8, 0.05, 0.02, 0.01, 0.0]  # tok/s ∝ AL / (1 + 0.15 K): K=3 2.45, K=4 2.25, K=5 2.07
+
+
+def test_a_drafting_cost_per_token_gives_k_an_optimum(serve) -> None:
+    got = {}
+    for k in (3, 5):
+        url, _, _ = serve({"per_position": PLANTED, "steps_per_s": 400, "draft_cost": 0.15, "seed": 5}, k=k)
+        got[k] = run_cell(url, MODEL, Cell("t", 6, 1, 256), builtin_prompts())
+    a3, a5 = (got[k].acceptance_length for k in (3, 5))
+    assert a3 == pytest.approx(1 + sum(PLANTED[:3]), rel=0.06) and a5 == pytest.approx(1 + sum(PLANTED[:5]), rel=0.06)
+    assert a5 > a3  # the longer draft accepts more per step …
+    # … but pays 0.15 of a step per drafted token: K=3 is faster (predicted 2.448 / 2.069 = 1.18)
+    assert got[3].output_tok_s / got[5].output_tok_s == pytest.approx(1.18, rel=0.08)
+    assert got[3].per_position_acceptance[2] > 0.7 and got[5].per_position_acceptance[3] < 0.12
+
+
+def test_positions_never_accepted_and_free_drafting_make_a_tie_by_construction(serve) -> None:
+    import asyncio
+
+    tie = [0.9, 0.85, 0.8, 0.0, 0.0, 0.0, 0.0]
+    runs = {}
+    for k in (3, 4):
+        url, _, _ = serve({"per_position": tie, "steps_per_s": 400, "seed": 5}, k=k)
+        runs[k] = asyncio.run(run_cell_outcomes_async(url, MODEL, Cell("t", 6, 1, 128), builtin_prompts()))
+    (r3, o3), (r4, o4) = runs[3], runs[4]
+    assert [o.chunks for o in o3] == [o.chunks for o in o4]  # step for step the same streams
+    assert r3.accepted_tokens == r4.accepted_tokens and r3.drafts == r4.drafts
+    assert r4.per_position_acceptance[3] == 0.0

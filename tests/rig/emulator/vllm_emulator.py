@@ -40,7 +40,17 @@ Environment (emulator knobs are ``SSEMU_*``; real vLLM variables keep their mean
   drafter's own profile and wins over ``SSEMU_ACCEPTANCE``: ``{"per_position": [0.8, 0.6, …]}``, optionally
   ``"steps_per_s": S`` to pace each stream by engine steps (S steps/s, each carrying the accepted drafts +
   1 tokens) instead of by ``SSEMU_TOKEN_RATE`` — so a better profile is faster, as on real hardware — and
-  ``"seed": N`` for the drafter's own acceptance draws.
+  ``"seed": N`` for the drafter's own acceptance draws, and ``"draft_cost": C`` (issue 42): each step then
+  takes ``(1 + C × K) / S`` seconds — every drafted token costs a share C of a plain step — so K has a real
+  optimum: tok/s ∝ (1 + Σ profile[:K]) / (1 + C × K), the acceptance a position adds against what drafting it
+  costs. Where the shape comes from: the card's per-position row (``0.744 · 0.545 · 0.405 · …``, the
+  default profile) falls with position, as vLLM's ``spec_decode_num_accepted_tokens_per_pos`` counters show
+  for every drafter; and vLLM's speculative-decoding docs say the gain holds for "medium-to-low QPS,
+  memory-bound workloads": each step verifies K + 1 tokens per sequence and the drafter runs too, so a longer
+  draft costs step time (the card measured K=7 and banks a K=4 cell; "k=5 also boots"). A position whose
+  rate is 0 draws nothing (no random number is used for it), so two K that differ only in such positions, at
+  ``draft_cost`` 0, produce the same streams: a tie by construction.
+* ``SSEMU_DRAFT_COST`` (default 0): the same cost for a drafter whose file does not set one.
 * ``SSEMU_SEED`` (default: ``--seed``): seed of the acceptance sampler and filler text.
 * ``SSEMU_FIRST_BATCH_S`` (default 0.05): the one-off cost, in seconds, the whole engine pays the first time
   it runs a batch of a size it has not run since boot (every stream stalls; 0 = none). Real vLLM's first
@@ -830,6 +840,10 @@ class Engine:
         if own is not None:
             base = own["per_position"]
         self.step_rate = float(own.get("steps_per_s") or 0.0) if own is not None else 0.0
+        cost = own.get("draft_cost") if own is not None else None
+        self.draft_cost = float(cost) if cost is not None else env_float("SSEMU_DRAFT_COST", 0.0)
+        # one engine step: the plain step plus the drafting and verification of K tokens (module docstring)
+        self.step_s = (1.0 + self.draft_cost * self.k) / self.step_rate if self.step_rate > 0 else 0.0
         self.profile = self._fit(base, self.k)
         self.seed = int(os.environ.get("SSEMU_SEED", emu.args.seed or 0))
         if own is not None and own.get("seed") is not None:
@@ -896,7 +910,7 @@ class Engine:
         prev = 1.0
         for p, r in enumerate(self.profile):
             cond = r / prev if prev > 0 else 0.0
-            if rng.random() >= cond:
+            if cond <= 0.0 or rng.random() >= cond:  # a position never accepted draws no number (a planted tie)
                 return p
             prev = r
         return self.k
@@ -2523,7 +2537,7 @@ def _http_classes() -> tuple[type, type]:
                         eng.iv_gen += k
                     steps += 1
                     if eng.step_rate > 0:
-                        wait = t0 + steps / eng.step_rate - time.monotonic()
+                        wait = t0 + steps * eng.step_s - time.monotonic()
                         if wait > 0:
                             time.sleep(wait)
                     elif eng.rate > 0:
