@@ -202,7 +202,8 @@ def _per_position(waves: list[Wave], draws: _Draws) -> list[Interval]:
     return [_interval(float(means[p]), reps[:, p]) for p in range(k)]
 
 
-def _tpot(w: Wave) -> list[float]:
+def tpot_values(w: Wave) -> list[float]:
+    """A wave's per-request time per output token after the first (s); empty when the cell did not stream."""
     s = w.samples
     out = []
     for n, t, lat in zip(s.tokens, s.ttft_s, s.latency_s, strict=True):
@@ -221,24 +222,31 @@ def _median_reps(values: list[float], idx: np.ndarray) -> np.ndarray:
     return np.median(a[idx], axis=1)
 
 
+def p50_reps(per_wave: list[list[float]], draws: _Draws) -> tuple[float | None, np.ndarray | None]:
+    """The mean over boots of each boot's median, and its bootstrap replicates: requests resampled within each
+    boot (the draws every arm shares), then boots across rounds. None when a boot has no value."""
+    if not per_wave or any(not v for v in per_wave):
+        return None, None
+    point = float(np.mean([np.median(v) for v in per_wave]))
+    stack = np.stack([_median_reps(v, draws.prompts(len(v))) for v in per_wave], axis=1)
+    if len(per_wave) == 1:
+        return point, stack[:, 0]
+    return point, np.take_along_axis(stack, draws.boots(len(per_wave)), axis=1).mean(axis=1)
+
+
 def e2e_p50(waves: list[Wave], draws: _Draws) -> tuple[float | None, np.ndarray | None]:
     """A drafter's median E2E (ms) on a cell — the mean over its boots of each boot's median request latency —
     and its bootstrap replicates (requests within a boot, then boots), paired with every other drafter's by
     ``draws``. The requests' latency is the banked ``latency_s``: the whole reply (for a streamed request it
-    includes the usage chunk and ``[DONE]`` after the last token, well under a millisecond)."""
-    per: list[tuple[float, np.ndarray]] = []
+    includes the usage chunk and ``[DONE]`` after the last token, well under a millisecond). None when any
+    request of a boot has no latency."""
+    per_wave = []
     for w in waves:
         lat = [x * 1000.0 for x in w.samples.latency_s if x is not None]
-        if not lat or len(lat) != len(w.samples.latency_s):
+        if len(lat) != len(w.samples.latency_s):
             return None, None
-        per.append((float(np.median(lat)), _median_reps(lat, draws.prompts(len(lat)))))
-    if not per:
-        return None, None
-    point = float(np.mean([p for p, _ in per]))
-    stack = np.stack([r for _, r in per], axis=1)
-    if len(per) == 1:
-        return point, stack[:, 0]
-    return point, np.take_along_axis(stack, draws.boots(len(per)), axis=1).mean(axis=1)
+        per_wave.append(lat)
+    return p50_reps(per_wave, draws)
 
 
 def _by_round(waves: list[Wave], crossed: bool = False) -> list[Wave]:
@@ -270,7 +278,7 @@ def analyze(spec: CampaignSpec, waves: list[Wave], boots: list[Boot]) -> Analysi
                 drafter=arm.name, cell=cs.name, boots=len(mine), waves=[w.id for w in mine if w.id is not None],
                 tok_s=_interval(*tok), acceptance_length=_interval(*al), per_position=_per_position(mine, draws),
                 ttft_ms=_pct([t for w in mine for t in w.samples.ttft_s if t is not None]),
-                tpot_ms=_pct([t for w in mine for t in _tpot(w)]),
+                tpot_ms=_pct([t for w in mine for t in tpot_values(w)]),
                 requests=sum(len(w.samples.tokens) for w in mine),
                 e2e_ms=_pct([x for w in mine for x in w.samples.latency_s if x is not None]),
                 e2e_p50_ms=_interval(*e2e),

@@ -36,7 +36,15 @@ import numpy as np
 from pydantic import BaseModel
 
 from sparkserve.measure.ab_records import CROSSED, CampaignSpec, Wave
-from sparkserve.measure.ab_stats import Interval, _arm_reps, _by_round, _Draws, _per_position
+from sparkserve.measure.ab_stats import (
+    Interval,
+    _arm_reps,
+    _by_round,
+    _Draws,
+    _per_position,
+    p50_reps,
+    tpot_values,
+)
 
 LEVEL = 0.95
 HIGHER, LOWER = "higher", "lower"  # which way is better
@@ -50,26 +58,9 @@ def request_e2e_s(w: Wave) -> list[float]:
 
 
 def request_tpot_s(w: Wave) -> list[float]:
-    """A wave's per-request time per output token after the first (s); empty when the cell did not stream."""
-    s = w.samples
-    return [(lat - t) / (n - 1) for n, t, lat in zip(s.tokens, s.ttft_s, s.latency_s, strict=True)
-            if t is not None and lat is not None and n > 1]
-
-
-def _p50_reps(per_wave: list[list[float]], draws: _Draws) -> tuple[float | None, np.ndarray | None]:
-    """The mean over boots of each boot's median, and its replicates: requests resampled within each boot (the
-    draws every arm shares), then boots across rounds."""
-    if not per_wave or any(not v for v in per_wave):
-        return None, None
-    point = float(np.mean([np.median(v) for v in per_wave]))
-    reps = []
-    for v in per_wave:
-        a = np.asarray(v, dtype=float)
-        reps.append(np.median(a[draws.prompts(len(a))], axis=1))
-    stack = np.stack(reps, axis=1)
-    if len(per_wave) == 1:
-        return point, stack[:, 0]
-    return point, np.take_along_axis(stack, draws.boots(len(per_wave)), axis=1).mean(axis=1)
+    """A wave's per-request time per output token after the first (s); empty when the cell did not stream
+    (``ab report``'s own definition: :func:`sparkserve.measure.ab_stats.tpot_values`)."""
+    return tpot_values(w)
 
 
 def boot_spread(spec: CampaignSpec, waves: list[Wave], cell: str) -> float:
@@ -106,8 +97,8 @@ def cell_reps(spec: CampaignSpec, waves: list[Wave], cell_index: int) -> dict[st
         out[arm.name] = {
             "output_tok_s": _arm_reps(mine, "output_tok_s", draws),
             "acceptance_length": _arm_reps(mine, "acceptance_length", draws),
-            "e2e_p50": _p50_reps([request_e2e_s(w) for w in mine], draws),
-            "tpot_p50": _p50_reps([request_tpot_s(w) for w in mine], draws),
+            "e2e_p50": p50_reps([request_e2e_s(w) for w in mine], draws),
+            "tpot_p50": p50_reps([request_tpot_s(w) for w in mine], draws),
         }
     return out
 
