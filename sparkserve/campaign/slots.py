@@ -75,7 +75,9 @@ def up_slot(cfg: Config, nodes: dict[str, Node], spec: CampaignSpec, slot: Slot,
     res: UpResult | None = None
     excluded = None
     try:
-        res = up(arm_config(cfg, arm, with_source=False), nodes, validate=False, say=say, on_update=on_update)
+        # fresh: every slot is an engine boot of its own, also the second of two slots of one arm in a row (ABBA)
+        res = up(arm_config(cfg, arm, with_source=False), nodes, validate=False, fresh=True, say=say,
+                 on_update=on_update)
     except GateFailed as e:
         excluded = f"gates failed: {e.what}"
     except SparkserveError as e:

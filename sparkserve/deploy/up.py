@@ -129,6 +129,7 @@ def up(
     run_gates: bool = True,
     validate: bool = True,
     break_lock: bool = False,
+    fresh: bool = False,
     say: Reporter = quiet,
     on_update: BootWatcher | None = None,
 ) -> UpResult:
@@ -137,11 +138,13 @@ def up(
     ``validate``: run :func:`validate_inputs` (drafter and target metadata, vLLM's option list) alongside
     the read-only preflight questions; a BadInput from it is reported first, before anything starts. Pass
     False only when the caller validated these inputs already. ``run_gates=False`` skips the gates.
+    ``fresh``: boot the engine again even when this exact deployment already serves (an A/B slot is a boot of
+    its own: two slots of one arm in a row, ABBA's middle, must not share one engine).
     Raises GateFailed (the stack was stopped) when a gate fails, RemoteFailure/BootFailure otherwise."""
     with interrupts.watching():
         try:
-            return _up(cfg, nodes, run_gates=run_gates, validate=validate, break_lock=break_lock, say=say,
-                       on_update=on_update)
+            return _up(cfg, nodes, run_gates=run_gates, validate=validate, break_lock=break_lock, fresh=fresh,
+                       say=say, on_update=on_update)
         except BaseException as e:  # before any container started (after, _boot cleans up and says so itself)
             if isinstance(e, RemoteFailure) and e.step == "interrupted":
                 raise
@@ -151,7 +154,7 @@ def up(
             raise
 
 
-def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool, break_lock: bool,
+def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool, break_lock: bool, fresh: bool,
         say: Reporter, on_update: BootWatcher | None) -> UpResult:
     t0 = time.monotonic()
     copy_drafter = local_drafter(cfg) is not None
@@ -171,7 +174,7 @@ def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool,
         plan = build_plan(cfg, fabric_env=fabric_envs(found.fabric), fingerprint=fp, api_key=resolve_api_key(cfg),
                           image_id=image_id, dialect=dialect)
         with span("already up?"):
-            running = _healthy_existing(cfg, plan, found.existing)
+            running = None if fresh else _healthy_existing(cfg, plan, found.existing)
         if running is not None:
             with span("keep (parity, gate verdict)"):
                 gates = _keep(cfg, nodes, plan, running, say, run_gates=run_gates)

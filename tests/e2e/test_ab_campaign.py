@@ -155,6 +155,8 @@ def test_campaign_verdicts_exclusion_interrupt_resume_and_report(e2e, stack, tmp
     assert {w.id for w in before} <= {w.id for w in waves}  # the banked waves kept as they were
     assert sorted(keys) == sorted((k, cell) for k, s in enumerate(order) if s.drafter != "D"
                                   for cell in ("smoke", "c16"))
+    counted = [b for b in boots if b.ok]
+    assert len({b.boot_id for b in counted}) == len(counted), "two slots shared one engine boot (ABBA's BB)"
     resumed = [w for w in waves if w.slot == second]
     assert len({w.boot_row for w in resumed}) == 2  # c16 ran on a boot of its own after the resume
     for w in waves:  # pins
