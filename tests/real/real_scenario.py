@@ -520,7 +520,7 @@ def main() -> int:
     else:
         steps += [("config", s.write_config, 5), ("up", s.up, 240),
                   ("gates", lambda: s.gates("gates", want_ok=True), 60), ("metrics", lambda: s.metrics("before"), 5),
-                  ("bench", s.bench, 150), ("metrics", lambda: s.metrics("after"), 5), ("swaps", s.swaps, 240),
+                  ("bench", s.bench, 100), ("metrics", lambda: s.metrics("after"), 5), ("swaps", s.swaps, 240),
                   ("kill", s.kill_engine_core, 40),
                   ("gates-after-kill", lambda: s.gates("gates-after-kill", want_ok=False, must_fail="faults"), 40)]
     skip = {x for x in args.skip.split(",") if x}
