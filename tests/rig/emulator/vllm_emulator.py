@@ -1064,12 +1064,21 @@ class Emulator:
     def core(self, level: str, key: str, msg: str) -> None:
         self.log.line("EngineCore", self.pid_engine, level, AT[key], msg)
 
+    def wproc(self, rank: int) -> tuple[str, int]:
+        """The process a rank's worker lines come from. A world of one runs its worker inside the EngineCore
+        process (no worker process, no Worker prefix): the real vLLM 0.33.0 run on one GPU (issue 43,
+        tests/fixtures/logs/real-0.33.0-gpu/boot1-up.log) logs `Using V2 Model Runner`, the mask line, the KV and
+        graph lines as `(EngineCore pid=N)`."""
+        if self.world == 1 and not self.ray:
+            return "EngineCore", self.pid_engine
+        return self.wname(rank), self.worker_pids[rank]
+
     def wk(self, rank: int, level: str, key: str, msg: str) -> None:
-        self.log.line(self.wname(rank), self.worker_pids[rank], level, AT[key], msg)
+        self.log.line(*self.wproc(rank), level, AT[key], msg)
 
     def wk_once(self, rank: int, key: str, msg: str, dedupe: str = "") -> None:
         if self.ray or rank == self.ranks[0]:  # info_once, scope "local": the node's first local rank
-            self.log.info_once(self.wname(rank), self.worker_pids[rank], AT[key], msg, dedupe or msg)
+            self.log.info_once(*self.wproc(rank), AT[key], msg, dedupe or msg)
 
     def bar(self, rank: int, text: str) -> None:
         if rank == 0:  # progress bars: global rank 0 only
