@@ -49,7 +49,6 @@ class _Overhead:
 
     def _answers(self, timeout: float, proc: subprocess.Popen[bytes] | None = None) -> float | None:
         import httpx
-
         from real_scenario import MODEL, PORT  # noqa: PLC0415  (tests/real is on sys.path for parts)
 
         t0 = time.monotonic()

@@ -199,7 +199,8 @@ class Scenario:
             "process": {"run_dir": str(self.work / "run")},
         }
         self.cfg.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        self.say("config", f"{self.cfg} (runtime process, one local node, vllm_version {self.args.vllm_version}, GMU 0.3, "
+        self.say("config", f"{self.cfg} (runtime process, one local node, vllm_version {self.args.vllm_version}, "
+                 f"GMU 0.3, "
                  f"KV 512 MiB, mask_token_id {mask})")
 
     # -- the scenario ---------------------------------------------------------------------------------

@@ -3,9 +3,10 @@
 The real logs are tests/fixtures/logs/real-0.33.0-gpu/ (vLLM 0.33.0 on one H100, tiny random models; its README
 says which device call wrote each). Two checks, each failing on a new difference:
 
-1. every line of the real 0.33 boot logs (serving, replaced, killed, stopped) is produced by a format of the emulator's table (``formats_033``: vLLM's own
-   format strings, proven against the wheel by test_formats_table.py), or is one of ``UNMODELLED``: real lines the
-   emulator does not print, each named with why no reader of sparkserve needs it;
+1. every line of the real 0.33 boot logs (serving, replaced, killed, stopped) is produced by a format of the
+   emulator's table (``formats_033``: vLLM's own format strings, proven against the wheel by
+   test_formats_table.py), or is one of ``UNMODELLED``: real lines the emulator does not print, each named with
+   why no reader of sparkserve needs it;
 2. the emulator, booted on this host with the real run's own argv (the bare boot's ``$ vllm serve …`` line), prints
    every line sparkserve's readers use (``READ``: gates, ``logs analyze``, bench, supervise) that the real boot
    printed, from the same process, at the same level and the same ``[file:line]``.
@@ -48,12 +49,12 @@ UNMODELLED: list[tuple[str, str]] = [
     (r"^Using LBNHC KV cache layout\.$", "attention backend KV layout (FlashAttention on the H100)"),
     (r"^collected artifacts: \d+ entries, \d+ artifacts, \d+ bytes total$", "torch.compile cache bookkeeping"),
     (r"^reconstructed serializable fn from standalone compile artifacts", "torch.compile cache load (warm boot)"),
-    (r"^JIT kernel warmup (?:starting\.|finished in [\d.]+s\.)$", "kernel_warmup.py: JIT warmup (none on a Spark image)"),
+    (r"^JIT kernel warmup (?:starting\.|finished in [\d.]+s\.)$", "kernel_warmup.py: JIT warmup"),
     (r"JIT kernel warmup \(\d+ compile keys\)", "the JIT warmup's tqdm bar"),
     (r"^cuteDSL \(CUTLASS Python\) not available", "cutlass-dsl is not carried to the GPU machine"),
     (r"^Scale-out endpoints are disabled\.", "entrypoints/scale_out/factories.py notice"),
     (r"^Triton kernel JIT compilation during inference: ", "jit_monitor.py WARNING: a kernel compiled while serving"),
-    (r"resource_tracker|warnings\.warn\('resource_tracker", "Python multiprocessing's leaked-semaphore warning at exit"),
+    (r"resource_tracker|warnings\.warn\('resource_tracker", "Python's leaked-semaphore warning at exit"),
     (r"^\[rank0\]:W\d{4} [\d:.]+ \d+ torch/_inductor/triton_bundler\.py", "inductor cache warning (warm boot)"),
     (r"^ *[█▄▀ ]+(?:version \S+|model +\S+)?$|^$", "the logo's continuation lines written without vLLM's CR "
      "(sparkserve's saved copy ends lines with LF alone; the live log keeps `\\r\\n`)"),
