@@ -112,22 +112,36 @@ def _real_argv(models: Path, port: int) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def emulated_boot(tmp_path_factory) -> str:
-    models = tmp_path_factory.mktemp("real033")
-    tiny_models.write_target(models / "target")
-    tiny_models.write_drafter(models / "drafter", tiny_models.DrafterSpec(
+def models(tmp_path_factory) -> Path:
+    d = tmp_path_factory.mktemp("real033")
+    tiny_models.write_target(d / "target")
+    tiny_models.write_drafter(d / "drafter", tiny_models.DrafterSpec(
         architecture="DFlashDraftModel", num_hidden_layers=1, mask_token_id=4))
+    return d
+
+
+def _emulate(models: Path, name: str, faults: str = "", then=None) -> str:
+    """The emulator on the real run's argv until ready, then ``then(url)``; its stdout + stderr."""
     port = free_port("127.0.0.1")
-    out, err = models / "stdout.log", models / "stderr.log"
+    out, err = models / f"{name}.out", models / f"{name}.err"
     with out.open("w") as o, err.open("w") as e:
         p = subprocess.Popen(_real_argv(models, port), stdout=o, stderr=e,
-                             env={**os.environ, "SSEMU_BOOT_SECONDS": "0.3"})
+                             env={**os.environ, "SSEMU_BOOT_SECONDS": "0.3", "SSEMU_FAULTS": faults})
         try:
             runner.wait_ready(f"http://127.0.0.1:{port}", timeout=60, alive=lambda: p.poll() is None)
+            if then is not None:
+                then(f"http://127.0.0.1:{port}")
+                p.wait(30)  # a dead engine takes the API server down
         finally:
-            p.terminate()
-            p.wait(30)
-    return out.read_text() + err.read_text()
+            if p.poll() is None:
+                p.terminate()
+                p.wait(30)
+    return (out.read_bytes() + err.read_bytes()).decode()  # bytes: vLLM's `\r\n` continuations stay whole
+
+
+@pytest.fixture(scope="module")
+def emulated_boot(models: Path) -> str:
+    return _emulate(models, "boot")
 
 
 def test_the_emulator_prints_what_sparkserve_reads_as_the_real_033_boot_does(emulated_boot: str) -> None:
@@ -138,3 +152,32 @@ def test_the_emulator_prints_what_sparkserve_reads_as_the_real_033_boot_does(emu
     diffs = {k: {"real": sorted(real[k]), "emulator": sorted(emu.get(k, set()))} for k in sorted(seen)
              if {(p, lvl, w) for p, lvl, w in emu.get(k, set())} != real[k]}
     assert not diffs, "lines sparkserve reads, shaped otherwise by the emulator:\n" + json.dumps(diffs, indent=1)
+
+
+def _death(text: str) -> list[tuple[str, str, str, str]]:
+    """The vLLM records from the first `[shutdown]` line on: (key, process, level, [file:line])."""
+    recs, _ = F.check(text)
+    rows = [(r.fmt.key if r.fmt else "?" + r.text[:60], r.proc, r.extra["lvl"], r.extra["where"])
+            for r in recs if r.kind == "vllm" and (r.fmt is None or r.fmt.key not in ("stats", "spec"))]
+    start = next(i for i, row in enumerate(rows) if row[0] in ("pm_sigterm", "mp_dead"))
+    return rows[start:]
+
+
+def test_a_killed_engine_core_logs_as_the_real_033_one_did(models: Path) -> None:
+    import httpx
+
+    def kill_mid_stream(url: str) -> None:
+        body = {"model": "tiny", "stream": True, "max_tokens": 64,
+                "messages": [{"role": "user", "content": "Tell a long story."}]}
+        with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=30) as r:
+            lines = [ln for ln in r.iter_lines() if ln]
+        assert r.status_code == 200 and lines[-1] == "data: [DONE]"
+        # the client's view, as the real run's kill-client.json: an error event with 0.33's client message
+        assert json.loads(lines[-2][6:])["error"]["message"] == json.loads(
+            (REAL / "kill-client.json").read_text())["error"][6:].split('"message":"')[1].split('"')[0]
+
+    emu = _death(_emulate(models, "killed", "engine_kill@after=1", kill_mid_stream))
+    real = _death(_text(REAL / "boot-killed.log"))
+    assert [r[0] for r in real][:2] == ["pm_sigterm", "mp_dead"]
+    assert emu == [(k, "APIServer", lvl, w) for k, _, lvl, w in real], json.dumps({"real": real, "emulator": emu},
+                                                                                  indent=1)
