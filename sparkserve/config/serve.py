@@ -124,8 +124,8 @@ class ServeConfig(Strict):
                       "venv directory (then <dir>/bin/vllm)")
     vllm_version: str | None = Field(
         default=None, description="override of the engine's flag dialect (a dialect under sparkserve/data/dialects: "
-        "0.33.0, 0.25.1, 0.1.dev20051+g487ecf187). Default: the image's own (its facts from `image verify`, else "
-        "the shipped table); the plan renders and validate checks only what that `vllm serve` accepts")
+        "0.34.0, 0.33.0, 0.25.1, 0.1.dev20051+g487ecf187). Default: the image's own (its facts from `image verify`, "
+        "else the shipped table); the plan renders and validate checks only what that `vllm serve` accepts")
 
     @field_validator("vllm_version", mode="before")
     @classmethod

@@ -156,9 +156,13 @@ BOOT_ROWS: tuple[LogPattern, ...] = (
        "vLLM never prints `Uvicorn running on`.", milestone=Milestone.READY),
     # --- deliberate stop (what follows is a shutdown artefact, not a boot fault) ----------------------
     row(Kind.STOP, ("[shutdown] ", "Shutting down", "terminating worker queues"),
-       r"^(?!.*exited unexpectedly)(?:\[shutdown\] |Shutting down$|.*received signal=SIG(?:INT|TERM)"
-       r"|Parent process exited, terminating worker queues)",
-       "0.25+ `[shutdown] …` chatter (except `engine core exited unexpectedly`, a fault), uvicorn `Shutting down` (the "
+       r"^(?!.*(?:exited unexpectedly|\[shutdown\] Process manager: ))(?:\[shutdown\] |Shutting down$"
+       r"|.*received signal=SIG(?:INT|TERM)|Parent process exited, terminating worker queues)",
+       "0.25+ `[shutdown] …` chatter (except `engine core exited unexpectedly`, a fault, and the process manager's "
+       "`[shutdown] Process manager: send sigterm to process EngineCore`: real 0.33.0 prints it first when its "
+       "EngineCore is killed, just before `engine core exited unexpectedly` (tests/fixtures/logs/real-0.33.0-gpu/"
+       "boot-killed.log), while a deliberate stop prints it only after `trigger received signal` / `API server: "
+       "shutdown triggered`), uvicorn `Shutting down` (the "
        "whole message: Ray's `Shutting down Ray distributed executor.` follows a dead engine core), "
        "`[shutdown] EngineCore: trigger received signal=SIGTERM`, worker `Parent process exited, terminating "
        "worker queues`"),

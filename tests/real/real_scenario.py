@@ -4,7 +4,8 @@
     python3 tests/real/real_scenario.py --engine real --site /root/sparkserve-real/site --work W --out "$OUT"
     .venv/bin/python tests/real/real_scenario.py --engine emulator --work /tmp/ss-dry --out /tmp/ss-dry/out
 
-One local node, ``runtime: process``, ``serve.vllm_version: 0.25.1``, tiny real models (gen_models.py):
+One local node, ``runtime: process``, ``serve.vllm_version`` = ``--vllm-version`` (0.25.1, 0.33.0, …; issue 43), tiny
+real models (gen_models.py):
 
   validate → up → gates (every gate passes) → metrics → bench --cell smoke beside `vllm bench serve` (same
   server, same prompts) → swap-drafter to a second drafter (gates pass) → swap-drafter to a drafter without
@@ -113,14 +114,15 @@ class Scenario:
         self.say("facts", ", ".join(f"{k} {v}" for k, v in info.items()), ok=p.returncode == 0, **info)
 
     def launcher(self) -> Path:
-        """serve.vllm: vLLM 0.25.1 from the carried site (real), or the engine emulator (dry run)."""
+        """serve.vllm: vLLM ``--vllm-version`` from the carried site (real), or the engine emulator (dry run)."""
         path = self.work / "bin" / "vllm"
         if self.real:  # pip --target wrote vLLM's own console script, its shebang this python
             script = Path(self.args.site) / "bin" / "vllm"
             main = "import sys; from vllm.entrypoints.cli.main import main; sys.exit(main())"
             run = f'{script} "$@"' if script.exists() else f'{sys.executable} -c "{main}" "$@"'
-            body = (f"#!/bin/sh\n# vLLM 0.25.1 from the carried wheels (scripts/real-engine)\n"
-                    f"export PYTHONPATH={self.args.site} PYTHONUNBUFFERED=1\nexec {run}\n")
+            body = (f"#!/bin/sh\n# vLLM {self.args.vllm_version} from the carried wheels (scripts/real-engine)\n"
+                    f"export PYTHONPATH={self.args.site} PYTHONUNBUFFERED=1 PYTORCH_SKIP_CUDNN_COMPATIBILITY_CHECK=1\n"
+                    f"exec {run}\n")
         else:
             args_json = REPO / "sparkserve" / "data" / "vllm-0.33.0-serve-args.json"
             body = (f"#!/bin/sh\n# the sparkserve engine emulator (not vLLM): the dry run of tests/real\n"
@@ -132,7 +134,7 @@ class Scenario:
         return path
 
     def bench_client(self) -> list[str]:
-        """`vllm bench serve`: 0.25.1's own (real); the test venv's vLLM 0.33 client (dry run)."""
+        """`vllm bench serve`: the carried vLLM's own (real); the test venv's vLLM 0.33 client (dry run)."""
         if self.real:
             return [str(self.launcher()), "bench", "serve"]
         return [str(Path(sys.executable).parent / "vllm"), "bench", "serve"]
@@ -180,7 +182,7 @@ class Scenario:
             "model": {"target": str(self.models / "target"), "served_name": MODEL},
             "drafter": {"path": str(self.models / "drafter")},
             "serve": {
-                "vllm": str(self.launcher()), "vllm_version": "0.25.1", "tensor_parallel_size": 1,
+                "vllm": str(self.launcher()), "vllm_version": self.args.vllm_version, "tensor_parallel_size": 1,
                 "enable_expert_parallel": False, "max_model_len": 2048, "max_num_seqs": 16,
                 # the tiny models are not GLM-5.3: none of the card's GLM parsers, its block size or its template
                 "block_size": None, "tool_call_parser": None, "enable_auto_tool_choice": False,
@@ -197,7 +199,8 @@ class Scenario:
             "process": {"run_dir": str(self.work / "run")},
         }
         self.cfg.write_text(yaml.safe_dump(cfg, sort_keys=False))
-        self.say("config", f"{self.cfg} (runtime process, one local node, vllm_version 0.25.1, GMU 0.3, "
+        self.say("config", f"{self.cfg} (runtime process, one local node, vllm_version {self.args.vllm_version}, "
+                 f"GMU 0.3, "
                  f"KV 512 MiB, mask_token_id {mask})")
 
     # -- the scenario ---------------------------------------------------------------------------------
@@ -485,6 +488,10 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", choices=["real", "emulator"], required=True)
     ap.add_argument("--site", help="where the carried wheels are installed (real)")
+    ap.add_argument("--vllm-version", default="0.25.1",
+                    help="the carried vLLM's version: serve.vllm_version in the config (issue 43: 0.25.1, 0.33.0)")
+    ap.add_argument("--keep-up", action="store_true",
+                    help="leave the stack up at the end (a next call on the warm machine goes on with --skip)")
     ap.add_argument("--work", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--probes", action="store_true", help="run the three failing boots instead of the scenario")
@@ -514,7 +521,7 @@ def main() -> int:
     else:
         steps += [("config", s.write_config, 5), ("up", s.up, 240),
                   ("gates", lambda: s.gates("gates", want_ok=True), 60), ("metrics", lambda: s.metrics("before"), 5),
-                  ("bench", s.bench, 150), ("metrics", lambda: s.metrics("after"), 5), ("swaps", s.swaps, 240),
+                  ("bench", s.bench, 100), ("metrics", lambda: s.metrics("after"), 5), ("swaps", s.swaps, 240),
                   ("kill", s.kill_engine_core, 40),
                   ("gates-after-kill", lambda: s.gates("gates-after-kill", want_ok=False, must_fail="faults"), 40)]
     skip = {x for x in args.skip.split(",") if x}
@@ -529,7 +536,7 @@ def main() -> int:
     except Abort as e:
         s.say("abort", str(e), ok=False)
     finally:
-        if not args.probes:
+        if not args.probes and not args.keep_up:
             if s.part_down is not None:  # a part's own stacks (its steps set it) before the main one
                 try:
                     s.part_down()

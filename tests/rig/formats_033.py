@@ -159,6 +159,18 @@ FORMATS: list[Fmt] = [
         'EngineCore encountered a fatal error.'),
     Fmt('mp_dead', 'v1/engine/core_client.py', 839, 'WARNING',
         '[shutdown] MPClient: engine core exited unexpectedly; starting cleanup'),
+    # issue 43: seen in the real 0.33.0 run (tests/fixtures/logs/real-0.33.0-gpu/boot-killed.log: kill -9 of the
+    # EngineCore; boot-bare-sigterm.log: a deliberate SIGTERM), each a logger call of the wheel at this file:line
+    Fmt('pm_sigterm', 'v1/utils.py', 628, 'INFO',
+        '[shutdown] Process manager: send sigterm to process %s'),
+    Fmt('pm_force', 'v1/utils.py', 648, 'WARNING',
+        '[shutdown] Process manager: force killing remaining processes count=%d'),
+    Fmt('pm_force_one', 'v1/utils.py', 653, 'WARNING',
+        '[shutdown] Process manager: force killing remaining process %s pid %d'),
+    Fmt('output_handler', 'v1/engine/async_llm.py', 943, 'ERROR',
+        'AsyncLLM output_handler failed.'),
+    Fmt('stream_gen_error', 'entrypoints/openai/chat_completion/serving.py', 952, 'ERROR',
+        'Error in chat completion stream generator.'),
     Fmt('req_error', 'entrypoints/generate/base/serving.py', 203, 'ERROR',
         'Request %s failed with an internal error during generation'),
     Fmt('parent_exit', 'v1/executor/multiproc_executor.py', 944, 'INFO',
@@ -233,7 +245,7 @@ FORMATS: list[Fmt] = [
 ]
 
 # logger.exception() records: the message, then "\n" + a Python traceback (every line carries the prefix)
-EXC_KEYS = {"wp_failed_start", "wp_hit", "ec_failed_start", "ec_fatal"}
+EXC_KEYS = {"wp_failed_start", "wp_hit", "ec_failed_start", "ec_fatal", "output_handler", "stream_gen_error"}
 FORMATS = [Fmt(**{**f.__dict__, "exc": True}) if f.key in EXC_KEYS else f for f in FORMATS]
 
 # The last line of a traceback: exceptions vLLM (or torch, for the OOM and the TCPStore) raises.
@@ -251,6 +263,8 @@ EXCEPTIONS: list[tuple[str, str]] = [
     (r"Exception: WorkerProc initialization failed due to an exception in a background process\. See stack trace "
      r"for root cause\.", "v1/executor/multiproc_executor.py"),
     (r"RuntimeError: Executor failed\.", "v1/engine/core.py"),
+    (r"vllm\.v1\.engine\.exceptions\.EngineDeadError: EngineCore encountered an issue\. See stack trace \(above\) "
+     r"for the root cause\.", "v1/engine/exceptions.py"),  # real 0.33.0: boot-killed.log
     (r"RuntimeError: Engine core initialization failed\. See root cause above\. Failed core proc\(s\): \{.*\}",
      "v1/engine/utils.py"),
     (r"TimeoutError: Timed out waiting for engine core processes to start\. This is often caused by slow weight "
@@ -318,6 +332,7 @@ PROCESS = re.compile(r"^(?:APIServer|EngineCore|MainProcess|Worker(?:_PP\d+)?(?:
 RAY_PREFIX = re.compile(r"^\(RayWorkerProc pid=\d+(?:, ip=[\d.]+)?\) ")
 TB_FILE = re.compile(r'^  File "[^"]+", line \d+, in [\w<>]+$')
 TB_CODE = re.compile(r"^    \S.*$")
+TB_CARET = re.compile(r"^ +[~^]+$")  # Python 3.11+ marks the failing expression under a frame's code line (real 0.33 run)
 
 
 def fmt_regex(f: Fmt) -> re.Pattern[str]:
@@ -348,7 +363,7 @@ def traceback_ok(lines: list[str]) -> bool:
     """A Python traceback as printed: header, File/code pairs, and a known exception line."""
     if not lines or lines[0] != "Traceback (most recent call last):":
         return False
-    body, last = lines[1:-1], lines[-1]
+    body, last = [ln for ln in lines[1:-1] if not TB_CARET.match(ln)], lines[-1]
     for i, ln in enumerate(body):
         if not (TB_FILE.match(ln) if i % 2 == 0 else TB_CODE.match(ln)):
             return False

@@ -37,7 +37,7 @@ def _kv_flag(cfg) -> tuple[str, str]:
 
 
 def test_the_shipped_dialects_and_where_the_forks_facts_come_from() -> None:
-    assert set(shipped_names()) == {"0.33.0", "0.25.1", FORK}
+    assert set(shipped_names()) == {"0.34.0", "0.33.0", "0.25.1", FORK}
     fork, up = shipped(FORK), shipped("0.33.0")
     assert fork.accepts("--kv-cache-memory") and not fork.accepts("--kv-cache-memory-bytes")
     assert not fork.accepts("--enable-flashinfer-autotune") and up.accepts("--enable-flashinfer-autotune")
@@ -96,6 +96,21 @@ def test_an_unknown_dialect_override_is_a_config_error(tmp_path: Path) -> None:
     with pytest.raises(BadInput) as e:
         _cfg(tmp_path, {"serve": {"vllm_version": "0.20.0"}})
     assert e.value.where == "serve.vllm_version" and FORK in e.value.what
+
+
+def test_vllm_0_34_is_a_dialect_validate_accepts_and_its_changes_against_0_33_are_named(tmp_path: Path) -> None:
+    # issue 43: upstream 0.34.0 (the registry's newest) beside 0.33.0 and 0.25.1; its dump removed no flag
+    cfg = _cfg(tmp_path, {"serve": {"vllm_version": "0.34.0"}})
+    d, prev = dialect_for(cfg), shipped("0.33.0")
+    assert d.name == "0.34.0" and d.kv_flag == "--kv-cache-memory-bytes"
+    argv = build_plan(cfg, dialect=d).head.command
+    assert OptionList.load(version="0.34.0").check(argv).ok
+    flags = {f for o in d.options["options"] for f in o["option_strings"]}
+    before = {f for o in prev.options["options"] for f in o["option_strings"]}
+    assert before - flags == set()  # nothing removed or renamed: what the dialect file says
+    facts = " ".join(json.loads((REPO / "sparkserve" / "data" / "dialects" / "0.34.0.json").read_text())["facts"])
+    assert all(f in facts for f in flags - before), sorted(flags - before)  # each added flag is named there
+    assert "--gpu-memory-utilization" in facts  # its default went from 0.92 to none
 
 
 def _facts_tool(tmp_path: Path, path_dirs: list[Path]) -> dict[str, Any]:

@@ -81,6 +81,9 @@ Environment (emulator knobs are ``SSEMU_*``; real vLLM variables keep their mean
     that rank's worker dies (exit code -6).
   - ``graphs_off@rank=R``: rank R silently captures no CUDA graphs (no ``Graph capturing finished``).
   - ``worker_death@rank=R[,after=N]``: rank R's worker dies (exit code -9) when request N starts.
+  - ``engine_kill[@after=N]``: kill -9 of the EngineCore process when request N starts (real vLLM 0.33.0, one
+    GPU: the process manager's SIGTERM line, the engine's death, the client's shutdown, the failed output
+    handler, each open chat stream's EngineDeadError; issue 43, tests/fixtures/logs/real-0.33.0-gpu).
   - ``stream_error@request=K``: request K (1-based, counted by the head) fails mid-stream with
     vLLM's ``finish_reason == "error"`` path.
   - ``slow_boot@seconds=S``: same as ``SSEMU_BOOT_SECONDS``.
@@ -192,6 +195,8 @@ AT = {
     "sd_ec_teardown": "core.py:1743", "sd_ec_exit": "core.py:1573", "sd_ex_wait": "multiproc_executor.py:580",
     "sd_ex_done": "multiproc_executor.py:587", "ray_pg": "ray_utils.py:358", "ray_pg_wait": "ray_utils.py:223",
     "ray_died": "ray_executor_v2.py:522",
+    # issue 43, seen in the real 0.33.0 run (tests/fixtures/logs/real-0.33.0-gpu/boot-killed.log)
+    "pm_sigterm": "utils.py:628", "output_handler": "async_llm.py:943", "stream_gen_error": "serving.py:952",
 }
 RAY_CLUSTER_FILE = "/tmp/ray/ray_current_cluster"
 RAY_PG_WAIT = ("Waiting for creating a placement group of specs for %d seconds. specs=%s. Check `ray status` and "
@@ -393,6 +398,20 @@ FRAMES_EC_FATAL = [
     (V("v1/engine/core.py"), 1664, "_process_input_queue", "self._handle_client_request(*req)"),
     (V("v1/engine/core.py"), 1779, "_handle_client_request", 'raise RuntimeError("Executor failed.")'),
 ]
+# The API server when its EngineCore is dead (real 0.33.0 run, boot-killed.log; frames as that run printed them)
+FRAMES_OUTPUT_HANDLER = [
+    (V("v1/engine/async_llm.py"), 880, "output_handler", "outputs = await engine_core.get_output_async()"),
+    (V("v1/engine/core_client.py"), 1278, "get_output_async", "raise self._format_exception(outputs) from None"),
+]
+FRAMES_STREAM_GEN = [
+    (V("entrypoints/openai/chat_completion/serving.py"), 575, "chat_completion_stream_generator_raw",
+     "async for res in result_generator:"),
+    (V("v1/engine/async_llm.py"), 795, "generate", "out = q.get_nowait() or await q.get()"),
+    (V("v1/engine/output_processor.py"), 92, "get", "raise output"),
+    *FRAMES_OUTPUT_HANDLER,
+]
+ENGINE_DEAD = ("vllm.v1.engine.exceptions.EngineDeadError: EngineCore encountered an issue. See stack trace (above) "
+               "for the root cause.")
 FRAMES_API_START = [
     ("/usr/local/bin/vllm", 10, "<module>", "sys.exit(main())"),
     (V("entrypoints/cli/main.py"), 117, "main", "args.dispatch_function(args)"),
@@ -1108,12 +1127,21 @@ class Emulator:
     def core(self, level: str, key: str, msg: str) -> None:
         self.log.line("EngineCore", self.pid_engine, level, AT[key], msg)
 
+    def wproc(self, rank: int) -> tuple[str, int]:
+        """The process a rank's worker lines come from. A world of one runs its worker inside the EngineCore
+        process (no worker process, no Worker prefix): the real vLLM 0.33.0 run on one GPU (issue 43,
+        tests/fixtures/logs/real-0.33.0-gpu/boot1-up.log) logs `Using V2 Model Runner`, the mask line, the KV and
+        graph lines as `(EngineCore pid=N)`."""
+        if self.world == 1 and not self.ray:
+            return "EngineCore", self.pid_engine
+        return self.wname(rank), self.worker_pids[rank]
+
     def wk(self, rank: int, level: str, key: str, msg: str) -> None:
-        self.log.line(self.wname(rank), self.worker_pids[rank], level, AT[key], msg)
+        self.log.line(*self.wproc(rank), level, AT[key], msg)
 
     def wk_once(self, rank: int, key: str, msg: str, dedupe: str = "") -> None:
         if self.ray or rank == self.ranks[0]:  # info_once, scope "local": the node's first local rank
-            self.log.info_once(self.wname(rank), self.worker_pids[rank], AT[key], msg, dedupe or msg)
+            self.log.info_once(*self.wproc(rank), AT[key], msg, dedupe or msg)
 
     def bar(self, rank: int, text: str) -> None:
         if rank == 0:  # progress bars: global rank 0 only
@@ -1978,9 +2006,24 @@ class Emulator:
                   traceback_text(FRAMES_EC_FATAL, "RuntimeError: Executor failed."))
         self.engine_died()
 
+    def engine_killed(self) -> None:
+        """``engine_kill``: kill -9 of the EngineCore process (one node). Real 0.33.0 (issue 43, boot-killed.log):
+        the API server's process manager logs its SIGTERM to the dead process first, then the engine's death."""
+        self.api("INFO", "pm_sigterm", "[shutdown] Process manager: send sigterm to process EngineCore")
+        self.engine_died()
+
     def engine_died(self) -> None:
         self.engine_dead = True
         self.api("WARNING", "mp_dead", "[shutdown] MPClient: engine core exited unexpectedly; starting cleanup")
+        # the monitor thread then shuts the client down and the output handler fails (core_client.py
+        # monitor_engine_cores → MPClient.shutdown; async_llm.py output_handler), as the real 0.33.0 run logged
+        self.api("INFO", "sd_mp_start", "[shutdown] MPClient: start timeout=default")
+        self.api("INFO", "sd_mp_stop", "[shutdown] MPClient: stopping engine manager")
+        self.api("INFO", "sd_mp_stopped", "[shutdown] MPClient: engine manager stopped")
+        self.api("INFO", "sd_mp_clean", "[shutdown] MPClient: cleaning up background resources")
+        self.api("INFO", "sd_mp_done", "[shutdown] MPClient: complete")
+        self.api("ERROR", "output_handler", "AsyncLLM output_handler failed.\n" +
+                 traceback_text(FRAMES_OUTPUT_HANDLER, ENGINE_DEAD))
         self.close_peers()
         if os.environ.get("VLLM_KEEP_ALIVE_ON_ENGINE_DEATH") != "1":
             def _exit() -> None:
@@ -2168,6 +2211,9 @@ class Emulator:
         with self.request_lock:
             self.request_counter += 1
             n = self.request_counter
+        f = self.faults.get("engine_kill")
+        if f and n >= (f.int("after", 1) or 1) and not self.engine_dead:
+            self.engine_killed()  # in this request's thread: every line is out before its stream fails
         for r in self.ranks:
             f = self.faults.for_rank("worker_death", r)
             if f and n >= (f.int("after", 1) or 1) and not self.worker_dead:
@@ -2659,6 +2705,9 @@ def _http_classes() -> tuple[type, type]:
                                   "stop_reason": None}
                     self.chunk("data: " + json.dumps({**base, "choices": [choice]}, separators=(",", ":")) + "\n\n")
             except EngineDead:
+                if chat:  # entrypoints/openai/chat_completion/serving.py: logger.exception (real 0.33.0 run)
+                    emu.api("ERROR", "stream_gen_error", "Error in chat completion stream generator.\n" +
+                            traceback_text(FRAMES_STREAM_GEN, ENGINE_DEAD))
                 err = {"message": "The server had an error while processing your request.",
                        "type": "InternalServerError", "param": None, "code": 500}
                 self.chunk("data: " + json.dumps({"error": err}, separators=(",", ":")) + "\n\n")
