@@ -24,6 +24,8 @@ RIG_DIR = Path(__file__).resolve().parent / "rig"
 if str(RIG_DIR) not in sys.path:
     sys.path.insert(0, str(RIG_DIR))
 
+from timing_report import pytest_addoption, pytest_configure  # noqa: E402,F401 (hooks: --time-report)
+
 # tests/real drives real vLLM on a GPU machine (scripts/real-engine); CI has none, so it is never collected here
 collect_ignore = ["real"]
 
