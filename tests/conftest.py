@@ -30,6 +30,22 @@ from timing_report import pytest_addoption, pytest_configure  # noqa: E402,F401 
 collect_ignore = ["real"]
 
 
+# The fixtures that use a rig node: a test that asks for one is a rig test even if its module forgot the mark,
+# so `scripts/test` never runs it beside another rig test (below) and `--quick` (-m "not rig") leaves it out.
+RIG_FIXTURES = frozenset({"rig", "rig_docker", "rig_clean", "pristine_models", "rig_exclusive", "e2e", "rig4", "e4"})
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every rig test is in the xdist group ``rig``: with ``-n N --dist loadgroup`` (scripts/test) they all run on
+    one worker, one after another in collection order, so a module-scoped stack stays one boot and no rig test
+    waits on the rig's lock held by another worker; the tests that need no rig node share the other workers."""
+    for item in items:
+        if item.get_closest_marker("rig") is None and RIG_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.rig)
+        if item.get_closest_marker("rig") is not None:
+            item.add_marker(pytest.mark.xdist_group("rig"))
+
+
 @pytest.fixture(autouse=True)
 def _own_image_facts(tmp_path_factory, monkeypatch):
     """Every test has its own stored image facts (plan/dialects.py; `image verify` writes them), so a facts
