@@ -38,12 +38,13 @@ RIG_FIXTURES = frozenset({"rig", "rig_docker", "rig_clean", "pristine_models", "
 def pytest_collection_modifyitems(config, items):
     """Every rig test is in the xdist group ``rig``: with ``-n N --dist loadgroup`` (scripts/test) they all run on
     one worker, one after another in collection order, so a module-scoped stack stays one boot and no rig test
-    waits on the rig's lock held by another worker; the tests that need no rig node share the other workers."""
+    waits on the rig's lock held by another worker. Every other test is in its module's group, so a module's
+    expensive fixture (a batch of CLI runs, vLLM's parser) is built once, not once per worker."""
     for item in items:
         if item.get_closest_marker("rig") is None and RIG_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.rig)
-        if item.get_closest_marker("rig") is not None:
-            item.add_marker(pytest.mark.xdist_group("rig"))
+        group = "rig" if item.get_closest_marker("rig") is not None else item.nodeid.split("::", 1)[0]
+        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)

@@ -10,6 +10,7 @@ when they ran side by side. ``--time-report-json FILE`` also writes every test's
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -25,18 +26,19 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                 help="also write {nodeid: seconds} of every test to FILE")
 
 
+XDIST_GROUP = re.compile(r"@[^\[\]]*$")  # "test_x[crash@rank=1]@rig" -> "test_x[crash@rank=1]"
+
+
 class TimeReport:
     def __init__(self, slowest: int, json_path: str | None) -> None:
         self.slowest = slowest
         self.json_path = json_path
         self.per_test: dict[str, float] = defaultdict(float)
-        self.outcome: dict[str, str] = {}
         self.started = time.monotonic()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
-        self.per_test[report.nodeid] += report.duration
-        if report.when == "call" or report.outcome != "passed":
-            self.outcome[report.nodeid] = report.outcome
+        nodeid = XDIST_GROUP.sub("", report.nodeid)  # --dist loadgroup appends "@group" to the test's id
+        self.per_test[nodeid] += report.duration
 
     @staticmethod
     def folder(nodeid: str) -> str:
