@@ -30,21 +30,17 @@ from timing_report import pytest_addoption, pytest_configure  # noqa: E402,F401 
 collect_ignore = ["real"]
 
 
-# The fixtures that use a rig node: a test that asks for one is a rig test even if its module forgot the mark,
-# so `scripts/test` never runs it beside another rig test (below) and `--quick` (-m "not rig") leaves it out.
+# The fixtures that use a rig node: a test that asks for one is a rig test even if its module forgot the mark, so
+# `scripts/test` runs it with the rig tests (one at a time), never beside them, and `--quick` (-m "not rig")
+# leaves it out.
 RIG_FIXTURES = frozenset({"rig", "rig_docker", "rig_clean", "pristine_models", "rig_exclusive", "e2e", "rig4", "e4"})
 
 
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the marks
 def pytest_collection_modifyitems(config, items):
-    """Every rig test is in the xdist group ``rig``: with ``-n N --dist loadgroup`` (scripts/test) they all run on
-    one worker, one after another in collection order, so a module-scoped stack stays one boot and no rig test
-    waits on the rig's lock held by another worker. Every other test is in its module's group, so a module's
-    expensive fixture (a batch of CLI runs, vLLM's parser) is built once, not once per worker."""
     for item in items:
         if item.get_closest_marker("rig") is None and RIG_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.rig)
-        group = "rig" if item.get_closest_marker("rig") is not None else item.nodeid.split("::", 1)[0]
-        item.add_marker(pytest.mark.xdist_group(group))
 
 
 @pytest.fixture(autouse=True)
