@@ -24,8 +24,23 @@ RIG_DIR = Path(__file__).resolve().parent / "rig"
 if str(RIG_DIR) not in sys.path:
     sys.path.insert(0, str(RIG_DIR))
 
+from timing_report import pytest_addoption, pytest_configure  # noqa: E402,F401 (hooks: --time-report)
+
 # tests/real drives real vLLM on a GPU machine (scripts/real-engine); CI has none, so it is never collected here
 collect_ignore = ["real"]
+
+
+# The fixtures that use a rig node: a test that asks for one is a rig test even if its module forgot the mark, so
+# `scripts/test` runs it with the rig tests (one at a time), never beside them, and `--quick` (-m "not rig")
+# leaves it out.
+RIG_FIXTURES = frozenset({"rig", "rig_docker", "rig_clean", "pristine_models", "rig_exclusive", "e2e", "rig4", "e4"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m selects on the marks
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if item.get_closest_marker("rig") is None and RIG_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.rig)
 
 
 @pytest.fixture(autouse=True)

@@ -46,12 +46,21 @@ def e2e(request, rig_exclusive, rig_docker, _module_state, tmp_path) -> Iterator
     h.clean()
 
 
-@pytest.fixture(scope="module")
-def rig4(rig_exclusive, _module_state):
-    """Four rig nodes of the module's own (127.0.0.40-43, port 2225, node root /srv/spark-e4): two replicas."""
+@pytest.fixture(scope="session")
+def rig4(rig):
+    """Four rig nodes of their own (127.0.0.40-43, port 2225, node root /srv/spark-e4): two replicas. One boot for
+    the session (issue 39: each of the three replicas modules brought up and purged its own, ~1 min each): the
+    first test that asks brings it up, the session's end takes it down with --purge. ``e4`` cleans every
+    container and router before and after each test, and a test that changes a node's files restores them."""
+    import rig as riglib
     from replicas_support import E4_ROOT, own_rig
 
-    yield from own_rig(rig_exclusive, nodes=4, ip_base=40, ssh_port=2225, root=E4_ROOT)
+    rigs = own_rig(rig, nodes=4, ip_base=40, ssh_port=2225, root=E4_ROOT)
+    with riglib.exclusive_use():  # as a module-scoped rig_exclusive held it before: `up` reads the shared cache
+        handle = next(rigs)
+    yield handle
+    with riglib.exclusive_use():
+        next(rigs, None)  # down --purge (own_rig asserts it worked)
 
 
 @pytest.fixture

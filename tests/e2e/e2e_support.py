@@ -48,6 +48,7 @@ FAST_ENV = {  # emulator timings short enough for tests (real vLLM: 60 s / 600 s
     "SSEMU_PEER_TIMEOUT_S": "3",
     "SSEMU_NCCL_TIMEOUT_S": "2",
 }
+SETTLE_S = 1.0  # gates.settle_s of every e2e config (default 3 s): a test about the settle window sets its own
 SMALL_SMOKE = {"prompts": 3, "concurrency": 1, "max_tokens": 32, "request_timeout_s": 10}
 ONE_SCREEN = 40  # lines from the `error:` line to the end of stderr
 RUNTIMES = ["docker", "process"]
@@ -95,7 +96,7 @@ class E2E:
             "watchdog": {"memory_floor_bytes": "1GiB"},
             "fabric": {"master_port": free_port(head)},
             "container": {"name_prefix": PREFIX, "stop_timeout_s": 3},
-            "gates": {"smoke": dict(SMALL_SMOKE)},
+            "gates": {"smoke": dict(SMALL_SMOKE), "settle_s": SETTLE_S},
         })
         if self.runtime == "process":
             body = merge(body, {"runtime": "process", "serve": {"vllm": str(self.process_vllm())},

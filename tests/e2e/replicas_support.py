@@ -1,7 +1,7 @@
-"""Replicas on the rig: a rig of its own with N nodes for a test module, a fleet config, and a load of streamed and
-non-streamed requests through the router judged at the client.
+"""Replicas on the rig: a rig of its own with N nodes (for a session, as conftest's rig4, or a module), a fleet
+config, and a load of streamed and non-streamed requests through the router judged at the client.
 
-    yield from own_rig(rig_exclusive, nodes=4, ip_base=40, ssh_port=2225, root=E4_ROOT)   # conftest's rig4
+    yield from own_rig(rig_exclusive, nodes=6, ip_base=50, ssh_port=2226, root="/srv/spark-e6")   # test_replicas_six
 """
 
 from __future__ import annotations

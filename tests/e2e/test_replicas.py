@@ -4,7 +4,8 @@ load leaves the endpoint answering (failed requests counted, streaming and non-s
 router first and leaves nothing on the four nodes.
 
 A separate four-node rig (its own SSRIG_DIR, addresses 127.0.0.40-43, port 2225, node root /srv/spark-e4) is
-brought up for this module and removed after it; the session's two-node rig is not touched (as test_three_nodes).
+brought up once per session for the replicas modules (conftest's ``rig4``) and removed at its end; the session's
+two-node rig is not touched (as test_three_nodes).
 """
 
 from __future__ import annotations

@@ -7,8 +7,7 @@ replica 1. Both designs run the same cells and rounds; the test prints each one'
 (issue 34 Deliver 4; bench/bench_ab_designs.py reads them) and checks each finds the better drafter, names its
 design in `ab report`, and leaves the fleet serving behind the router as before.
 
-A separate four-node rig (addresses 127.0.0.40-43, as test_replicas: the test lock keeps them apart) is brought
-up for this module and removed after it.
+The four-node rig of test_replicas (addresses 127.0.0.40-43; conftest's ``rig4``, one boot per session).
 """
 
 from __future__ import annotations

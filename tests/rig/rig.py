@@ -753,6 +753,17 @@ def ensure_models() -> Path:
     out = CACHE_DIR / f"models-{key}"
     if (out / ".complete").exists():
         return out
+    import fcntl
+
+    CACHE_DIR.mkdir(parents=True, exist_ok=True)
+    with open(CACHE_DIR / f".models-{key}.lock", "a+") as lock:  # two test processes (scripts/test --quick's
+        fcntl.flock(lock, fcntl.LOCK_EX)                          # workers) on a fresh machine: one generates
+        if (out / ".complete").exists():
+            return out
+        return _generate_models(out)
+
+
+def _generate_models(out: Path) -> Path:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     log("generating tiny target/drafter fixtures")
