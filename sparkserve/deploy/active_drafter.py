@@ -13,14 +13,13 @@ fingerprint, and :func:`kept_drafter` gives it back to the next `up` of that sam
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from sparkserve import journal
 from sparkserve.config import Config
-from sparkserve.errors import BadInput
+from sparkserve.deploy.config_write import edit_config
 
 
 @dataclass(frozen=True)
@@ -37,59 +36,19 @@ def write_config_drafter(config_file: Path, node_path: str, source: Path | None)
     """Set ``drafter.path`` / ``drafter.source`` in ``config_file`` in place (comments kept; written to a
     temporary file and renamed, so a failure leaves the file as it was). BadInput naming the file when it
     cannot be read, parsed or written."""
-    from ruamel.yaml import YAML
-    from ruamel.yaml.error import YAMLError
-    from ruamel.yaml.util import load_yaml_guess_indent
 
-    yaml = YAML(typ="rt")
-    yaml.preserve_quotes = True
-    yaml.width = 4096  # never re-wrap the user's long lines
-    try:
-        text = config_file.read_text()
-        data = yaml.load(text)
-        _, seq_indent, seq_offset = load_yaml_guess_indent(text)
-    except OSError as e:
-        raise BadInput(str(config_file), f"cannot read config: {e.strerror or e}") from None
-    except YAMLError as e:
-        raise BadInput(str(config_file), f"not valid YAML: {e}") from None
-    # the file's own indentation: ruamel's default would move `- name:` under `nodes:` to column 0
-    yaml.indent(mapping=_mapping_indent(text), sequence=seq_indent or 2, offset=seq_offset or 0)
-    if not isinstance(data, dict):
-        raise BadInput(str(config_file), "the config must be a YAML mapping")
-    if not isinstance(data.get("drafter"), dict):
-        data["drafter"] = {}
-    data["drafter"]["path"] = node_path
-    if source is not None:
-        data["drafter"]["source"] = str(source)
-    else:
-        data["drafter"].pop("source", None)
-    fd, tmp = tempfile.mkstemp(prefix=f".{config_file.name}.", dir=config_file.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            yaml.dump(data, f)
-        os.chmod(tmp, config_file.stat().st_mode & 0o7777)
-        os.replace(tmp, config_file)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise BadInput(str(config_file), f"cannot write: {e.strerror or e}") from None
-
-
-def _mapping_indent(text: str) -> int:
-    """How far the file indents a nested mapping's keys (the first indented ``key:`` line under a top-level
-    key); 2 when it has none."""
-    parent = False
-    for raw in text.splitlines():
-        line = raw.split("#", 1)[0].rstrip()
-        if not line:
-            continue
-        indent = len(line) - len(line.lstrip(" "))
-        if indent == 0:
-            parent = line.endswith(":")
-        elif parent and not line.lstrip().startswith("-") and ":" in line:
-            return indent
+    def change(data: Any) -> None:
+        if not isinstance(data.get("drafter"), dict):
+            data["drafter"] = {}
+        data["drafter"]["path"] = node_path
+        if source is not None:
+            data["drafter"]["source"] = str(source)
         else:
-            parent = False
-    return 2
+            data["drafter"].pop("source", None)
+
+    edit_config(config_file, change)
+
+
 
 
 def remember(cfg: Config, node_path: str, source: str | None, digest: str) -> None:
