@@ -28,7 +28,7 @@ from pydantic import BaseModel
 
 from sparkserve.errors import BadInput
 from sparkserve.measure.ab_records import Boot, CampaignSpec, Wave
-from sparkserve.measure.ab_stats import E2E_P50, Analysis, CellFigures, Interval, analyze
+from sparkserve.measure.ab_stats import E2E_P50, Analysis, CellFigures, Interval, analyze, fmt_interval
 
 PLOT_EXTRA = "plot"
 
@@ -73,12 +73,7 @@ def _num(x: float | None, spec: str) -> str:
     return "—" if x is None else format(x, spec)
 
 
-def _ci(i: Interval, spec: str) -> str:
-    if i.point is None:
-        return "—"
-    if i.lo is None or i.hi is None:
-        return format(i.point, spec)
-    return f"{format(i.point, spec)} [{format(i.lo, spec)}, {format(i.hi, spec)}]"
+_ci = fmt_interval
 
 
 def _rel(i: Interval) -> str:

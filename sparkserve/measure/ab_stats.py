@@ -109,6 +109,16 @@ class Analysis(BaseModel):
     honest_read: str
 
 
+def fmt_interval(i: Interval, spec: str) -> str:
+    """``point [lo, hi]`` in ``spec`` (the point alone without bounds; ``—`` without a point): the one way
+    ``ab report`` and ``tune`` print an interval."""
+    if i.point is None:
+        return "—"
+    if i.lo is None or i.hi is None:
+        return format(i.point, spec)
+    return f"{format(i.point, spec)} [{format(i.lo, spec)}, {format(i.hi, spec)}]"
+
+
 def _pct(values: Sequence[float]) -> Percentiles:
     """p50/p90/p99 in ms by the one percentile function every report uses (:func:`.latency.latency_stats`)."""
     s = latency_stats(values)

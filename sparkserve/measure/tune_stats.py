@@ -42,6 +42,7 @@ from sparkserve.measure.ab_stats import (
     _by_round,
     _Draws,
     _per_position,
+    fmt_interval,
     p50_reps,
     tpot_values,
 )
@@ -305,13 +306,7 @@ def leader_clear(spec: CampaignSpec, waves: list[Wave], *, level: float, min_eff
 def table_rows(t: TuneTable, cell: CellAdvice) -> tuple[list[str], list[list[str]]]:
     """One cell's table: a row per candidate, AL / E2E p50 / tok/s / TPOT with intervals, Δ tok/s vs the current
     value, per-position acceptance."""
-    def ci(i: Interval, spec: str) -> str:
-        if i.point is None:
-            return "—"
-        if i.lo is None or i.hi is None:
-            return format(i.point, spec)
-        return f"{format(i.point, spec)} [{format(i.lo, spec)}, {format(i.hi, spec)}]"
-
+    ci = fmt_interval
     streamed = any(c.tpot_p50_ms.point is not None for c in cell.candidates)
     header = ["Candidate", "Boots", "AL [95 %]", "E2E p50 ms [95 %]", "tok/s [95 %]"]
     header += ["TPOT p50 ms [95 %]"] if streamed else []
