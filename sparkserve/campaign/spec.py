@@ -21,6 +21,7 @@ from typing import Any
 from sparkserve.config import Config
 from sparkserve.config.profiles import uses_drafter
 from sparkserve.config.variants import DRAFTER_KEY, settings_text, variant_config
+from sparkserve.deploy.chat_template_remote import head_template_dir, needs_remote_template
 from sparkserve.deploy.inputs import check_inputs, validate_inputs
 from sparkserve.deploy.swap import swapped_config
 from sparkserve.deploy.teardown import Reporter, quiet
@@ -118,7 +119,7 @@ def check_request(cfg: Config, req: CampaignRequest) -> None:
         d = settings.get(DRAFTER_KEY)
         if d is not None and not Path(str(d)).expanduser().is_dir():
             raise BadInput(f"--variant {n}", f"drafter: {d} is not a directory")
-    if req.protocol == CARD:
+    if req.protocol == CARD and (req.chat_template is not None or not needs_remote_template(cfg)):
         target_template(cfg, req.chat_template)  # BadInput naming the option or the template file
 
 
@@ -203,6 +204,15 @@ def prompts_of(source: str) -> PromptSet:
     return builtin_prompts() if source == BUILTIN_NAME else load_prompts(Path(source))
 
 
+def campaign_template(cfg: Config, nodes: dict[str, Node], given: Path | None, say: Reporter = quiet) -> ChatTemplate:
+    """The card protocol's chat template: ``--chat-template`` when given, else the target's own — read here
+    when this machine has the target, else from the head (as `bench` does from a laptop, issue 41; cached by
+    the target's manifest, so the campaign's spec names a local copy that `--resume` reads again)."""
+    if given is None and needs_remote_template(cfg):
+        given = head_template_dir(cfg, nodes[cfg.head.name], say=say)
+    return target_template(cfg, given)
+
+
 def plan_campaign(cfg: Config, nodes: dict[str, Node], req: CampaignRequest, say: Reporter = quiet) -> CampaignSpec:
     """Validate every drafter (BadInput, nothing touched, for the first wrong one), then hash each: the spec."""
     check_request(cfg, req)
@@ -230,7 +240,7 @@ def plan_campaign(cfg: Config, nodes: dict[str, Node], req: CampaignRequest, say
     cells = [c.name for c in req.cells]
     sampling = sampling_for(req.protocol).as_dict()
     if req.protocol == CARD:
-        tpl = target_template(cfg, req.chat_template)
+        tpl = campaign_template(cfg, nodes, req.chat_template, say)
         sampling |= {"chat_template": tpl.source, "chat_template_sha256": tpl.sha256}
     primary = req.primary or (DEFAULT_PRIMARY if DEFAULT_PRIMARY in cells else cells[0])
     seed = req.seed if req.seed is not None else random.SystemRandom().randrange(1 << 31)

@@ -52,3 +52,43 @@ def test_no_such_target_on_the_head_names_model_target_and_the_override(tmp_path
         head_template_dir(cfg, LocalNode("spark-a"))
     assert e.value.where == "model.target" and "spark-a" in e.value.what and "--chat-template" in e.value.what
     assert not needs_remote_template(_cfg(tmp_path))  # a directory this machine has: read here, as before
+
+
+class _ElsewhereNode(LocalNode):
+    """The head as another machine: its ``/srv/head-only`` is this test's directory (the node program is the
+    real one, run here; only the root it is handed moves), so ``model.target`` is not on this machine."""
+
+    def __init__(self, name: str, root: Path) -> None:
+        super().__init__(name)
+        self.root = root
+
+    def run(self, argv, **kw):  # noqa: ANN001, ANN003, ANN201
+        if kw.get("stdin"):
+            kw["stdin"] = kw["stdin"].replace(b"/srv/head-only", str(self.root).encode())
+        return super().run(argv, **kw)
+
+    def get(self, remote: str, local: Path) -> None:
+        super().get(remote.replace("/srv/head-only", str(self.root)), local)
+
+
+def test_an_ab_campaign_reads_the_template_from_the_head_when_the_target_is_not_here(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`ab run --protocol card` from a laptop (issue 41 item 6, as `bench` does): no --chat-template needed."""
+    from sparkserve.campaign.spec import CampaignRequest, campaign_template, check_request
+    from sparkserve.commands.measure import cell_specs
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    (tmp_path / "target").mkdir()
+    (tmp_path / "target" / "tokenizer_config.json").write_text(json.dumps({"chat_template": TEMPLATE}))
+    cfg = _cfg(Path("/srv/head-only/target"))
+    assert needs_remote_template(cfg)
+    head = _ElsewhereNode(cfg.head.name, tmp_path)
+    cells = cell_specs("smoke", None)
+    arms = [("a", {"serve.max_num_seqs": 4}), ("b", {"serve.max_num_seqs": 6})]
+    check_request(cfg, CampaignRequest(drafters=[], cells=cells, variants=arms))
+    tpl = campaign_template(cfg, {cfg.head.name: head}, None)
+    assert tpl.render_user("hi") == "<user>hi<a>" and Path(tpl.source).is_relative_to(cache_root())
+    with pytest.raises(BadInput) as e:  # an explicit --chat-template still wins, and is still checked
+        check_request(cfg, CampaignRequest(drafters=[], cells=cells, variants=arms,
+                                           chat_template=tmp_path / "missing"))
+    assert e.value.where == "--chat-template"
