@@ -587,17 +587,25 @@ def start_node(n: NodeInfo) -> dict[str, int]:
         script = ('mount --make-rprivate / && mount --bind "$1" "$2" && mount --bind "$3" /tmp '
                   '&& mount -t overlay overlay -o "lowerdir=/etc,upperdir=$4,workdir=$5" /etc '
                   '&& exec sleep infinity')
-        with open(d / "ns.log", "w") as out:
-            p = subprocess.Popen(
-                ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "rig-ns", n.srv_dir,
-                 str(NODE_ROOT), n.tmp_dir, str(d / "etc-upper"), str(d / "etc-work")],
-                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-            )
-        (d / "ns.pid").write_text(f"{p.pid}\n")
-        _wait(lambda: _holder_ok(n) is not None or p.poll() is not None, f"{n.name} namespace", 10)
-        holder = _holder_ok(n)
-        if holder is None:
-            raise RigError(f"{n.name}: mount namespace failed: {(d / 'ns.log').read_text().strip()}")
+        # Seen twice in full runs (a 4-node rig coming up while another 4-node rig did): the holder gone with
+        # an empty log. Its exit status is now in the error, and a second attempt is made once before failing.
+        for attempt in (1, 2):
+            with open(d / "ns.log", "w") as out:
+                p = subprocess.Popen(
+                    ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "rig-ns", n.srv_dir,
+                     str(NODE_ROOT), n.tmp_dir, str(d / "etc-upper"), str(d / "etc-work")],
+                    stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                )
+            (d / "ns.pid").write_text(f"{p.pid}\n")
+            _wait(lambda p=p: _holder_ok(n) is not None or p.poll() is not None, f"{n.name} namespace", 10)
+            holder = _holder_ok(n)
+            if holder is not None:
+                break
+            why = f"exit {p.poll()}: {(d / 'ns.log').read_text().strip() or '(no output)'}"
+            if attempt == 2:
+                raise RigError(f"{n.name}: mount namespace failed twice: {why}")
+            log(f"{n.name}: mount namespace failed ({why}): once more")
+            stop_pid(p.pid if p.poll() is None else None, f"{n.name} namespace holder")
     nsenter = ["nsenter", f"--mount=/proc/{holder}/ns/mnt", "--"]
     dockerd = _dockerd_ok(n, holder)
     if dockerd is None:
