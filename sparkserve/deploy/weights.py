@@ -18,6 +18,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import json
 import secrets
@@ -75,15 +76,20 @@ def _poll(node: Node, path: str) -> dict | None:  # type: ignore[type-arg]
         return None
 
 
+#: Stops the process a pid file names only while that pid is still it: the file holds ``PID START`` (the start
+#: time in clock ticks, /proc/PID/stat field 22) and the pid's current start time must match; a finished
+#: program's pid may belong to any other process by now. A fixed script, its values as positional arguments.
+_STOP_IF_SAME = ('[ -r "$1" ] && read -r pid start < "$1" || exit 0; '
+                 'now=$(sed "s/.*) //" /proc/"$pid"/stat 2>/dev/null | cut -d" " -f20); '
+                 '[ -n "$start" ] && [ "$now" = "$start" ] && kill "$pid"; exit 0')
+
+
 def _kill(node: Node, workdir: str) -> None:
-    """Stop the node programs by the pids they wrote (best effort)."""
+    """Stop the node programs by the pids they wrote, each only while it is still that program (best effort)."""
     for name in ("pid", "recv.pid"):
-        try:
-            pid = node.read_text(f"{workdir}/{name}").strip()
-        except (NodeError, OSError):
-            continue
-        if pid.isdigit():
-            node.run(["kill", pid], timeout=15, check=False, step="weights: stop")
+        with contextlib.suppress(NodeError, OSError):
+            node.run(["sh", "-c", _STOP_IF_SAME, "sparkserve-stop", f"{workdir}/{name}"], timeout=15, check=False,
+                     step="weights: stop")
 
 
 @dataclass

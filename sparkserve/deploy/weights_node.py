@@ -23,6 +23,16 @@ from __future__ import annotations
 PART = ".sparkserve-part"
 
 
+def _pid_line() -> str:
+    """``PID START``: the pid and its start time in clock ticks (``/proc/PID/stat`` field 22), so the controller
+    stops this process by it only while the pid is still this process, never one that reused the pid."""
+    import os
+
+    with open(f"/proc/{os.getpid()}/stat") as f:
+        start = f.read().rsplit(") ", 1)[1].split()[19]
+    return f"{os.getpid()} {start}\n"
+
+
 def _progress_writer(workdir: str, get):  # type: ignore[no-untyped-def]
     """A thread writing ``workdir/progress`` (JSON from ``get()``) twice a second until the returned event is set."""
     import json
@@ -65,7 +75,7 @@ def node_pull(args: dict) -> dict:  # type: ignore[type-arg]
     workdir = args["workdir"]
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "pid"), "w") as f:  # the controller stops this process by it on Ctrl-C
-        f.write(str(os.getpid()))
+        f.write(_pid_line())
     api = hf.HfApi(token=token)
     info = api.model_info(args["repo"], revision=args.get("revision") or None, files_metadata=True, token=token)
     sha = info.sha
@@ -189,7 +199,7 @@ def node_recv(args: dict) -> dict:  # type: ignore[type-arg]
     workdir = args["workdir"]
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "recv.pid"), "w") as f:
-        f.write(str(os.getpid()))
+        f.write(_pid_line())
     for rel in args.get("dirs", []):
         os.makedirs(_safe(root, rel), exist_ok=True)
     os.makedirs(root, exist_ok=True)
@@ -327,7 +337,7 @@ def node_send(args: dict) -> dict:  # type: ignore[type-arg]
     workdir = args["workdir"]
     os.makedirs(workdir, exist_ok=True)
     with open(os.path.join(workdir, "pid"), "w") as f:
-        f.write(str(os.getpid()))
+        f.write(_pid_line())
     todo: queue.Queue = queue.Queue()  # type: ignore[type-arg]
     for rel, size, offset in sorted(args["files"], key=lambda x: -(x[1] - x[2])):
         todo.put((rel, int(size), int(offset)))

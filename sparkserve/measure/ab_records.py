@@ -31,7 +31,8 @@ from pydantic import BaseModel, Field
 from sparkserve.errors import BadInput
 from sparkserve.measure.records import CELLS, BenchResult, Cell, RequestOutcome
 
-#: The default verdict rule: the primary cell's output tok/s, TIE when the 95 % interval spans 0.
+#: The default verdict rule: the primary cell's output tok/s, TIE when the 95 % interval spans 0 or the
+#: delta is inside the noise floor.
 DEFAULT_PRIMARY = "c16"
 DEFAULT_METRIC = "output_tok_s"
 METRICS = ("output_tok_s", "acceptance_length")
@@ -76,7 +77,8 @@ class CellSpec(BaseModel):
 
 class Rule(BaseModel):
     """The verdict rule, stated: candidate vs baseline on ``primary``'s ``metric``; KEEP when the 95 %
-    interval of the relative delta lies above 0, REVERT when below, TIE when it spans 0."""
+    interval of the relative delta lies above 0, REVERT when below, TIE when it spans 0 or the delta is inside
+    the cell's noise floor (:func:`sparkserve.measure.ab_stats.noise_floor`)."""
 
     baseline: str
     primary: str
@@ -86,7 +88,8 @@ class Rule(BaseModel):
         what = "output tok/s" if self.metric == "output_tok_s" else "acceptance length"
         return (f"each drafter vs {self.baseline} on the {self.primary} cell's {what}: KEEP when the 95 % interval "
                 f"of the relative delta lies above 0, REVERT (to {self.baseline}) when it lies below, TIE when it "
-                "spans 0")
+                "spans 0 or the delta is inside the noise floor (1 %, or for tok/s the widest boot-to-boot spread "
+                "of one drafter on that cell when larger)")
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,13 @@ How the intervals are made (seeded: the same banked rows give the same intervals
 
 The verdict rule (:class:`~sparkserve.measure.ab_records.Rule`): on the primary cell's metric, KEEP the
 candidate when the delta's interval lies above 0, REVERT to the baseline when it lies below, TIE when it
-spans 0. A drafter with no counted wave of the primary cell gets no verdict (it is named as excluded).
+spans 0 — or when the delta is inside the cell's **noise floor** (:func:`noise_floor`, as ``tune`` has it):
+:data:`MIN_EFFECT` (1 %), or for tok/s, when larger, the widest spread between two boots of one drafter on
+that cell (:func:`boot_spread`). A bootstrap over two or three boots rests on those few values and can be
+narrower than what one drafter does from boot to boot: on the rig, a drafter A/B'd against a copy of itself
+read +2.4 % [-2.7, +9.0] in one run and an interval above 0 in another (CI, a loaded machine), while one
+boot of the same drafter read 4.7 % below its other boot. A delta is a win or a loss only when both hold. A
+drafter with no counted wave of the primary cell gets no verdict (it is named as excluded).
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ from sparkserve.measure.ab_records import CROSSED, Boot, CampaignSpec, Wave
 from sparkserve.measure.latency import latency_stats, tpot_s
 
 LEVEL = 0.95
+#: A delta smaller than this is never called a win or a loss (a fraction of a percent is not worth a restart).
+MIN_EFFECT = 0.01
 
 
 class Interval(BaseModel):
@@ -90,6 +98,7 @@ class Delta(BaseModel):
     metric: str
     rel: Interval
     outcome: str  # win | loss | tie
+    noise_floor: float | None = None  # the smallest |delta| called a win or a loss on this cell and metric
 
 
 class Verdict(BaseModel):
@@ -259,6 +268,23 @@ def e2e_p50(waves: list[Wave], draws: _Draws) -> tuple[float | None, np.ndarray 
     return p50_reps(per_wave, draws)
 
 
+def boot_spread(spec: CampaignSpec, waves: list[Wave], cell: str) -> float:
+    """The widest relative spread of output tok/s between counted waves of one drafter (or candidate) on
+    ``cell`` (max / min − 1; 0 while none has two): how far one setting moves from boot to boot here."""
+    out = 0.0
+    for arm in spec.drafters:
+        v = [w.result.output_tok_s for w in waves if w.counts and w.drafter == arm.name and w.cell == cell]
+        if len(v) >= 2 and min(v) > 0:
+            out = max(out, max(v) / min(v) - 1)
+    return out
+
+
+def noise_floor(spec: CampaignSpec, waves: list[Wave], cell: str, metric: str) -> float:
+    """The smallest |relative delta| called a win or a loss on ``cell``'s ``metric``: :data:`MIN_EFFECT`, and
+    for output tok/s the cell's :func:`boot_spread` when larger."""
+    return max(MIN_EFFECT, boot_spread(spec, waves, cell)) if metric == "output_tok_s" else MIN_EFFECT
+
+
 def _by_round(waves: list[Wave], crossed: bool = False) -> list[Wave]:
     """The order in which two drafters' boots are matched: by round; crossed, by replica first, so a resampled
     boot of A and the matching one of B ran on the same replica (its own speed cancels in the pair)."""
@@ -304,9 +330,11 @@ def analyze(spec: CampaignSpec, waves: list[Wave], boots: list[Boot]) -> Analysi
                 rel_reps = None if b[1] is None or x[1] is None else x[1] / b[1] - 1
                 rel = _interval(point, rel_reps)
                 better = (rel.hi or 0) < 0 if metric == E2E_P50 else (rel.lo or 0) > 0  # E2E: lower wins
-                outcome = "tie" if rel.spans_zero else ("win" if better else "loss")
+                floor = noise_floor(spec, counted, cs.name, metric)
+                inside = rel.spans_zero or abs(point) < floor
+                outcome = "tie" if inside else ("win" if better else "loss")
                 deltas.append(Delta(drafter=arm.name, baseline=base, cell=cs.name, metric=metric, rel=rel,
-                                    outcome=outcome))
+                                    outcome=outcome, noise_floor=round(floor, 6)))
     verdicts = _verdicts(spec, deltas)
     excluded = _excluded(spec, waves, boots, figures)
     return Analysis(figures=figures, deltas=deltas, verdicts=verdicts, excluded=excluded,
@@ -376,7 +404,10 @@ def honest_read(spec: CampaignSpec, figures: list[CellFigures], deltas: list[Del
         parts.append("Fastest per cell: " + ", ".join(best) + ".")
     if verdicts:
         what = "tok/s" if spec.rule.metric == "output_tok_s" else "acceptance length"
-        parts.append(f"By the rule ({spec.rule.primary} {what}, TIE when the 95 % interval spans 0): "
+        floor = next((d.noise_floor for d in deltas if d.cell == spec.rule.primary and d.metric == spec.rule.metric
+                      and d.noise_floor is not None), MIN_EFFECT)
+        parts.append(f"By the rule ({spec.rule.primary} {what}, TIE when the 95 % interval spans 0 or the delta is "
+                     f"inside the noise floor, {floor * 100:.1f} % here): "
                      + ", ".join(f"{v.drafter} {v.verdict}" for v in verdicts) + ".")
     else:
         parts.append(f"No verdict: no drafter has counted {spec.rule.primary} waves beside {base}'s.")

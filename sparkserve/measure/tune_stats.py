@@ -42,6 +42,7 @@ from sparkserve.measure.ab_stats import (
     _by_round,
     _Draws,
     _per_position,
+    boot_spread,
     fmt_interval,
     p50_reps,
     tpot_values,
@@ -62,17 +63,6 @@ def request_tpot_s(w: Wave) -> list[float]:
     """A wave's per-request time per output token after the first (s); empty when the cell did not stream
     (``ab report``'s own definition: :func:`sparkserve.measure.ab_stats.tpot_values`)."""
     return tpot_values(w)
-
-
-def boot_spread(spec: CampaignSpec, waves: list[Wave], cell: str) -> float:
-    """The widest relative spread of output tok/s between counted waves of one candidate on ``cell`` (max / min
-    − 1; 0 while no candidate has two): how far one setting moves from boot to boot on this machine."""
-    out = 0.0
-    for arm in spec.drafters:
-        v = [w.result.output_tok_s for w in waves if w.counts and w.drafter == arm.name and w.cell == cell]
-        if len(v) >= 2 and min(v) > 0:
-            out = max(out, max(v) / min(v) - 1)
-    return out
 
 
 def _interval(point: float | None, reps: np.ndarray | None, level: float) -> Interval:

@@ -208,10 +208,48 @@ def read_pid(path: Path) -> int | None:
         return None
 
 
-def stop_pid(pid: int | None, what: str, timeout: float = 20.0) -> None:
+#: Every long-lived process the rig starts carries ``SSRIG_OWNER=<its node dir>`` (the fabric switch: the rig
+#: dir) in its environment, which survives exec (``sleep infinity``) and daemonizing (sshd, containerd). A pid
+#: read from a pid file names the process only while that holds: with pid_max 32768 and three test processes
+#: spawning ssh/docker children, a dead process's pid comes back within minutes, and a stale pid file (an sshd
+#: a test killed with SIGKILL, a holder gone at a reboot) once made one rig's teardown SIGTERM another rig's
+#: namespace holder at its birth ("mount namespace failed" with no output, issue 39: 2 of 4 full runs).
+OWNER_VAR = "SSRIG_OWNER"
+
+
+def owner_env(owner: str) -> dict[str, str]:
+    return {**os.environ, OWNER_VAR: owner}
+
+
+def owned_by(pid: int | None, owner: str) -> bool:
+    """Whether live ``pid`` is a process the rig started for ``owner``: its environment says so, or (a process of
+    an older generation, started before the variable) its arguments or its mounts name ``owner``."""
+    if not pid_alive(pid):
+        return False
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    mine = [e for e in env if e.startswith(f"{OWNER_VAR}=".encode())]
+    if mine:
+        return mine[0] == f"{OWNER_VAR}={owner}".encode()
+    if any(owner in a for a in cmdline(pid or 0)):
+        return True
+    try:
+        return f"{owner}/" in Path(f"/proc/{pid}/mountinfo").read_text()
+    except OSError:
+        return False
+
+
+def stop_pid(pid: int | None, what: str, timeout: float = 20.0, owner: str | None = None) -> None:
+    """Stop ``pid`` (SIGTERM, then SIGKILL). ``owner``: the pid came from a pid file, so it is stopped only while
+    it still is the rig's process for ``owner`` (:func:`owned_by`); a pid reused by anything else is left alone."""
     if not pid_alive(pid):
         return
     assert pid is not None
+    if owner is not None and not owned_by(pid, owner):
+        log(f"{what}: pid {pid} from its pid file is another process now (the pid was reused): left alone")
+        return
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -447,11 +485,11 @@ def _switch_pid_file() -> Path:
     return RIG_DIR / "fabric-switch.pid"
 
 
-def _net_holder(pid_file: Path) -> int:
+def _net_holder(pid_file: Path, owner: str) -> int:
     """A process holding a new, empty network namespace (lo up); its pid, written to ``pid_file``."""
     p = subprocess.Popen(["unshare", "--net", "sh", "-c", "ip link set lo up && exec sleep infinity"],
                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                         start_new_session=True)
+                         start_new_session=True, env=owner_env(owner))
     pid_file.write_text(f"{p.pid}\n")
     # the shell has exec'd sleep once lo is up (its own cmdline names sleep too: look at argv[0])
     _wait(lambda: cmdline(p.pid)[:1] == ["sleep"], "fabric namespace", 10)
@@ -469,18 +507,18 @@ def fabric_mac(i: int, k: int) -> str:
 def fabric_up(nodes: list[NodeInfo]) -> None:
     """The fabric (idempotent: kept while every holder lives, else made anew)."""
     sw = read_pid(_switch_pid_file())
-    holders = [read_pid(Path(n.dir) / "fabric.pid") for n in nodes]
-    if pid_alive(sw) and all(pid_alive(h) for h in holders):
+    holders = [(read_pid(Path(n.dir) / "fabric.pid"), n.dir) for n in nodes]
+    if owned_by(sw, str(RIG_DIR)) and all(owned_by(h, d) for h, d in holders):
         return
     fabric_down(nodes)
-    sw = _net_holder(_switch_pid_file())
+    sw = _net_holder(_switch_pid_file(), str(RIG_DIR))
     # the switch itself has no addresses: only the nodes answer on the fabric
     _in_net(sw, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1", "net.ipv6.conf.all.disable_ipv6=1")
     for br in ("br1", "br2"):
         _in_net(sw, "ip", "link", "add", br, "type", "bridge")
         _in_net(sw, "ip", "link", "set", br, "up")
     for n in nodes:
-        h = _net_holder(Path(n.dir) / "fabric.pid")
+        h = _net_holder(Path(n.dir) / "fabric.pid", n.dir)
         # link-local addresses usable at once (no duplicate address detection): the ports are a fresh cable's,
         # and discovery right after `rig up` must not meet tentative addresses that neither ask nor answer
         _in_net(h, "sysctl", "-qw", "net.ipv6.conf.default.accept_dad=0", "net.ipv6.conf.all.accept_dad=0")
@@ -510,9 +548,9 @@ def fabric_up(nodes: list[NodeInfo]) -> None:
 
 def fabric_down(nodes: list[NodeInfo]) -> None:
     for n in nodes:
-        stop_pid(read_pid(Path(n.dir) / "fabric.pid"), f"{n.name} fabric namespace")
+        stop_pid(read_pid(Path(n.dir) / "fabric.pid"), f"{n.name} fabric namespace", owner=n.dir)
         (Path(n.dir) / "fabric.pid").unlink(missing_ok=True)
-    stop_pid(read_pid(_switch_pid_file()), "fabric switch")
+    stop_pid(read_pid(_switch_pid_file()), "fabric switch", owner=str(RIG_DIR))
     _switch_pid_file().unlink(missing_ok=True)
 
 
@@ -525,16 +563,16 @@ def fabric_exec(n: NodeInfo, *argv: str) -> subprocess.CompletedProcess:
 def stop_node(n: NodeInfo) -> None:
     """Stop one node's sshd, containers, dockerd and namespace holder (each by its pid)."""
     d = Path(n.dir)
-    stop_pid(read_pid(d / "ssh" / "sshd.pid"), f"{n.name} sshd")
+    stop_pid(read_pid(d / "ssh" / "sshd.pid"), f"{n.name} sshd", owner=n.dir)
     dpid = read_pid(d / "dockerd.pid")
-    if pid_alive(dpid) and docker_ping(n.docker_socket):
+    if owned_by(dpid, n.dir) and docker_ping(n.docker_socket):
         _remove_containers(n)
-    stop_pid(dpid, f"{n.name} dockerd", timeout=30)
+    stop_pid(dpid, f"{n.name} dockerd", timeout=30, owner=n.dir)
     # processes the daemon started (containerd, shims) that outlived it: ours, found by our paths
     for pid in _pids_referencing(n.dir):
         stop_pid(pid, f"{n.name} leftover {(cmdline(pid) or ['?'])[0]}")
-    stop_pid(read_pid(d / "ns.pid"), f"{n.name} namespace holder")
-    stop_pid(read_pid(d / "fabric.pid"), f"{n.name} fabric namespace")
+    stop_pid(read_pid(d / "ns.pid"), f"{n.name} namespace holder", owner=n.dir)
+    stop_pid(read_pid(d / "fabric.pid"), f"{n.name} fabric namespace", owner=n.dir)
     for f in (d / "fabric.pid", d / "ns.pid", d / "dockerd.pid", d / "ssh" / "sshd.pid"):
         f.unlink(missing_ok=True)
 
@@ -595,6 +633,7 @@ def start_node(n: NodeInfo) -> dict[str, int]:
                     ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "rig-ns", n.srv_dir,
                      str(NODE_ROOT), n.tmp_dir, str(d / "etc-upper"), str(d / "etc-work")],
                     stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                    env=owner_env(n.dir),
                 )
             (d / "ns.pid").write_text(f"{p.pid}\n")
             _wait(lambda p=p: _holder_ok(n) is not None or p.poll() is not None, f"{n.name} namespace", 10)
@@ -609,7 +648,7 @@ def start_node(n: NodeInfo) -> dict[str, int]:
     nsenter = ["nsenter", f"--mount=/proc/{holder}/ns/mnt", "--"]
     dockerd = _dockerd_ok(n, holder)
     if dockerd is None:
-        stop_pid(read_pid(d / "dockerd.pid"), f"{n.name} stale dockerd")
+        stop_pid(read_pid(d / "dockerd.pid"), f"{n.name} stale dockerd", owner=n.dir)
         (d / "dockerd.pid").unlink(missing_ok=True)
         Path(n.docker_socket).unlink(missing_ok=True)
         _drop_stale_containerd_pid(n)
@@ -619,18 +658,19 @@ def start_node(n: NodeInfo) -> dict[str, int]:
                  "--pidfile", str(d / "dockerd.pid"), "-H", n.docker_url, "--bridge", "none",
                  "--iptables=false", "--ip-masq=false", "--log-level", "warn"],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                env=owner_env(n.dir),
             )
         _wait(lambda: _dockerd_ok(n, holder) is not None, f"{n.name} dockerd", 60)
         dockerd = _dockerd_ok(n, holder)
         assert dockerd is not None
     sshd = _sshd_ok(n, holder)
     if sshd is None:
-        stop_pid(read_pid(d / "ssh" / "sshd.pid"), f"{n.name} stale sshd")
+        stop_pid(read_pid(d / "ssh" / "sshd.pid"), f"{n.name} stale sshd", owner=n.dir)
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
         cfg = d / "ssh" / "sshd_config"
         cfg.write_text(_sshd_config(n))
         run([*nsenter, "/usr/sbin/sshd", "-t", "-f", str(cfg)])
-        run([*nsenter, "/usr/sbin/sshd", "-f", str(cfg), "-E", str(d / "ssh" / "sshd.log")])
+        run([*nsenter, "/usr/sbin/sshd", "-f", str(cfg), "-E", str(d / "ssh" / "sshd.log")], env=owner_env(n.dir))
         _wait(lambda: _sshd_ok(n, holder) is not None, f"{n.name} sshd", 15)
         sshd = _sshd_ok(n, holder)
         assert sshd is not None
@@ -1222,7 +1262,7 @@ def down(purge: bool = False, cache: bool = False) -> None:
         n = make_node(ord(d.name[-1]) - ord("a"))
         stop_node(n)
         log(f"{n.name} stopped")
-    stop_pid(read_pid(_switch_pid_file()), "fabric switch")
+    stop_pid(read_pid(_switch_pid_file()), "fabric switch", owner=str(RIG_DIR))
     _switch_pid_file().unlink(missing_ok=True)
     leftovers = _pids_referencing(str(RIG_DIR / "nodes"))  # daemons, shims, holders: all run below nodes/
     mounts = [line for line in Path("/proc/self/mounts").read_text().splitlines() if str(RIG_DIR) in line]

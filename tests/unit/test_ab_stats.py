@@ -177,3 +177,41 @@ def test_e2e_p50_has_a_bootstrap_interval_and_a_delta_that_wins_when_lower() -> 
     b_row = next(row for row in rows if row[0] == "c16" and row[1] == "B")
     assert "[" in b_row[col] and b_row[col + 1].startswith("-")  # the interval, and B's delta below 0
     assert "E2E ms p50" in markdown(r)
+
+
+def _scaled(w, factor: float):
+    """``w`` as if every request ran ``factor`` times as long (a slower boot, the same tokens and steps)."""
+    s = w.samples.model_copy(update={"latency_s": [x * factor for x in w.samples.latency_s]})
+    r = w.result.model_copy(update={"duration_s": w.result.duration_s * factor,
+                                    "output_tok_s": round(w.result.output_tok_s / factor, 3)})
+    return w.model_copy(update={"samples": s, "result": r})
+
+
+def test_a_delta_inside_the_noise_floor_is_a_tie_though_its_interval_clears_0() -> None:
+    """The rule calls a win only past the cell's noise floor: a copy of the baseline (identical requests) that
+    ran 0.5 % faster in both rounds, or ~6 % faster than the mean of a baseline whose own two boots lie ~10 %
+    apart, ties (both with an interval above 0); 3 % over a baseline whose boots agree is a win."""
+    import numpy as np
+    from _ab_waves import CELLS, spec, wave
+
+    def run(c_factor: float, a_round1: float) -> tuple:
+        sp = spec(["A", "C"])
+        waves = []
+        for k, slot in enumerate(sp.order):
+            for cell in CELLS:
+                w = wave(np.random.default_rng(100 * slot.round + CELLS.index(cell)), slot.drafter, cell,
+                         slot.round, al=3.0, step_s=0.004, slot=k, wid=len(waves) + 1)  # A and C: one stream
+                factor = c_factor if slot.drafter == "C" else (a_round1 if slot.round == 1 else 1.0)
+                waves.append(_scaled(w, factor))
+        a = analyze(sp, waves, [])
+        (v,) = a.verdicts
+        d = next(x for x in a.deltas if x.cell == "c16" and x.metric == "output_tok_s")
+        return v, d, a.honest_read
+
+    v, d, read = run(1 / 1.005, 1.0)  # +0.5 % every time: the interval clears 0, the floor (1 %) is not reached
+    assert v.rel.lo > 0 and v.verdict == "TIE" and d.outcome == "tie" and d.noise_floor == pytest.approx(0.01)
+    assert "inside the noise floor, 1.0 % here" in read
+    v, d, _ = run(1 / 1.01, 1.10)  # over A's mean while A's two boots lie ~10 % apart: inside A's own spread
+    assert v.verdict == "TIE" and v.rel.lo > 0 and 0.08 < d.noise_floor < 0.12 and 0.04 < v.rel.point < d.noise_floor
+    v, d, _ = run(1 / 1.03, 1.0)  # the same 3 % over a baseline whose boots agree: a win
+    assert v.verdict == "KEEP" and v.rel.lo > 0 and d.noise_floor == pytest.approx(0.01)
