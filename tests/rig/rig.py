@@ -209,7 +209,8 @@ def read_pid(path: Path) -> int | None:
 
 
 #: Every long-lived process the rig starts carries ``SSRIG_OWNER=<its node dir>`` (the fabric switch: the rig
-#: dir) in its environment, which survives exec (``sleep infinity``) and daemonizing (sshd, containerd). A pid
+#: dir) in its environment, which survives exec (``sleep infinity``) and dockerd's children; sshd clears its
+#: environment, and is known by its ``-f <node dir>/ssh/sshd_config`` argument instead (:func:`owned_by`). A pid
 #: read from a pid file names the process only while that holds: with pid_max 32768 and three test processes
 #: spawning ssh/docker children, a dead process's pid comes back within minutes, and a stale pid file (an sshd
 #: a test killed with SIGKILL, a holder gone at a reboot) once made one rig's teardown SIGTERM another rig's
