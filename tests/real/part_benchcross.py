@@ -52,7 +52,7 @@ class _Cross:
         if os.environ.get("SCENARIO_BENCH_PYTHONPATH"):  # the dry run's pandas (the custom dataset needs it)
             env["PYTHONPATH"] = os.pathsep.join(x for x in (os.environ["SCENARIO_BENCH_PYTHONPATH"],
                                                             env.get("PYTHONPATH", "")) if x)
-        p, took = s.run("benchcross", argv, timeout=560, env=env)
+        p, took = s.run("benchcross", argv, timeout=440 if s.real else 560, env=env)
         try:
             d = json.loads(p.stdout)
         except json.JSONDecodeError:

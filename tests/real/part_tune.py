@@ -7,7 +7,7 @@
 nothing). The config is the scenario's (K = 7, the tiny DFlash drafter's block 8 − 1). Then, one command:
 
     sparkserve tune K -c CFG --values 3 --cells c1,c16 --size c1=16x1x128 --size c16=64x16x128 --rounds 2 \\
-        --max-boots 4 --max-minutes 8 --protocol forced --seed 46
+        --max-boots 4 --max-minutes 7 --protocol forced --seed 46
 
 — K = 7 (the current value, the baseline) against K = 3, ABBA over 2 rounds: 4 boots (a warm boot ~60 s on one
 H100 with its gates; the first K = 3 boot may compile its graphs cold, ~2.5 min), two cells each; forced protocol,
@@ -32,7 +32,7 @@ from typing import Any
 
 OWN_STACK = True
 CELLS = ("--cells", "c1,c16", "--size", "c1=16x1x128", "--size", "c16=64x16x128")
-BUDGET = ("--rounds", "2", "--max-boots", "4", "--max-minutes", "8")
+BUDGET = ("--rounds", "2", "--max-boots", "4", "--max-minutes", "7")
 
 
 class _Tune:
@@ -45,7 +45,7 @@ class _Tune:
         values = os.environ.get("REAL_TUNE_VALUES") or "3"
         extra = (os.environ.get("REAL_TUNE_ARGS") or "").split()
         p, took = s.sparkserve("tune", "tune", "K", "-c", str(s.cfg), "--values", values, *CELLS, *BUDGET,
-                               "--protocol", "forced", "--seed", "46", *extra, timeout=560)
+                               "--protocol", "forced", "--seed", "46", *extra, timeout=520)
         out = p.stdout + ("\n--- stderr\n" + p.stderr if p.stderr.strip() else "")
         (s.results / "tune.out").write_text(out)
         m = re.search(r"sparkserve ab report (\d+)", p.stdout)
@@ -73,4 +73,4 @@ def _tail(text: str) -> str:
 
 def steps(s: Any) -> list[tuple[str, Callable[[], None], int]]:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    return [("tune", _Tune(s).run, 560 if s.real else 400)]
+    return [("tune", _Tune(s).run, 500 if s.real else 400)]  # a device call: the run ends by REAL_CALL_START + 585 s
