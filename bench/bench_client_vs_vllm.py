@@ -22,6 +22,15 @@ and TPOT p50 (vLLM's definitions on both sides). Goal: every ratio within 3 % in
 Without a tokenizer its custom dataset sets every request to 1 output token; ``--extra-body`` (merged
 into the payload last) restores the forced length. The custom dataset loader needs ``pandas``.
 
+Against a server that already runs (issue 41 item 5: real vLLM on the GPU machine, tests/real/part_benchcross.py)::
+
+    python3 bench/bench_client_vs_vllm.py --url http://127.0.0.1:18000 --model tiny --vllm /path/to/vllm \
+        --cell c1=20x1x256 --cell c8=96x8x256 --rounds 1 --json
+
+runs Part 1 only, on that server's one boot: the same crossing, cell by cell, with ``--vllm`` (an executable whose
+``bench serve`` is vLLM's own client: the carried vLLM's launcher on the device) as the other client. The server
+must serve ``--model`` with a chat template; the figures are that engine's.
+
 Part 2 — capacity. The emulator is pinned to CPU 1 with ``SSEMU_TOKEN_RATE=0`` (as fast as it can),
 our client to CPU 0. Reported: wall tokens/s, and tokens per CPU-second of the client process (what
 one core sustains). Goal ≥ 20,000 streamed tokens/s. Run with speculative decoding (several tokens
@@ -117,8 +126,8 @@ def start_emulator(
 FIGURES = ("al", "tok_s", "e2e_p50_ms", "ttft_p50_ms", "tpot_p50_ms")
 
 
-def ours(url: str, cell: Cell) -> dict[str, float | None]:
-    r = run_cell(url, MODEL, cell, builtin_prompts(), warmup=default_warmup(cell))
+def ours(url: str, cell: Cell, model: str = MODEL) -> dict[str, float | None]:
+    r = run_cell(url, model, cell, builtin_prompts(), warmup=default_warmup(cell))
     if not r.ok:
         raise SystemExit(f"error: our bench refused the cell: {r.refused}")
     lat = r.latency
@@ -127,11 +136,12 @@ def ours(url: str, cell: Cell) -> dict[str, float | None]:
             "e2e_p50_ms": lat.e2e.median_ms, "ttft_p50_ms": lat.ttft.median_ms, "tpot_p50_ms": lat.tpot.median_ms}
 
 
-def theirs(url: str, cell: Cell, prompts: Path, workdir: Path) -> dict[str, float | None]:
+def theirs(url: str, cell: Cell, prompts: Path, workdir: Path, model: str = MODEL,
+           vllm: Path = VLLM) -> dict[str, float | None]:
     out = workdir / f"vllm-bench-{time.monotonic_ns()}.json"
     argv = [
-        str(VLLM), "bench", "serve", "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
-        "--base-url", url, "--model", MODEL, "--served-model-name", MODEL, "--skip-tokenizer-init",
+        str(vllm), "bench", "serve", "--backend", "openai-chat", "--endpoint", "/v1/chat/completions",
+        "--base-url", url, "--model", model, "--served-model-name", model, "--skip-tokenizer-init",
         "--dataset-name", "custom", "--dataset-path", str(prompts), "--disable-shuffle",
         "--num-prompts", str(cell.prompts), "--max-concurrency", str(cell.concurrency),
         "--ignore-eos", "--temperature", "1.0", "--top-p", "0.95",
@@ -160,32 +170,56 @@ def _ratios(a: dict[str, float | None], b: dict[str, float | None]) -> dict[str,
     return {f: (a[f] / b[f] if a[f] is not None and b[f] else None) for f in FIGURES}  # type: ignore[operator]
 
 
-def agreement(target: Path, drafter: Path, workdir: Path, cells: list[tuple[Cell, float]], rounds: int) -> list[dict]:
-    """Both orders after one boot per cell: ours → vLLM's, then vLLM's → ours, ``rounds`` times."""
+def write_prompts(workdir: Path) -> Path:
+    """The built-in prompts as ``vllm bench serve``'s custom dataset (one ``{"prompt"}`` per line)."""
     prompts = workdir / "prompts.jsonl"
     prompts.write_text("".join(json.dumps({"prompt": p.messages[-1]["content"]}) + "\n"
                                for p in builtin_prompts().prompts))
+    return prompts
+
+
+def crossed(url: str, cell: Cell, prompts: Path, workdir: Path, rounds: int, *, model: str = MODEL,
+            vllm: Path = VLLM, **extra: object) -> list[dict]:
+    """One server, one cell: ours → vLLM's, then vLLM's → ours, ``rounds`` times; a row per order and round."""
+    rows = []
+    for rnd in range(rounds):
+        for order in ("ours first", "vllm first"):
+            if order == "ours first":
+                a = ours(url, cell, model)
+                b = theirs(url, cell, prompts, workdir, model, vllm)
+            else:
+                b = theirs(url, cell, prompts, workdir, model, vllm)
+                a = ours(url, cell, model)
+            r = _ratios(a, b)
+            rows.append({
+                "cell": f"{cell.prompts}x c{cell.concurrency} x {cell.max_tokens}", "round": rnd + 1,
+                "order": order, **extra, "ours": a, "vllm": b, "ratio": r,
+                "within_3pct": all(x is not None and abs(x - 1) <= 0.03 for x in r.values()),
+            })
+    return rows
+
+
+def agreement(target: Path, drafter: Path, workdir: Path, cells: list[tuple[Cell, float]], rounds: int) -> list[dict]:
+    """Both orders after one boot per cell: ours → vLLM's, then vLLM's → ours, ``rounds`` times."""
+    prompts = write_prompts(workdir)
     rows = []
     for cell, rate in cells:
         emu = start_emulator(target, drafter, workdir, rate=rate)
         try:
-            for rnd in range(rounds):
-                for order in ("ours first", "vllm first"):
-                    if order == "ours first":
-                        a = ours(emu.url, cell)
-                        b = theirs(emu.url, cell, prompts, workdir)
-                    else:
-                        b = theirs(emu.url, cell, prompts, workdir)
-                        a = ours(emu.url, cell)
-                    r = _ratios(a, b)
-                    rows.append({
-                        "cell": f"{cell.prompts}x c{cell.concurrency} x {cell.max_tokens}", "round": rnd + 1,
-                        "order": order, "emulator_rate_per_stream": rate, "ours": a, "vllm": b, "ratio": r,
-                        "within_3pct": all(x is not None and abs(x - 1) <= 0.03 for x in r.values()),
-                    })
+            rows += crossed(emu.url, cell, prompts, workdir, rounds, emulator_rate_per_stream=rate)
         finally:
             emu.stop()
     return rows
+
+
+def parse_cell(text: str) -> Cell:
+    """``NAME=PROMPTSxCONCURRENCYxTOKENS`` (``c8=96x8x256``) → a Cell."""
+    name, _, size = text.partition("=")
+    try:
+        n, c, t = (int(x) for x in size.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"error: --cell {text!r}: NAME=PROMPTSxCONCURRENCYxTOKENS, e.g. c8=96x8x256") from None
+    return Cell(name or f"c{c}", prompts=n, concurrency=c, max_tokens=t)
 
 
 def capacity(target: Path, drafter: Path, workdir: Path, spec: bool, cell: Cell) -> dict:
@@ -225,26 +259,38 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-capacity", action="store_true", help="Part 1 only")
+    ap.add_argument("--url", help="a server that already runs: Part 1 on it (one boot), no emulator, no Part 2")
+    ap.add_argument("--model", default=MODEL, help="with --url: the served model name")
+    ap.add_argument("--vllm", type=Path, default=VLLM, help="the executable whose `bench serve` is vLLM's client")
+    ap.add_argument("--cell", action="append", default=[], help="with --url: NAME=PROMPTSxCONCURRENCYxTOKENS, "
+                    "repeated (default: c1=20x1x256 and c8=96x8x256)")
     args = ap.parse_args()
-    if not VLLM.exists():
-        raise SystemExit(f"error: {VLLM}: vLLM 0.33.0 is not installed in this venv")
+    if not args.vllm.exists():
+        raise SystemExit(f"error: {args.vllm}: no vLLM there (vLLM 0.33.0 in this venv, or give --vllm)")
     with tempfile.TemporaryDirectory(prefix="ssbench-") as tmp:
         workdir = Path(tmp)
-        target, drafter = make_models(workdir / "models")
-        cells = [
-            (Cell("smoke", prompts=20, concurrency=1, max_tokens=512), 2000.0),
-            (Cell("c16-short", prompts=64, concurrency=16, max_tokens=1024), 1000.0),
-        ]
-        agree = agreement(target, drafter, workdir, cells, args.rounds)
-        cap_cell = Cell("capacity", prompts=96, concurrency=16, max_tokens=1024)
-        caps = [] if args.no_capacity else [capacity(target, drafter, workdir, True, cap_cell),
-                                            capacity(target, drafter, workdir, False, cap_cell)]
+        if args.url:
+            prompts = write_prompts(workdir)
+            agree = [row for cell in map(parse_cell, args.cell or ["c1=20x1x256", "c8=96x8x256"])
+                     for row in crossed(args.url, cell, prompts, workdir, args.rounds, model=args.model,
+                                        vllm=args.vllm)]
+            caps: list[dict] = []
+        else:
+            target, drafter = make_models(workdir / "models")
+            cells = [
+                (Cell("smoke", prompts=20, concurrency=1, max_tokens=512), 2000.0),
+                (Cell("c16-short", prompts=64, concurrency=16, max_tokens=1024), 1000.0),
+            ]
+            agree = agreement(target, drafter, workdir, cells, args.rounds)
+            cap_cell = Cell("capacity", prompts=96, concurrency=16, max_tokens=1024)
+            caps = [] if args.no_capacity else [capacity(target, drafter, workdir, True, cap_cell),
+                                                capacity(target, drafter, workdir, False, cap_cell)]
     ok = all(r["within_3pct"] for r in agree) and all(c["meets_20k"] for c in caps)
     if args.json:
         print(json.dumps({"ok": ok, "agreement": agree, "capacity": caps}, indent=2))
         return 0 if ok else 1
-    print("Part 1 — sparkserve bench client / `vllm bench serve` (vLLM 0.33.0), one emulator boot per cell, "
-          "both orders, each after a warm-up")
+    where = f"{args.url} (one boot)" if args.url else "one emulator boot per cell"
+    print(f"Part 1 — sparkserve bench client / `vllm bench serve`, {where}, both orders, each after a warm-up")
     print(f"  {'cell':<20} {'round':>5}  {'order':<11}" + "".join(f"{f:>13}" for f in FIGURES))
     for r in agree:
         print(f"  {r['cell']:<20} {r['round']:>5}  {r['order']:<11}"
@@ -253,7 +299,8 @@ def main() -> int:
               + f"  {'OK' if r['within_3pct'] else 'OUTSIDE 3 %'}")
         print(f"  {'':<38}" + "".join(f"{_fig(r['ours'][f]):>13}" for f in FIGURES) + "  (ours)")
         print(f"  {'':<38}" + "".join(f"{_fig(r['vllm'][f]):>13}" for f in FIGURES) + "  (vLLM)")
-    print("Part 2 — client capacity on one core (emulator on the other, SSEMU_TOKEN_RATE=0)")
+    if caps:
+        print("Part 2 — client capacity on one core (emulator on the other, SSEMU_TOKEN_RATE=0)")
     for c in caps:
         mode = f"spec K=7 (AL {c['acceptance_length']:.2f} tok/chunk)" if c["speculative"] else "no spec (1 tok/chunk)"
         print(f"  {mode:<32} wall {c['wall_tok_s']:10,.0f} tok/s   client {c['tok_per_client_cpu_s']:10,.0f} "

@@ -44,8 +44,8 @@ def up_cmd(
     On any failure or Ctrl-C every container this run started is stopped and removed on every node. A
     stack already running this deployment is "already up" only once its gates passed for this boot (run
     now when the journal holds no verdict for it; a failure stops it, exit 1). After the gates, every rank
-    is watched for gates.settle_s before "serving" (a rank dying then: exit 3). A drafter that
-    `swap-drafter --no-write` left active for this config is kept, and `up` says so."""
+    is watched for gates.settle_s before "serving" (a rank dying then: exit 3; --no-gates: no settle window
+    either). A drafter that `swap-drafter --no-write` left active for this config is kept, and `up` says so."""
     from sparkserve.deploy import timings as tm
 
     tm.reset()

@@ -32,7 +32,8 @@ class GatesConfig(Strict):
     smoke: SmokeCell = Field(default_factory=SmokeCell)
     # how long `up` watches, not what runs: excluded from the dump, so not part of the deployment fingerprint
     settle_s: float = Field(default=3.0, ge=0, exclude=True, description="after the gates pass, `up` keeps "
-                            "watching every rank this long before it says serving (a rank dying then fails `up`)")
+                            "watching every rank this long before it says serving (a rank dying then fails `up`); "
+                            "`up --no-gates` runs no gates and so no settle window")
 
 
 class BenchConfig(Strict):

@@ -23,7 +23,11 @@ def check_parity(cfg: Config, nodes: dict[str, Node], containers: dict[str, str]
     """Every rank's container must match the head's: image ID, argv minus rank flags, env minus
     per-node fabric values, mounts (``parity_facts`` of the runtime leaves out what is meant to differ).
 
-    Raises RemoteFailure(step="rank parity") naming the first rank that drifted and how."""
+    Raises RemoteFailure(step="rank parity") naming the first rank that drifted and how. A one-rank stack has
+    nothing to compare: no node is asked (issue 43: `up`'s own seconds on one GPU)."""
+    if len(cfg.nodes) < 2:
+        return
+
     def one(name: str) -> dict[str, object]:
         f = engine_for(nodes[name], cfg).parity_facts(containers[name])
         if cfg.runtime == "docker":  # compare content fingerprints: the containerd store reports other raw IDs

@@ -7,9 +7,11 @@
 them, the read-only ones first (:mod:`sparkserve.deploy.preflight`). A stack that already runs this exact
 deployment (same fingerprint, healthy, ranks in parity, gates passed for this very boot — judged now when the
 journal has no verdict for it) is left alone; one that runs anything else is replaced. After the gates pass, every
-rank is watched for ``gates.settle_s`` before `up` says it serves: a rank that dies then fails `up`. On any failure
-or Ctrl-C, every container this run started is stopped (gracefully) and removed on every node, each node's log is
-saved first, and the error names the node, the step and the lines that explain it (deploy.teardown).
+rank is watched for ``gates.settle_s`` before `up` says it serves: a rank that dies then fails `up`. With no gates
+(``run_gates=False``) there is no settle window either: the readiness wait's last look at every rank follows the
+head's answer. On any failure or Ctrl-C, every container this run started is stopped (gracefully) and removed on
+every node, each node's log is saved first, and the error names the node, the step and the lines that explain it
+(deploy.teardown).
 """
 
 from __future__ import annotations
@@ -232,7 +234,8 @@ def _settle(cfg: Config, nodes: dict[str, Node], plan: Plan, containers: dict[st
     """The settle window: every rank watched for ``gates.settle_s`` more (BootFailure at step "settle")."""
     if cfg.gates.settle_s > 0:
         say(f"settle: watching every rank {cfg.gates.settle_s:g}s more before saying it serves")
-        watch_alive(plan, nodes, containers, seconds=cfg.gates.settle_s)
+        with span("settle"):
+            watch_alive(plan, nodes, containers, seconds=cfg.gates.settle_s)
 
 
 def _clear_the_way(cfg: Config, nodes: dict[str, Node], found: Found, say: Reporter) -> str:
@@ -259,19 +262,27 @@ def _boot(cfg: Config, nodes: dict[str, Node], plan: Plan, found: Found, *, stat
     fp, image_id, digest = plan.fingerprint, found.image_id, found.drafter.digest
     started: dict[str, list[str]] = {}
     try:
-        containers = _start(plan, nodes, started, say, image_id)
+        with span("boot: start"):
+            containers = _start(plan, nodes, started, say, image_id)
         floors = watchdog_floors(cfg, found.hosts) if cfg.watchdog.enabled else None
         say("waiting for the head to serve")
-        boot_s = wait_ready(plan, nodes, containers, timeout_s=cfg.serve.ready_timeout_s, floors=floors,
-                            on_update=on_update)
-        check_parity(cfg, nodes, containers)
+        with span("boot: wait for the head"):
+            boot_s = wait_ready(plan, nodes, containers, timeout_s=cfg.serve.ready_timeout_s, floors=floors,
+                                on_update=on_update)
+        with span("boot: parity"):
+            check_parity(cfg, nodes, containers)
         say(f"the head answers at {plan.api_url} after {boot_s:.1f}s" + (
             "; the gates decide whether it serves" if run_gates else ""))
         result = UpResult(status, plan.api_url, plan.served_name, fp, image_id, digest, time.monotonic() - t0,
                           boot_s, containers, found.drafter.summary)
         if run_gates:
-            result.gates = _gate(cfg, nodes, plan, containers, say)
-        _settle(cfg, nodes, plan, containers, say)
+            with span("gates"):
+                result.gates = _gate(cfg, nodes, plan, containers, say)
+            _settle(cfg, nodes, plan, containers, say)
+        elif cfg.gates.settle_s > 0:
+            # the settle window watches the ranks after the gates' traffic; with no gates there is none to settle
+            # from (the readiness wait looked at every rank once more after the head answered)
+            say(f"no gates: no settle window either (gates.settle_s {cfg.gates.settle_s:g}s follows the gates)")
         _record(cfg, fp, image_id, digest, "up" if result.gates is None else "up+gates")
         _record_hosts(fp, found.hosts, gates_passed=result.gates is not None)
         return result

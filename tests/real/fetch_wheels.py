@@ -6,6 +6,8 @@ Adapted from ../shared/realvllm/fetch_wheels.py (ours), which fetched the wheels
 Walks the wheel's Requires-Dist (no extras) breadth-first with `pip download --no-deps` for
 CPython 3.12 / manylinux x86_64, skipping what that image already holds (DEVICE: its package list as of
 2026-11-17) and what a serve run does not need (SKIP).
+FETCH_CARRY (environment, names split by spaces): packages the image holds but at a version this lane cannot use
+(vLLM 0.34.0 needs huggingface_hub>=2, which the image's transformers 5.17 refuses): fetched and walked anyway.
 Overrides: apache-tvm-ffi>=0.1.11 (xgrammar 0.2.9 needs it; vLLM 0.25.1 pins 0.1.9, which makes
 `import xgrammar` fail with "load_lib_module() got an unexpected keyword argument 'extra_lib_paths'").
 """
@@ -69,7 +71,8 @@ def requires(whl, extras=()):
 def main():
     vllm_whl, out, also = sys.argv[1], sys.argv[2], sys.argv[3:]
     os.makedirs(out, exist_ok=True)
-    have = {cn(x) for x in DEVICE.split()} | {cn(x) for x in SKIP.split()}
+    carry = {cn(x) for x in os.environ.get("FETCH_CARRY", "").split()}
+    have = ({cn(x) for x in DEVICE.split()} - carry) | {cn(x) for x in SKIP.split()}
     queue, seen = requires(vllm_whl) + EXTRA + also, {}  # name -> (wheel, extras already walked)
     while queue:
         r = Requirement(queue.pop(0))

@@ -117,7 +117,8 @@ class Scenario:
         """serve.vllm: vLLM ``--vllm-version`` from the carried site (real), or the engine emulator (dry run)."""
         path = self.work / "bin" / "vllm"
         if self.real:  # pip --target wrote vLLM's own console script, its shebang this python
-            script = Path(self.args.site) / "bin" / "vllm"
+            # --site: one site, or a layered lane's own site first, then its base lane's (os.pathsep between)
+            script = Path(self.args.site.split(os.pathsep)[0]) / "bin" / "vllm"
             main = "import sys; from vllm.entrypoints.cli.main import main; sys.exit(main())"
             run = f'{script} "$@"' if script.exists() else f'{sys.executable} -c "{main}" "$@"'
             body = (f"#!/bin/sh\n# vLLM {self.args.vllm_version} from the carried wheels (scripts/real-engine)\n"
@@ -487,7 +488,8 @@ def _ours_alive(pids: list[int], work: Path) -> list[str]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--engine", choices=["real", "emulator"], required=True)
-    ap.add_argument("--site", help="where the carried wheels are installed (real)")
+    ap.add_argument("--site", help="where the carried wheels are installed (real); a layered lane (0.34.0 over "
+                    "0.33.0): its own site, then the base's, joined by os.pathsep")
     ap.add_argument("--vllm-version", default="0.25.1",
                     help="the carried vLLM's version: serve.vllm_version in the config (issue 43: 0.25.1, 0.33.0)")
     ap.add_argument("--keep-up", action="store_true",
