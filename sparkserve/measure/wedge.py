@@ -9,9 +9,8 @@ errors").
 
 from __future__ import annotations
 
-import asyncio
-
 from sparkserve.config import Config, resolve_api_key
+from sparkserve.interrupts import run_async
 from sparkserve.measure.client import request_body, stream_request
 from sparkserve.measure.httpstream import StreamConnection
 from sparkserve.measure.prompts import builtin_prompts
@@ -37,7 +36,7 @@ def wedge_probe(cfg: Config, plan: Plan) -> SmokeResult | None:
         finally:
             conn.abort()
 
-    o = asyncio.run(ask())
+    o = run_async(ask)  # a signal during the loop's making leaves nothing half-made (interrupts.run_async)
     if o.error not in (STALLED, HUNG):
         return None
     text = (f"no progress for {bound:g} s: a {PROBE_TOKENS}-token request to the API on {plan.head.node} received "
