@@ -29,6 +29,10 @@ RIG_PY = Path(__file__).resolve().parent / "rig.py"
 sys.path.insert(0, str(REPO / "tests" / "helpers"))
 from hf_endpoint import HFEndpoint  # noqa: E402
 
+# A rig of its own (four nodes, sshd and dockerd each, ~30 s to come up): not `rig` (it never touches the shared
+# rigs, so it runs in scripts/test's third process, beside them), but not what `--quick` means by "needs no rig".
+pytestmark = pytest.mark.ownrig
+
 IP_BASE, PORT = 60, 2240  # a rig of this module's own: not marked `rig`, so it never waits for the shared one
 FABRIC = f"127.{IP_BASE + 1}.0.0/16"  # rig.py FABRIC_RANGE: loopback's range, so the engines reach the fabric IPs
 

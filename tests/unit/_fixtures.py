@@ -54,8 +54,14 @@ def cli(*args: str, env: dict[str, str], cwd: Path | None = None, timeout: float
 _BATCH_DRIVER = r"""
 import json, os, sys, traceback
 from sparkserve.cli import main  # imported once; every job runs in a fresh fork of this process
-results = []
-for job in json.load(sys.stdin):
+jobs = json.load(sys.stdin)
+results = [None] * len(jobs)
+running = {}  # pid -> job index: two children at a time (each its own files, cwd and environment)
+for i, job in enumerate(jobs):
+    while len(running) >= 2:
+        done, status = os.wait()
+        if done in running:
+            results[running.pop(done)] = os.waitstatus_to_exitcode(status)
     pid = os.fork()
     if pid == 0:
         code = 0
@@ -80,7 +86,11 @@ for job in json.load(sys.stdin):
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
-    results.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))
+    running[pid] = i
+while running:
+    done, status = os.wait()
+    if done in running:
+        results[running.pop(done)] = os.waitstatus_to_exitcode(status)
 print(json.dumps(results))
 """
 

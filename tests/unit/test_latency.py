@@ -3,17 +3,24 @@
 from __future__ import annotations
 
 import random
+from typing import TYPE_CHECKING
 
 import pytest
-from vllm.benchmarks import serve
-from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput
 
 from sparkserve.measure.latency import NOT_STREAMED, latency_of, latency_stats
 from sparkserve.measure.records import HUNG, RequestOutcome
 
+if TYPE_CHECKING:
+    from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput
+
+# vLLM is imported in the tests that use it, not at collection: importing it costs ~9 s of CPU, paid by every
+# pytest-xdist worker of `scripts/test --quick` while it collects, whichever tests it then runs (issue 39)
+
 
 def _requests(n: int, seed: int) -> list[tuple[RequestOutcome, RequestFuncOutput]]:
     """The same streamed requests as our outcome and as vLLM's request function records them."""
+    from vllm.benchmarks.lib.endpoint_request_func import RequestFuncOutput
+
     rng = random.Random(seed)
     out = []
     for i in range(n):
@@ -31,6 +38,8 @@ def _requests(n: int, seed: int) -> list[tuple[RequestOutcome, RequestFuncOutput
 
 
 def test_latency_matches_vllm_bench_serves_own_metrics() -> None:
+    from vllm.benchmarks import serve
+
     pairs = _requests(40, seed=7)
     ours = latency_of([o for o, _ in pairs], streamed=True)
     m, _ = serve.calculate_metrics(input_requests=[], outputs=[t for _, t in pairs], dur_s=10.0, tokenizer=None,
