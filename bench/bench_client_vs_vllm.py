@@ -12,7 +12,9 @@ clients the same prompts with the same request (thinking on, T 1.0, top_p 0.95, 
 cell the clients run in both orders, ``--rounds`` times: ours then vLLM's, then vLLM's then ours. Each sends the
 same unmeasured warm-up first (ours ``warmup=concurrency × 2``, vLLM's ``--num-warmups`` the same). Printed per
 order: each figure's ratio ours / vLLM's — acceptance length (/metrics deltas), output tok/s, E2E p50, TTFT p50
-and TPOT p50 (vLLM's definitions on both sides). Goal: every ratio within 3 % in both orders.
+and TPOT p50 (vLLM's definitions on both sides). Goal: every ratio within 3 % in both orders. Then per cell the
+pooled ratio over every run against each client's own run-to-run spread (``pooled``): on real vLLM one client's
+two runs of one cell differ by more than 3 %, so the pooled ratio and its noise floor are the read there.
 
 ``vllm bench serve`` invocation (0.33.0): ``--backend openai-chat --endpoint /v1/chat/completions
 --dataset-name custom --dataset-path P.jsonl --skip-tokenizer-init --disable-shuffle --ignore-eos
@@ -199,6 +201,35 @@ def crossed(url: str, cell: Cell, prompts: Path, workdir: Path, rounds: int, *, 
     return rows
 
 
+def pooled(rows: list[dict]) -> list[dict]:
+    """Per cell, over every order and round: each figure's pooled ratio ours / vLLM's (the geometric mean of each
+    client's runs, so the ABBA order cancels a drift of the server) against the noise it can be read to: each
+    client's own run-to-run spread on that cell (max / min − 1 of its runs). A cell agrees when every pooled
+    ratio is within max(3 %, the wider client's spread) of 1.
+
+    Why: on real vLLM (H100, session 47) one client's two runs of the same c8 cell on one boot differed by up to
+    13 % (vLLM's own `bench serve` by 10.5 %), so a single pair of runs cannot show a 3 % agreement or its absence;
+    the pooled ratio with its noise floor can (tests/unit/test_bench_cross_real.py)."""
+    out = []
+    for cell in dict.fromkeys(r["cell"] for r in rows):
+        mine = [r for r in rows if r["cell"] == cell]
+        figs: dict[str, dict[str, float | None]] = {}
+        for f in FIGURES:
+            a = [r["ours"][f] for r in mine if r["ours"][f]]
+            b = [r["vllm"][f] for r in mine if r["vllm"][f]]
+            if len(a) != len(mine) or len(b) != len(mine):
+                figs[f] = {"ratio": None, "ours_spread": None, "vllm_spread": None, "floor": None, "agrees": None}
+                continue
+            ratio = float(np.exp(np.mean(np.log(a)) - np.mean(np.log(b))))
+            sa, sb = max(a) / min(a) - 1, max(b) / min(b) - 1
+            floor = max(0.03, sa, sb)
+            figs[f] = {"ratio": ratio, "ours_spread": sa, "vllm_spread": sb, "floor": floor,
+                       "agrees": abs(ratio - 1) <= floor}
+        known = [v["agrees"] for v in figs.values() if v["agrees"] is not None]
+        out.append({"cell": cell, "runs": len(mine), "figures": figs, "agrees": bool(known) and all(known)})
+    return out
+
+
 def agreement(target: Path, drafter: Path, workdir: Path, cells: list[tuple[Cell, float]], rounds: int) -> list[dict]:
     """Both orders after one boot per cell: ours → vLLM's, then vLLM's → ours, ``rounds`` times."""
     prompts = write_prompts(workdir)
@@ -286,8 +317,9 @@ def main() -> int:
             caps = [] if args.no_capacity else [capacity(target, drafter, workdir, True, cap_cell),
                                                 capacity(target, drafter, workdir, False, cap_cell)]
     ok = all(r["within_3pct"] for r in agree) and all(c["meets_20k"] for c in caps)
+    pools = pooled(agree)
     if args.json:
-        print(json.dumps({"ok": ok, "agreement": agree, "capacity": caps}, indent=2))
+        print(json.dumps({"ok": ok, "agreement": agree, "pooled": pools, "capacity": caps}, indent=2))
         return 0 if ok else 1
     where = f"{args.url} (one boot)" if args.url else "one emulator boot per cell"
     print(f"Part 1 — sparkserve bench client / `vllm bench serve`, {where}, both orders, each after a warm-up")
@@ -299,6 +331,15 @@ def main() -> int:
               + f"  {'OK' if r['within_3pct'] else 'OUTSIDE 3 %'}")
         print(f"  {'':<38}" + "".join(f"{_fig(r['ours'][f]):>13}" for f in FIGURES) + "  (ours)")
         print(f"  {'':<38}" + "".join(f"{_fig(r['vllm'][f]):>13}" for f in FIGURES) + "  (vLLM)")
+    print("  pooled per cell (geometric mean of each client's runs, both orders) against each client's own "
+          "run-to-run spread:")
+    for c in pools:
+        print(f"  {c['cell']:<20} {c['runs']:>5}  {'pooled':<11}"
+              + "".join(f"{v['ratio']:>13.4f}" if v["ratio"] is not None else f"{'n/a':>13}"
+                        for v in c["figures"].values())
+              + f"  {'agrees within noise' if c['agrees'] else 'DIFFERS beyond noise'}")
+        print(f"  {'':<38}" + "".join(f"{'±' + format(v['floor'] * 100, '.1f') + ' %':>13}" if v["floor"] is not None
+                                      else f"{'n/a':>13}" for v in c["figures"].values()) + "  (noise floor)")
     if caps:
         print("Part 2 — client capacity on one core (emulator on the other, SSEMU_TOKEN_RATE=0)")
     for c in caps:

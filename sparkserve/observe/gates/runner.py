@@ -1,18 +1,42 @@
-"""``runner`` — every node's workers walk the V2 model runner (``Using V2 Model Runner``), no V1 fallback."""
+"""``runner`` — every node's workers walk the V2 model runner (``Using V2 Model Runner``), no V1 fallback.
+
+vLLM 0.34 removed the V1 runner (``vllm/v1/worker/gpu_model_runner.py`` is gone; ``gpu_worker`` always builds
+``vllm/v1/worker/gpu/model_runner.GPUModelRunner``) and with it the line that said which runner ran: a real 0.34.0
+boot on an H100 (tests/fixtures/logs/real-0.34.0-gpu/, session 47) prints no runner line at all. A log whose own
+version line says 0.34 or later passes on that line: it cannot fall back. The V1 lines still fail it.
+"""
 
 from __future__ import annotations
+
+import re
 
 from sparkserve.observe.analyze import Analysis
 from sparkserve.observe.gate_inputs import Expectations
 from sparkserve.observe.gate_report import Evidence, Verdict
 from sparkserve.observe.gates.evidence import ev
 from sparkserve.observe.logpatterns import Kind
+from sparkserve.observe.logs import Event, ParsedLog
+
+V1_REMOVED_IN = (0, 34)  # the first vLLM release without the V1 model runner
+_RELEASE = re.compile(r"(\d+)\.(\d+)(?:\.\d+)?(?![\w.])")
+
+
+def v2_only_version(log: ParsedLog) -> tuple[str, Event] | None:
+    """The log's own vLLM version and its line when that release has only the V2 runner (0.34+); None else —
+    a dev build's ``0.1.dev…`` (the card's fork) or no version line."""
+    for e in log.of(Kind.VERSION):
+        v = e.data.get("version") or e.data.get("v2") or e.data.get("v3") or ""
+        m = _RELEASE.match(v)
+        if m and (int(m.group(1)), int(m.group(2))) >= V1_REMOVED_IN:
+            return v, e
+    return None
 
 
 def runner_gate(an: Analysis, ex: Expectations) -> Verdict:
     per_node: dict[str, str | None] = {}
     evidence: list[Evidence] = []
     problems = []
+    only_v2: list[str] = []
     for log in an.logs:
         v2 = log.of(Kind.RUNNER_V2)
         fallback = log.of(Kind.RUNNER_V1_FALLBACK)
@@ -28,6 +52,10 @@ def runner_gate(an: Analysis, ex: Expectations) -> Verdict:
             per_node[log.node] = "v1"
             evidence.append(ev(log, v1[0]))
             problems.append(f"{log.node}: V1 runner lines and no `Using V2 Model Runner`")
+        elif (newer := v2_only_version(log)) is not None:
+            per_node[log.node] = "v2"
+            evidence.append(ev(log, newer[1]))
+            only_v2.append(newer[0])
         else:
             per_node[log.node] = None
             problems.append(f"{log.node}: looked for `Using V2 Model Runner`: not found")
@@ -35,4 +63,8 @@ def runner_gate(an: Analysis, ex: Expectations) -> Verdict:
         problems.append("no logs")
     if problems:
         return Verdict("runner", False, ex.runner, per_node, "; ".join(problems), evidence)
-    return Verdict("runner", True, ex.runner, per_node, "V2 model runner on every node", evidence)
+    why = "V2 model runner on every node"
+    if only_v2:
+        why += (f" (vLLM {', '.join(sorted(set(only_v2)))} has no V1 runner and prints no runner line: its version "
+                "line is the evidence)")
+    return Verdict("runner", True, ex.runner, per_node, why, evidence)
