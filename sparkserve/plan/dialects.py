@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -84,6 +85,26 @@ class Dialect:
 
     def describe(self) -> str:
         return f"vLLM {self.vllm_version}" + (f" ({self.source})" if self.source else "")
+
+
+#: the first vLLM release without the V1 model runner: 0.34 removed it (``vllm/v1/worker/gpu_model_runner.py``
+#: and ``VLLM_USE_V2_MODEL_RUNNER`` are gone) and with it the ``Using V2 Model Runner`` line (a real 0.34.0 boot,
+#: tests/fixtures/logs/real-0.34.0-gpu/)
+V1_RUNNER_REMOVED_IN = (0, 34)
+_RELEASE = re.compile(r"(\d+)\.(\d+)(?:\.\d+)?(?![\w.])")
+
+
+def release_of(version: str) -> tuple[int, int] | None:
+    """``(major, minor)`` of a release version (``0.34.0``); None for a dev build such as the card's fork
+    (``0.1.dev20051+g487ecf187``) or anything else."""
+    m = _RELEASE.match(version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def has_no_v1_runner(version: str) -> bool:
+    """This vLLM release has only the V2 model runner (and prints no runner line)."""
+    r = release_of(version)
+    return r is not None and r >= V1_RUNNER_REMOVED_IN
 
 
 # ------------------------------------------------------------------------------------------ shipped files

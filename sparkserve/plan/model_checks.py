@@ -25,7 +25,7 @@ from sparkserve.models.drafter import (
 )
 from sparkserve.models.files import read_config
 from sparkserve.models.target import TargetFacts
-from sparkserve.plan.dialects import dialect_for
+from sparkserve.plan.dialects import dialect_for, has_no_v1_runner
 from sparkserve.plan.findings import Report
 
 # --- drafter -----------------------------------------------------------------------------------------------
@@ -128,7 +128,13 @@ def _check_dflash2(cfg: Config, d: DrafterFacts, r: Report, cfg_file: str) -> No
                 r.error("drafter.path", f"{d.weights.conv_tensors} convolution tensors in the weights; a DFlash2 "
                         f"drafter with {layers} layers has {4 * layers}")
         mode = cfg.serve.env.get("VLLM_USE_V2_MODEL_RUNNER")
-        if mode is not None and mode.strip() == "0":
+        version = dialect_for(cfg).vllm_version
+        if mode is not None and has_no_v1_runner(version):
+            # 0.34 removed the V1 runner and the variable with it (its envs.py has no VLLM_USE_V2_MODEL_RUNNER;
+            # session 47's real 0.34.0 boot printed no runner line): the setting does nothing there
+            r.warn("serve.env.VLLM_USE_V2_MODEL_RUNNER", f"vLLM {version} has no V1 runner and no such variable: "
+                   "the setting does nothing; delete it")
+        elif mode is not None and mode.strip() == "0":
             r.error("serve.env.VLLM_USE_V2_MODEL_RUNNER", "0 forces the V1 runner, which refuses DFlash2 "
                     "candidate-head drafts")
     if d.weights and d.weights.mask_hidden_tensors:

@@ -148,3 +148,21 @@ def test_the_facts_tool_dumps_the_images_own_parser_as_the_committed_list() -> N
         return {k: v for k, v in o.items() if k != "help"}
 
     assert [strip(o) for o in got["options"]["options"]] == [strip(o) for o in committed]
+
+
+@pytest.mark.parametrize(("version", "kind"), [("0.33.0", "error"), ("0.34.0", "warning")])
+def test_forcing_the_v1_runner_is_refused_where_it_exists_and_told_useless_where_it_does_not(
+        tmp_path: Path, version: str, kind: str) -> None:
+    # 0.33: VLLM_USE_V2_MODEL_RUNNER=0 walks the V1 runner, which refuses DFlash2; 0.34 has neither the V1 runner
+    # nor the variable (its envs.py; the real 0.34.0 boot of session 47 printed no runner line)
+    cfg = _cfg(tmp_path, {"serve": {"vllm_version": version, "env": {"VLLM_USE_V2_MODEL_RUNNER": "0"}}})
+    r = validate(cfg, drafter_dir=write_drafter(tmp_path / "d", DrafterSpec()), target_dir=write_target(tmp_path / "t"),
+                 parser="none")
+    where = "serve.env.VLLM_USE_V2_MODEL_RUNNER"
+    errors = [e.what for e in r.errors if e.where == where]
+    warnings = [w.what for w in r.warnings if w.where == where]
+    if kind == "error":
+        assert errors == ["0 forces the V1 runner, which refuses DFlash2 candidate-head drafts"] and not warnings
+    else:
+        assert not errors and warnings == ["vLLM 0.34.0 has no V1 runner and no such variable: the setting does "
+                                           "nothing; delete it"]

@@ -8,17 +8,13 @@ version line says 0.34 or later passes on that line: it cannot fall back. The V1
 
 from __future__ import annotations
 
-import re
-
 from sparkserve.observe.analyze import Analysis
 from sparkserve.observe.gate_inputs import Expectations
 from sparkserve.observe.gate_report import Evidence, Verdict
 from sparkserve.observe.gates.evidence import ev
 from sparkserve.observe.logpatterns import Kind
 from sparkserve.observe.logs import Event, ParsedLog
-
-V1_REMOVED_IN = (0, 34)  # the first vLLM release without the V1 model runner
-_RELEASE = re.compile(r"(\d+)\.(\d+)(?:\.\d+)?(?![\w.])")
+from sparkserve.plan.dialects import has_no_v1_runner
 
 
 def v2_only_version(log: ParsedLog) -> tuple[str, Event] | None:
@@ -26,8 +22,7 @@ def v2_only_version(log: ParsedLog) -> tuple[str, Event] | None:
     a dev build's ``0.1.dev…`` (the card's fork) or no version line."""
     for e in log.of(Kind.VERSION):
         v = e.data.get("version") or e.data.get("v2") or e.data.get("v3") or ""
-        m = _RELEASE.match(v)
-        if m and (int(m.group(1)), int(m.group(2))) >= V1_REMOVED_IN:
+        if has_no_v1_runner(v):
             return v, e
     return None
 
