@@ -55,6 +55,13 @@ _BATCH_DRIVER = r"""
 import json, os, sys, traceback
 from sparkserve.cli import main  # imported once; every job runs in a fresh fork of this process
 jobs = json.load(sys.stdin)
+# every public sparkserve module, imported here once (~0.5 s): the CLI imports its command modules and their
+# dependencies lazily, so each fork would import them again (paramiko, docker, pydantic models: ~0.25 s a job).
+# Private modules are left to their importers: some are programs of their own (plan/_vllm_parser_worker).
+import importlib, pkgutil, sparkserve
+for m in pkgutil.walk_packages(sparkserve.__path__, "sparkserve."):
+    if not m.name.rsplit(".", 1)[-1].startswith("_"):
+        importlib.import_module(m.name)
 results = [None] * len(jobs)
 running = {}  # pid -> job index: two children at a time (each its own files, cwd and environment)
 for i, job in enumerate(jobs):
