@@ -27,6 +27,9 @@ It never imports vllm or torch, so it runs on a machine without a GPU, CUDA or n
   list + version) when vllm imports, else the version ``vllm --version`` prints (:func:`serve_dialect`).
 * ``applied``: the series manifest the applier wrote (``/opt/sparkserve/applied.json``), or null;
   ``lock``: the recipe lock the image was built from (``/opt/sparkserve/lock.json``), or null.
+* ``requires`` (also alone: ``--requires``, and inside ``--serve-dialect``'s answer): the installed ``vllm``
+  distribution's ``Requires-Dist`` checked against what this interpreter can import (:func:`requires`) —
+  the distributions that are missing, and those installed at a version outside the specifier.
 """
 
 from __future__ import annotations
@@ -284,10 +287,285 @@ def _json_file(path: str) -> object:
     return json.loads(Path(path).read_text()) if Path(path).is_file() else None
 
 
-def facts(site: Path | None, *, archs: bool = True, applied: str = APPLIED_MANIFEST) -> dict[str, object]:
+# ------------------------------------------------------------------------- vLLM's declared dependencies
+
+#: a PEP 508 requirement, the fallback's reading when ``packaging`` is not importable in this environment
+_REQ = re.compile(r"^\s*(?P<name>[A-Za-z0-9][A-Za-z0-9._-]*)\s*(?:\[(?P<extras>[^\]]*)\])?\s*"
+                  r"(?:@\s*(?P<url>[^;\s]+)|\(?(?P<spec>[^;()]*)\)?)?\s*(?:;\s*(?P<marker>.*))?$")
+_MARKER_TOKEN = re.compile(r"\s*(\(|\)|'[^']*'|\"[^\"]*\"|===|==|!=|~=|<=|>=|<|>|not\s+in\b|in\b|and\b|or\b|"
+                           r"[A-Za-z_][A-Za-z0-9_.]*)")
+_VERSION_VARS = {"python_version", "python_full_version", "implementation_version", "platform_release"}
+
+
+def _norm(name: str) -> str:
+    """PEP 503's normal form of a distribution name (``Nvidia_Cutlass.DSL`` → ``nvidia-cutlass-dsl``)."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _release(v: str) -> tuple[int, ...] | None:
+    """The release numbers of a version (``2.14.0+cu130`` → (2, 14, 0); ``0.6.18.dev3`` → (0, 6, 18));
+    None when it has none. The fallback compares only these (pre, post, dev and local parts are ignored)."""
+    m = re.match(r"^\s*v?(\d+(?:\.\d+)*)", v)
+    return tuple(int(x) for x in m.group(1).split(".")) if m else None
+
+
+def _cmp(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    n = max(len(a), len(b))
+    a, b = a + (0,) * (n - len(a)), b + (0,) * (n - len(b))
+    return (a > b) - (a < b)
+
+
+def _spec_holds(version: str, op: str, want: str) -> bool | None:
+    """One PEP 440 clause by release numbers alone (the fallback); None when it cannot tell."""
+    if op == "===":
+        return version == want
+    if want.endswith(".*") and op in ("==", "!="):
+        got, prefix = _release(version), _release(want[:-2])
+        if got is None or prefix is None:
+            return None
+        same = got[:len(prefix)] + (0,) * max(0, len(prefix) - len(got)) == prefix
+        return same if op == "==" else not same
+    got, ref = _release(version), _release(want)
+    if got is None or ref is None:
+        return None
+    c = _cmp(got, ref)
+    if op == "~=":
+        return c >= 0 and got[:max(1, len(ref) - 1)] == ref[:max(1, len(ref) - 1)]
+    return {"==": c == 0, "!=": c != 0, "<": c < 0, "<=": c <= 0, ">": c > 0, ">=": c >= 0}.get(op)
+
+
+def _specifier_holds(version: str, spec: str) -> bool | None:
+    """Whether ``version`` is inside ``spec`` (``>=1.0,!=1.2.*``): packaging's answer when it imports,
+    else :func:`_spec_holds` per clause; None when it cannot tell."""
+    try:
+        from packaging.specifiers import SpecifierSet
+        from packaging.version import Version
+
+        return SpecifierSet(spec).contains(Version(version), prereleases=True)
+    except ImportError:
+        pass
+    except Exception:  # noqa: BLE001 - a version packaging cannot read (a fork's string): not a verdict
+        return None
+    verdicts = []
+    for clause in (c.strip() for c in spec.split(",") if c.strip()):
+        m = re.match(r"^(===|==|!=|~=|<=|>=|<|>)\s*(\S+)$", clause)
+        verdicts.append(_spec_holds(version, m.group(1), m.group(2)) if m else None)
+    if False in verdicts:
+        return False
+    return None if None in verdicts else True
+
+
+def _marker_fallback(marker: str, env: dict[str, str]) -> bool:
+    """A PEP 508 environment marker evaluated without ``packaging``: ``and``/``or``/parentheses over
+    ``<var> <op> <value>`` comparisons; version variables compare by release numbers, the rest as strings.
+    ValueError on anything else (the caller then counts the requirement as applying)."""
+    tokens = _MARKER_TOKEN.findall(marker)
+    if "".join(tokens).replace(" ", "") != marker.replace(" ", ""):
+        raise ValueError(f"cannot read the marker {marker!r}")
+    pos = 0
+
+    def value(tok: str) -> tuple[str, str | None]:
+        if tok[:1] in "'\"":
+            return tok[1:-1], None
+        if tok not in env:
+            raise ValueError(f"unknown marker variable {tok!r}")
+        return env[tok], tok
+
+    def compare() -> bool:
+        nonlocal pos
+        if tokens[pos] == "(":
+            pos += 1
+            out = disjunction()
+            if tokens[pos] != ")":
+                raise ValueError("unbalanced parentheses")
+            pos += 1
+            return out
+        (left, lvar), op, (right, rvar) = value(tokens[pos]), re.sub(r"\s+", " ", tokens[pos + 1]), \
+            value(tokens[pos + 2])
+        pos += 3
+        if op in ("in", "not in"):
+            return (left in right) == (op == "in")
+        if (lvar or rvar) in _VERSION_VARS or (lvar is None and rvar is None):
+            held = _spec_holds(left, op, right)
+            if held is not None:
+                return held
+        if op in ("==", "==="):
+            return left == right
+        if op == "!=":
+            return left != right
+        raise ValueError(f"cannot compare {left!r} {op} {right!r}")
+
+    def conjunction() -> bool:
+        nonlocal pos
+        out = compare()
+        while pos < len(tokens) and tokens[pos] == "and":
+            pos += 1
+            out = compare() and out
+        return out
+
+    def disjunction() -> bool:
+        nonlocal pos
+        out = conjunction()
+        while pos < len(tokens) and tokens[pos] == "or":
+            pos += 1
+            out = conjunction() or out
+        return out
+
+    try:
+        out = disjunction()
+    except IndexError:
+        raise ValueError(f"cannot read the marker {marker!r}") from None
+    if pos != len(tokens):
+        raise ValueError(f"cannot read the marker {marker!r}")
+    return out
+
+
+def marker_env() -> dict[str, str]:
+    """PEP 508's environment of this interpreter (what ``packaging.markers.default_environment`` gives)."""
+    impl = sys.implementation
+    iv = impl.version
+    impl_version = f"{iv.major}.{iv.minor}.{iv.micro}" + (f"{iv.releaselevel[0]}{iv.serial}"
+                                                          if iv.releaselevel != "final" else "")
+    return {"implementation_name": impl.name, "implementation_version": impl_version,
+            "os_name": os.name, "platform_machine": platform.machine(), "platform_release": platform.release(),
+            "platform_system": platform.system(), "platform_version": platform.version(),
+            "python_full_version": platform.python_version(),
+            "platform_python_implementation": platform.python_implementation(),
+            "python_version": ".".join(platform.python_version_tuple()[:2]), "sys_platform": sys.platform}
+
+
+def parse_requirement(line: str) -> dict[str, object]:
+    """One ``Requires-Dist`` value → name (as written), extras, specifier, marker, url (packaging's reading
+    when it imports, else :data:`_REQ`'s). ValueError when neither can read it."""
+    try:
+        from packaging.requirements import Requirement
+    except ImportError:
+        m = _REQ.match(line)
+        if m is None:
+            raise ValueError(f"cannot read the requirement {line!r}") from None
+        extras = sorted(e.strip() for e in (m.group("extras") or "").split(",") if e.strip())
+        spec = re.sub(r"\s+", "", m.group("spec") or "")
+        return {"name": m.group("name"), "extras": extras, "specifier": spec, "url": m.group("url"),
+                "marker": (m.group("marker") or "").strip() or None}
+    try:
+        r = Requirement(line)
+    except Exception as e:  # noqa: BLE001 - packaging's InvalidRequirement
+        raise ValueError(f"cannot read the requirement {line!r}: {e}") from None
+    return {"name": r.name, "extras": sorted(r.extras), "specifier": str(r.specifier), "url": r.url,
+            "marker": str(r.marker) if r.marker is not None else None}
+
+
+def marker_applies(marker: str | None, env: dict[str, str], extra: str = "") -> bool:
+    """Whether a requirement's marker holds here with ``extra`` (``""``: vLLM installed without extras, so
+    every ``extra == "…"`` requirement is left out). ValueError when the marker cannot be evaluated."""
+    if not marker:
+        return True
+    try:
+        from packaging.markers import Marker
+    except ImportError:
+        return _marker_fallback(marker, {**env, "extra": extra})
+    try:
+        return bool(Marker(marker).evaluate({**env, "extra": extra}))
+    except Exception as e:  # noqa: BLE001 - packaging's InvalidMarker / UndefinedComparison
+        raise ValueError(f"cannot evaluate the marker {marker!r}: {e}") from None
+
+
+def check_requirements(lines: list[str], installed: dict[str, str], env: dict[str, str],
+                       extra_lines: dict[str, list[str]] | None = None) -> dict[str, object]:
+    """``Requires-Dist`` lines against the installed distributions (normal name → version).
+
+    A requirement whose marker does not hold here (another platform, an ``extra`` nobody asked for) is
+    skipped. One that names extras (``nvidia-cutlass-dsl[cu13]``) requires the distribution itself and, one
+    level down, what that distribution's own ``Requires-Dist`` adds for those extras (``extra_lines``: its
+    lines, by normal name; only when it is installed; those requirements' own dependencies are not followed).
+    Missing: not installed. Mismatched: installed at a version outside the specifier (forks are normal: a
+    warning for the caller). Unknown: a line, marker or version that could not be read."""
+    missing: list[dict[str, object]] = []
+    mismatched: list[dict[str, object]] = []
+    unknown: list[dict[str, object]] = []
+    checked = skipped = 0
+
+    def one(line: str, extra: str, via: str | None) -> None:
+        nonlocal checked, skipped
+        try:
+            req = parse_requirement(line)
+            if not marker_applies(req["marker"], env, extra):  # type: ignore[arg-type]
+                skipped += 1
+                return
+            # under an extra, only what the extra adds: the distribution's own base requirements are its own
+            if via is not None and not (req["marker"] and "extra" in str(req["marker"])):
+                skipped += 1
+                return
+        except ValueError as e:
+            unknown.append({"requirement": line, "why": str(e), "via": via})
+            return
+        checked += 1
+        name = _norm(str(req["name"]))
+        row = {"name": name, "requirement": line.split(";")[0].strip(), "via": via}
+        version = installed.get(name)
+        if version is None:
+            missing.append(row)
+            return
+        spec = str(req["specifier"] or "")
+        held = _specifier_holds(version, spec) if spec else True
+        if held is False:
+            mismatched.append({**row, "installed": version})
+        elif held is None:
+            unknown.append({**row, "installed": version, "why": f"cannot compare {version!r} with {spec!r}"})
+        if req["extras"] and version is not None:
+            for sub in (extra_lines or {}).get(name, []):
+                for ex in req["extras"]:  # type: ignore[union-attr]
+                    one(sub, str(ex), f"{name}[{ex}]")
+
+    for line in lines:
+        one(line, "", None)
+    return {"checked": checked, "skipped": skipped, "missing": missing, "mismatched": mismatched,
+            "unknown": unknown}
+
+
+def requires(dist_name: str = "vllm") -> dict[str, object]:
+    """The installed ``vllm`` distribution's ``Requires-Dist`` checked in this interpreter (what it imports:
+    ``importlib.metadata`` over ``sys.path``). ``vllm`` null: no such distribution (nothing to check)."""
+    import importlib.metadata as md
+
+    try:
+        import packaging
+
+        how = f"packaging {getattr(packaging, '__version__', '?')}"
+    except ImportError:
+        how = "fallback (no packaging here: markers and versions read by image_facts.py)"
+    base = {"dist": dist_name, "python": platform.python_version(), "how": how}
+    try:
+        dist = md.distribution(dist_name)
+    except md.PackageNotFoundError:
+        return {**base, "vllm": None, "error": None, "checked": 0, "skipped": 0, "missing": [], "mismatched": [],
+                "unknown": []}
+    installed: dict[str, str] = {}
+    metadata: dict[str, object] = {}
+    for d in md.distributions():  # the first on sys.path wins, as it does for import
+        name = d.metadata.get("Name")
+        if name and _norm(name) not in installed:
+            installed[_norm(name)] = d.version
+            metadata[_norm(name)] = d
+    lines = list(dist.requires or [])
+    extra_lines: dict[str, list[str]] = {}
+    for line in lines:
+        m = _REQ.match(line)
+        if m and m.group("extras") and _norm(m.group("name")) in metadata:
+            extra_lines[_norm(m.group("name"))] = list(metadata[_norm(m.group("name"))].requires or [])  # type: ignore[attr-defined]
+    where = getattr(dist, "_path", None)
+    return {**base, "vllm": dist.version, "location": str(where) if where is not None else None, "error": None,
+            **check_requirements(lines, installed, marker_env(), extra_lines)}
+
+
+def facts(site: Path | None, *, archs: bool = True, applied: str = APPLIED_MANIFEST,
+          deps: bool = False) -> dict[str, object]:
+    """Every fact (module docstring). ``deps``: check vLLM's Requires-Dist in this interpreter (false for a
+    ``--site`` tree, which is not the environment this interpreter imports from)."""
     manifest = Path(applied)
     if site is None or not (site / "vllm" / "_version.py").is_file():
-        return {"site": None, "python": platform.python_version(), "machine": platform.machine(),
+        return {"requires": _requires_or_error() if deps else None,
+                "site": None, "python": platform.python_version(), "machine": platform.machine(),
                 "vllm": {"version": None, "commit": None, "metadata_version": None}, "record": None,
                 "archs": None, "dflash2": {}, "applied": None, "lock": None, "cuda_arch_env": {},
                 "registry": {}, "overlays": {}, "packages": {}, "gpu_smoke": _json_file(GPU_SMOKE)}
@@ -309,7 +587,15 @@ def facts(site: Path | None, *, archs: bool = True, applied: str = APPLIED_MANIF
         "overlays": {rel: _sha256(site / rel) for rel in ((lock or {}).get("overlays") or {})},
         "packages": packages(site),
         "gpu_smoke": _json_file(GPU_SMOKE),
+        "requires": _requires_or_error() if deps else None,
     }
+
+
+def _requires_or_error() -> dict[str, object]:
+    try:
+        return requires()
+    except Exception as e:  # noqa: BLE001 - a broken metadata tree is a fact to report, not a crash
+        return {"vllm": None, "error": f"{type(e).__name__}: {e}"}
 
 
 def _sha256(path: Path) -> str | None:
@@ -375,6 +661,11 @@ def _parser_dump() -> dict[str, object]:
 
 
 def serve_dialect() -> dict[str, object]:
+    """:func:`_serve_dialect` and, in the same answer, :func:`requires` (one container for both)."""
+    return {**_serve_dialect(), "requires": _requires_or_error()}
+
+
+def _serve_dialect() -> dict[str, object]:
     """The engine's flag dialect as the image itself states it: its own parser's option list and version when
     vllm imports here, else the version its `vllm --version` prints (an engine that is not a Python vLLM
     install, or one whose parser cannot be built without a GPU); ``how`` says which, ``error`` why not more."""
@@ -405,12 +696,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--applied", default=APPLIED_MANIFEST, help="the applier's manifest")
     ap.add_argument("--serve-dialect", action="store_true", help="print only the engine's flag dialect: its own "
                     "`vllm serve` option list and version (sparkserve's image verify keeps them)")
+    ap.add_argument("--requires", action="store_true", help="print only the check of vLLM's Requires-Dist against "
+                    "this interpreter's installed distributions")
     args = ap.parse_args(argv)
+    if args.requires:
+        json.dump(_requires_or_error(), sys.stdout)
+        sys.stdout.write("\n")
+        return 0
     if args.serve_dialect:
         json.dump(serve_dialect(), sys.stdout)
         sys.stdout.write("\n")
         return 0
-    json.dump(facts(find_site(args.site), archs=not args.no_archs, applied=args.applied), sys.stdout, indent=1)
+    json.dump(facts(find_site(args.site), archs=not args.no_archs, applied=args.applied, deps=not args.site),
+              sys.stdout, indent=1)
     sys.stdout.write("\n")
     return 0
 

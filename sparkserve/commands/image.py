@@ -166,6 +166,8 @@ def verify_cmd(config: ConfigOpt = None, json_out: JsonOpt = False,
             print(check.base["line"])
         if check.gpu_line:
             print(check.gpu_line)
+        if check.requires_warning:
+            print(f"warning: {check.requires_warning}")
         if check.ok:
             print("same image on every node")
         elif check.problem is None:

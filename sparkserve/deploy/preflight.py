@@ -2,6 +2,7 @@
 
     found = preflight(cfg, nodes, validate=True, copy_drafter=False, say=say)  # checks, image, ranks, drafter
     learn_dialect(cfg, nodes, found.image_id, say)   # an image nothing is known about: its dialect read once
+    check_requires(cfg, nodes, found.image_id, say)  # vLLM's declared dependencies: exit 2 when one is missing
     make_cache_dirs(cfg, nodes, plan)                # the image's cache dirs under the cache root
     hosts = memory_before_start(cfg, nodes, say)     # drop the page cache, then free memory against GMU
 
@@ -78,6 +79,30 @@ def learn_dialect(cfg: Config, nodes: dict[str, Node], image_id: str, say: Repor
         return
     say(f"image: engine dialect {d.describe() if d else 'unknown (vLLM 0.33.0 applies)'}, read from "
         f"{cfg.image.ref} ({raw.get('how') or 'nothing'})")
+
+
+def check_requires(cfg: Config, nodes: dict[str, Node], engine_id: str, say: Reporter) -> None:
+    """Every distribution the engine's vLLM requires is installed where it runs (:mod:`sparkserve.image.requires`):
+    BadInput (exit 2, before any rank starts) naming the missing ones — without them the boot dies at import,
+    after the whole load. docker: the answer kept for this image ID (image verify, the dialect read) or read
+    once in the image on the head; process: asked of serve.vllm's interpreter every time (nothing said when
+    that is not a Python console script). Versions outside vLLM's pins are a warning, said when first read."""
+    from sparkserve.image.requires import engine_requires
+
+    docker = cfg.runtime == "docker"
+    try:
+        found, kept = engine_requires(cfg, nodes, engine_id)
+    except SparkserveError as e:
+        if docker:
+            say(f"warning: image: vLLM's declared dependencies could not be checked ({e.what})")
+        return
+    if found is None or found.vllm is None:  # no vllm distribution there (an emulator, a source tree)
+        return
+    line = found.missing_line("in the image" if docker else "where serve.vllm runs")
+    if line:
+        raise BadInput("image.ref" if docker else "serve.vllm", line)
+    if not kept and found.mismatch_line():
+        say(f"warning: {found.mismatch_line()}")
 
 
 def make_cache_dirs(cfg: Config, nodes: dict[str, Node], plan: Plan) -> None:

@@ -30,7 +30,14 @@ from sparkserve.deploy import lock
 from sparkserve.deploy.doctor import check_ports
 from sparkserve.deploy.drafter import drafter_words, local_drafter, sync_words
 from sparkserve.deploy.parity import check_parity
-from sparkserve.deploy.preflight import Found, learn_dialect, make_cache_dirs, memory_before_start, preflight
+from sparkserve.deploy.preflight import (
+    Found,
+    check_requires,
+    learn_dialect,
+    make_cache_dirs,
+    memory_before_start,
+    preflight,
+)
 from sparkserve.deploy.teardown import Reporter, explain_failure, interrupted, interrupted_what, quiet, teardown
 from sparkserve.deploy.timings import span
 from sparkserve.deploy.wait import NodeView, daemons_answer, served_models, wait_ready, wait_running, watch_alive
@@ -182,6 +189,8 @@ def _up(cfg: Config, nodes: dict[str, Node], *, run_gates: bool, validate: bool,
                 gates = _keep(cfg, nodes, plan, running, say, run_gates=run_gates)
             return UpResult("unchanged", plan.api_url, plan.served_name, fp, found.image_id, found.drafter.digest,
                             time.monotonic() - t0, containers=running, sync=found.drafter.summary, gates=gates)
+        with span("preflight: engine requires"):  # before any rank: a missing dependency dies after the load
+            check_requires(cfg, nodes, found.image_id, say)
         make_cache_dirs(cfg, nodes, plan)
         with span("clear the way"):
             status = _clear_the_way(cfg, nodes, found, say)

@@ -7,7 +7,8 @@
 ``image verify`` runs the facts program (docker/tools/image_facts.py ``--serve-dialect``) in the image on the
 head: the image's own ``vllm serve`` parser dumped when vllm imports there (option list + version string),
 else the version its ``vllm --version`` prints (then the shipped dialect of that version applies). The facts are
-kept per image ref with the image ID they were read from; ``up`` ignores facts of another image ID.
+kept per image ref with the image ID they were read from; ``up`` ignores facts of another image ID. The same
+answer carries the check of vLLM's declared dependencies (:mod:`sparkserve.image.requires`), kept by image ID.
 """
 
 from __future__ import annotations
@@ -60,7 +61,10 @@ def remember(ref: str, image_id: str, found: dict[str, Any]) -> Path:
 def verify_dialect(node: Node, ref: str, image_id: str) -> tuple[Dialect | None, dict[str, Any]]:
     """Read ``ref``'s dialect on ``node``, keep it, and return the dialect it names (None: neither the image's
     parser nor a shipped dialect of its version) with the raw facts."""
+    from sparkserve.image.requires import remember_requires
+
     found = read_dialect(node, ref)
     with contextlib.suppress(OSError):  # an unusable state dir: the dialect serves this run, it is just not kept
         remember(ref, image_id, found)
+    remember_requires(image_id, found.get("requires"))  # the same program answered it: `up` need not ask again
     return dialect_from_facts(ref, {"image_id": image_id, **found}), found

@@ -69,8 +69,16 @@ def facts_problems(facts: Mapping[str, Any], lock: Mapping[str, Any] | None) -> 
     touched file's digest is the lock's "after" and each overlay's is its sha256; every architecture the
     lock's registry checks name is registered with its class defined; every DFlash2 architecture of the
     registry resolves to a defined class (and, for a lock without registry checks, ``DFlash2DraftModel`` is
-    there; an image without a lock — not built by sparkserve — is held to what its own facts show)."""
+    there; an image without a lock — not built by sparkserve — is held to what its own facts show); every
+    distribution the installed vLLM requires is installed (:mod:`sparkserve.image.requires`; a version outside
+    its pins is not a problem here)."""
+    from sparkserve.image.requires import parse_requires
+
     out: list[str] = []
+    requires = parse_requires(facts.get("requires"))
+    missing = requires.missing_line("in the image") if requires is not None else None
+    if missing:
+        out.append(missing)
     vllm = facts.get("vllm") or {}
     if not vllm.get("version"):
         out.append("no vLLM in the image (vllm/_version.py not found)")

@@ -5,8 +5,9 @@
 The model card publishes its serving image (``ghcr.io/canada-quant/vllm-glm53-flash-sm121:v2-w4a16-dflash2e``).
 This lane pulls it on the node by the lock's digest, then holds it to the same facts the card lane's build
 gate checks — only the overlays differ from vLLM's RECORD, each with its sha256, the markers and the
-registry checks (the applier with ``--verify-only``, in a throwaway container) — and its vLLM version and
-commit to the lock's. It is tagged ``<recipe name>:<lock sha256[:12]>`` on the node (a tag, not a change: the
+registry checks (the applier with ``--verify-only``, in a throwaway container) — its vLLM version and
+commit to the lock's, and every distribution its vLLM requires installed (:mod:`sparkserve.image.requires`).
+It is tagged ``<recipe name>:<lock sha256[:12]>`` on the node (a tag, not a change: the
 content fingerprint stays the card's). The GPU smoke stage runs as after a build, but its pass cannot be
 written into an image that stays as it is: the result is reported, and the image's facts keep no mark.
 """
@@ -25,6 +26,7 @@ from sparkserve.image.build import TAIL_LINES, BuildFailed, BuildResult, gpu_sta
 from sparkserve.image.context import RecipeFiles, context_files, overlay_bytes
 from sparkserve.image.on_nodes import image_identity
 from sparkserve.image.recipe import Lock, image_tag, lock_digest
+from sparkserve.image.requires import parse_requires
 from sparkserve.image.run import image_facts, run_in_image
 from sparkserve.nodes.base import Node, NodeError
 from sparkserve.nodes.docker_client import docker_errors
@@ -61,6 +63,8 @@ def use_prebuilt(node: Node, files: RecipeFiles, lock: Lock, *, overlays: dict[s
     vllm = facts.get("vllm") or {}
     problems = [f"vLLM {k} is {vllm.get(k)!r}, the lock says {lock.vllm.get(k)!r}" for k in ("version", "commit")
                 if vllm.get(k) != lock.vllm.get(k)]
+    requires = parse_requires(facts.get("requires"))  # what its vLLM declares and the image lacks
+    problems += [line for line in (requires.missing_line("in the image") if requires else None,) if line]
     if problems:
         raise GateFailed(f"{node.name}: prebuilt", f"{ref}: {problems[0]}", details=problems[1:])
     tag = image_tag(files.recipe, lock)

@@ -7,7 +7,9 @@
 "The same image" is the content fingerprint (:mod:`sparkserve.image.identity`), so a node on the
 containerd image store and one on the classic store agree on one image. ``verify_image`` also runs the
 facts program in the image on every node (no network, no GPU) and compares: the facts must be equal
-everywhere and, for an image ``sparkserve image build`` made, match the lock inside it.
+everywhere and, for an image ``sparkserve image build`` made, match the lock inside it. Among them: every
+distribution the image's vLLM requires is installed (:mod:`sparkserve.image.requires`; a problem when one is
+missing, a warning when one is outside vLLM's pins), an answer kept by image ID for `up`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from sparkserve.image.base_names import KNOWN, describe, digest_of
 from sparkserve.image.identity import facts_problems
 from sparkserve.image.on_nodes import image_identity, same_image_problem
 from sparkserve.image.registry import ship_via_registry
+from sparkserve.image.requires import RequiresCheck, parse_requires, remember_requires
 from sparkserve.image.ship import LayerShip, Progress, ship_layers
 from sparkserve.nodes.base import Node, NodeError
 from sparkserve.nodes.parallel import on_all
@@ -44,6 +47,16 @@ class ImageCheck:
     dialect: dict[str, object] | None = None  # the engine's flag dialect read from the image (kept: image_dialect)
 
     @property
+    def requires(self) -> RequiresCheck | None:
+        """The head's check of vLLM's declared dependencies (None: no facts, or an image too old to say)."""
+        return parse_requires(next(iter(self.facts.values())).get("requires")) if self.facts else None
+
+    @property
+    def requires_warning(self) -> str | None:
+        """Distributions installed outside vLLM's pins: said, never a problem (forks pin their own)."""
+        return self.requires.mismatch_line() if self.requires is not None else None
+
+    @property
     def ok(self) -> bool:
         return self.problem is None and not self.fact_problems
 
@@ -53,7 +66,9 @@ class ImageCheck:
                 "gpu_verified": self.gpu_verified, "gpu": self.gpu_line,
                 "facts": {n: {k: f.get(k) for k in ("vllm", "record", "dflash2", "gpu_smoke")}
                           for n, f in self.facts.items()},
-                "dialect": self.dialect, "base": self.base}
+                "dialect": self.dialect, "base": self.base,
+                "requires": self.requires.as_json() if self.requires is not None else None,
+                "warnings": [w for w in (self.requires_warning,) if w]}
 
     @property
     def base(self) -> dict[str, object] | None:
@@ -125,6 +140,8 @@ def verify_image(cfg: Config, nodes: dict[str, Node], *, facts: bool = True) -> 
                 if per_node[name].get(key) != per_node[head].get(key):
                     fact_problems.append(f"{name}: image facts differ from {head}'s in {key!r}")
         fact_problems += [f"{head}: {p}" for p in facts_problems(per_node[head], per_node[head].get("lock"))]
+        if ids[head]:  # one image on every node (checked above): `up` reads this answer instead of asking again
+            remember_requires(str(ids[head]), per_node[head].get("requires"))
     dialect = None
     if facts and problem is None and cfg.runtime == "docker":  # the image's own flag dialect, kept for the plan
         from sparkserve.image.dialect import verify_dialect

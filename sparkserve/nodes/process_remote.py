@@ -32,6 +32,12 @@ Verbs (each answers one JSON object on stdout):
   cached in ``<root>/.engine-identity.json``, keyed by the executable's bytes and the size + mtime of every
   ``vllm-*.dist-info/RECORD`` it may import (its venv; the dirs a launcher script names): a pip install changes
   RECORD, so a new vLLM is asked again. No RECORD found: ``--version`` every time.
+* ``python`` — run ``program`` (its source, in the question) with ``args`` under the interpreter the executable
+  runs: a venv dir's ``bin/python3``; the script's own ``#!`` line when it names a python
+  (``#!/usr/bin/env python3`` looked up on PATH; pip's ``'''exec' "<python>" …`` trampoline for long paths);
+  ``env`` added to the node's environment; an argv, never a shell. A launcher that is not a Python script
+  (``#!/bin/sh``, a binary) is answered ``{"error": …}``: which python it ends in is not known. Answers the
+  interpreter, exit status, stdout and the last lines of stderr.
 
 The manifest (``rank<R>.json``) holds id, fingerprint, rank, role, node, name, labels, pid, pgid, process
 start time (clock ticks since boot, and as UTC), argv, the **names** of the env sparkserve set (never values:
@@ -284,6 +290,36 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
         both = hashlib.sha256(f"{digest}\0{v}".encode()).hexdigest()
         return {"path": os.path.realpath(exe), "sha256": digest, "version": v, "id": f"sha256:{both}",
                 "cached": cached, "records": records}
+    if verb == "python":
+        exe = os.path.expanduser(q["exe"])
+        interp = ""
+        if os.path.isdir(exe):
+            exe, interp = os.path.join(exe, "bin", "vllm"), os.path.join(exe, "bin", "python3")
+        elif "/" not in exe:
+            exe = shutil.which(exe) or ""
+        if not interp:
+            if not exe or not os.path.isfile(exe):
+                return {"error": f"{q['exe']}: no such executable on this node"}
+            with open(exe, "rb") as f:
+                head = f.read(1024).decode(errors="replace").splitlines() + ["", ""]
+            words = head[0][2:].split() if head[0].startswith("#!") else []
+            if words[:1] and os.path.basename(words[0]) == "env" and len(words) > 1:
+                words = [shutil.which(words[-1]) or ""]
+            if words[:1] and words[0] in ("/bin/sh", "/usr/bin/sh") and head[1].startswith("'''exec' "):
+                words = head[1].split('"')[1:2]  # pip's trampoline: '''exec' "<python>" "$0" "$@"
+            if words[:1] and os.path.basename(words[0]).startswith("python"):
+                interp = words[0]
+        if not interp or not os.access(interp, os.X_OK):
+            return {"error": f"{q['exe']} is not a Python console script (its #! line: {head[0][:80]!r}): which "
+                    "interpreter it runs is not known" if not interp else f"{interp}: not executable"}
+        try:
+            p = subprocess.run([interp, "-c", q["program"], *q.get("args", [])], capture_output=True,
+                               stdin=subprocess.DEVNULL, timeout=q.get("timeout_s", 120),
+                               env={**os.environ, **q.get("env", {})})
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return {"error": f"{interp}: {e}"}
+        return {"interpreter": interp, "rc": p.returncode, "stdout": p.stdout.decode(errors="replace"),
+                "stderr": p.stderr.decode(errors="replace").strip().splitlines()[-10:]}
     if verb == "start":
         base = base_of(q["id"])
         old = read_json(base + ".json")

@@ -8,7 +8,9 @@ Debian release, so the same libraries) + the real wheel unpacked into ``/usr/loc
 every ``vllm/**/*.py`` file, the wheel's ``dist-info`` (``RECORD``, ``METADATA``) and one real kernel library
 (``_flashmla_C.abi3.so``, 3.9 MB: its ``.nv_fatbin`` holds sm_90a and sm_100a cubins). The other ``.so`` files
 (850 MB) are left out to keep the build seconds long; RECORD then lists them as missing, never as differing.
-No torch: ``import vllm`` fails in it, which the smoke-test refusal test uses.
+No torch: ``import vllm`` fails in it, which the smoke-test refusal test uses. Every distribution the wheel's
+``Requires-Dist`` names is there as metadata alone (an empty ``<name>-<version>.dist-info``, at a version inside
+its specifier: :func:`requirement_stubs`), so the check of vLLM's declared dependencies passes as on a real image.
 """
 
 from __future__ import annotations
@@ -80,6 +82,25 @@ def _wanted(name: str) -> bool:
     return (name.startswith("vllm/") and name.endswith(".py")) or name == KEEP_SO or ".dist-info/" in name
 
 
+def requirement_stubs(metadata: str) -> dict[str, bytes]:
+    """``<name>-<version>.dist-info/METADATA`` for every requirement of a wheel's METADATA that no extra gates:
+    metadata alone, at the specifier's own version (``==``, ``>=``, ``~=``), else 0."""
+    import re
+
+    from packaging.requirements import Requirement
+
+    out: dict[str, bytes] = {}
+    for line in re.findall(r"^Requires-Dist:\s*(.+)$", metadata, re.M):
+        req = Requirement(line)
+        if req.marker is not None and "extra" in str(req.marker):
+            continue
+        version = next((sp.version for sp in req.specifier if sp.operator in ("==", ">=", "~=")), "0")
+        name = re.sub(r"[-_.]+", "_", req.name).lower()
+        out[f"{name}-{version}.dist-info/METADATA"] = (f"Metadata-Version: 2.1\nName: {req.name}\n"
+                                                       f"Version: {version}\n").encode()
+    return dict(sorted(out.items()))
+
+
 def standin_context(whl: Path) -> tuple[bytes, str]:
     """The stand-in's build context (a tar) and its content hash."""
     buf = io.BytesIO()
@@ -100,6 +121,12 @@ def standin_context(whl: Path) -> tuple[bytes, str]:
             ti.size, ti.mode = len(data), 0o644
             tf.addfile(ti, io.BytesIO(data))
             h.update(info.filename.encode() + hashlib.sha256(data).digest())
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        for name, data in requirement_stubs(z.read(meta).decode()).items():
+            ti = tarfile.TarInfo(f"site/{name}")
+            ti.size, ti.mode = len(data), 0o644
+            tf.addfile(ti, io.BytesIO(data))
+            h.update(name.encode() + hashlib.sha256(data).digest())
     return buf.getvalue(), h.hexdigest()[:16]
 
 
@@ -237,6 +264,11 @@ def arm64_standin_context(whl: Path) -> bytes:
                 continue
             data = z.read(info)
             ti = tarfile.TarInfo(f"site/{n}")
+            ti.size, ti.mode = len(data), 0o644
+            tf.addfile(ti, io.BytesIO(data))
+        meta = next(n for n in z.namelist() if n.endswith(".dist-info/METADATA"))
+        for name, data in requirement_stubs(z.read(meta).decode()).items():
+            ti = tarfile.TarInfo(f"site/{name}")
             ti.size, ti.mode = len(data), 0o644
             tf.addfile(ti, io.BytesIO(data))
     return buf.getvalue()
