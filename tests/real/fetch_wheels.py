@@ -7,7 +7,16 @@ Walks the wheel's Requires-Dist (no extras) breadth-first with `pip download --n
 CPython 3.12 / manylinux x86_64, skipping what that image already holds (DEVICE: its package list as of
 2026-11-17) and what a serve run does not need (SKIP).
 FETCH_CARRY (environment, names split by spaces): packages the image holds but at a version this lane cannot use
-(vLLM 0.34.0 needs huggingface_hub>=2, which the image's transformers 5.17 refuses): fetched and walked anyway.
+(vLLM 0.34.0 needs huggingface_hub>=2, which the image's transformers 5.17 refuses), or that SKIP names but this
+lane needs (vLLM 0.34.0's kernel warm-up imports the CuTe DSL, `cutlass`, and quack): fetched and walked anyway.
+FETCH_SKIP (environment, names split by spaces): more packages this lane leaves out (0.34.0: the CuTe DSL's CUDA 12
+flavour, nvidia-cutlass-dsl-libs-cu12, which the CUDA 13 one makes useless; torch-c-dlpack-ext, which quack asks
+for and never imports, and which tvm_ffi needs only for a torch without `__dlpack_c_exchange_api__`).
+`fetch_wheels.py --layer BASE_DIR LAYER_DIR` (a layered lane, scripts/real-engine VBASE): prints `DROP WHEEL why`
+for each wheel of LAYER_DIR that the base lane's BASE_DIR makes needless: the same file, or the same project at a
+version every requirement on it (the Requires-Dist of both dirs' wheels; at least one: a wheel nothing requires,
+the lane's vLLM, stays) admits, unless FETCH_CARRY names it (the walk fetches the newest release:
+compressed-tensors' bare `loguru` fetched loguru 0.8.0 beside the base's 0.7.3).
 Overrides: apache-tvm-ffi>=0.1.11 (xgrammar 0.2.9 needs it; vLLM 0.25.1 pins 0.1.9, which makes
 `import xgrammar` fail with "load_lib_module() got an unexpected keyword argument 'extra_lib_paths'").
 """
@@ -19,6 +28,7 @@ import zipfile
 
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name as cn
+from packaging.version import Version
 
 DEVICE = """absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs botorch build
 certifi charset-normalizer chex click cloudpickle cmake colorama contourpy coverage cuda-bindings cuda-core
@@ -68,11 +78,38 @@ def requires(whl, extras=()):
     return out
 
 
+def wheel_id(path):
+    name, version = os.path.basename(path).split("-")[:2]
+    return cn(name), Version(version)
+
+
+def layer(base_dir, layer_dir):
+    carry = {cn(x) for x in os.environ.get("FETCH_CARRY", "").split()}
+    base = {wheel_id(w): w for w in glob.glob(f"{base_dir}/*.whl")}
+    base_version = {p: v for p, v in base}
+    layer_whls = sorted(glob.glob(f"{layer_dir}/*.whl"))
+    reqs = [(w, Requirement(r)) for w in layer_whls + list(base.values()) for r in requires(w)]
+    for w in layer_whls:
+        p, v = wheel_id(w)
+        if (p, v) in base:
+            print("DROP", os.path.basename(w), "the base lane holds this very wheel")
+        elif p in base_version and p not in carry:
+            on = [str(r) for src, r in reqs if cn(r.name) == p and src != w]
+            # a wheel nothing requires is a root of the lane (its vLLM): kept
+            if on and all(Requirement(r).specifier.contains(base_version[p], prereleases=True) for r in on):
+                print("DROP", os.path.basename(w), f"the base lane's {p} {base_version[p]} meets every requirement on "
+                      f"it ({'; '.join(sorted(set(on)))})")
+
+
 def main():
+    if sys.argv[1] == "--layer":
+        layer(sys.argv[2], sys.argv[3])
+        return
     vllm_whl, out, also = sys.argv[1], sys.argv[2], sys.argv[3:]
     os.makedirs(out, exist_ok=True)
     carry = {cn(x) for x in os.environ.get("FETCH_CARRY", "").split()}
-    have = ({cn(x) for x in DEVICE.split()} - carry) | {cn(x) for x in SKIP.split()}
+    skip = {cn(x) for x in os.environ.get("FETCH_SKIP", "").split()}
+    have = ({cn(x) for x in (DEVICE + " " + SKIP).split()} - carry) | skip
     queue, seen = requires(vllm_whl) + EXTRA + also, {}  # name -> (wheel, extras already walked)
     while queue:
         r = Requirement(queue.pop(0))
