@@ -15,14 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 from sparkserve.image.run import facts_program, run_in_image
 from sparkserve.nodes.base import Node, NodeError
-from sparkserve.plan.dialects import Dialect, dialect_from_facts, facts_path, stored_facts
+from sparkserve.plan.dialects import Dialect, dialect_from_facts, stored_facts, write_facts
 
 DUMP_TIMEOUT_S = 600.0  # importing a real vLLM's parser takes tens of seconds on a busy node
 
@@ -40,22 +38,11 @@ def read_dialect(node: Node, image: str) -> dict[str, Any]:
 
 def remember(ref: str, image_id: str, found: dict[str, Any]) -> Path:
     """Keep ``found`` for ``ref`` (read from ``image_id``) in the stored image facts; returns the file."""
-    path = facts_path()
     data = stored_facts()
     by_ref = data.setdefault("by_ref", {})
     by_ref[ref] = {"image_id": image_id, "vllm_version": found.get("vllm_version"), "options": found.get("options"),
                    "how": found.get("how"), "error": found.get("error")}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".image-facts.")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(data, f, indent=1)
-        os.replace(tmp, path)
-    except OSError:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
-    return path
+    return write_facts(data)
 
 
 def verify_dialect(node: Node, ref: str, image_id: str) -> tuple[Dialect | None, dict[str, Any]]:

@@ -29,14 +29,12 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import tempfile
 from dataclasses import dataclass, field
 from typing import Any
 
 from sparkserve.config import Config
 from sparkserve.nodes.base import Node, NodeError
-from sparkserve.plan.dialects import facts_path, stored_facts
+from sparkserve.plan.dialects import stored_facts, write_facts
 
 #: What the engine does without a distribution, where that is known (the headline's parenthesis).
 CONSEQUENCES = {
@@ -189,22 +187,13 @@ def remember_requires(image_id: str, raw: Any) -> None:
     dir only means the next `up` asks again)."""
     if parse_requires(raw) is None:
         return
-    path = facts_path()
     data = stored_facts()
     kept = data.get("requires") if isinstance(data.get("requires"), dict) else {}
     kept.pop(image_id, None)
     kept[image_id] = raw
     data["requires"] = dict(list(kept.items())[-KEEP_IMAGES:])
-    with contextlib.suppress(OSError):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".image-facts.")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(data, f, indent=1)
-            os.replace(tmp, path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
+    with contextlib.suppress(OSError):  # a cache: not kept, it is read again next time
+        write_facts(data)
 
 
 def engine_requires(cfg: Config, nodes: dict[str, Node], image_id: str) -> tuple[RequiresCheck | None, bool]:

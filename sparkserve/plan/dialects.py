@@ -21,9 +21,11 @@ Pure apart from reading the packaged data files and the stored facts file (read-
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
+import tempfile
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
@@ -196,6 +198,23 @@ def stored_facts() -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return data if isinstance(data, dict) else {}
+
+
+def write_facts(data: dict[str, Any]) -> Path:
+    """Replace the stored image facts with ``data``, atomically (a reader sees the old file or the new one);
+    returns the file. OSError when it cannot be written."""
+    path = facts_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".image-facts.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f, indent=1)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
+    return path
 
 
 def dialect_from_facts(ref: str, entry: dict[str, Any]) -> Dialect | None:
