@@ -118,7 +118,9 @@ def test_the_card_lane_builds_from_the_fork_base_with_sha_checked_overlays(built
     lock = json.loads((recipe_dir / "recipe.lock.json").read_text())
     assert lock["base"] == {"image": FORK_REF, "digest_ref": None, "id": fork_base}  # never pushed: by its ID
     assert lock["vllm"] == {"version": "0.33.0", "commit": "g4ba787ec9"}  # read from the base, not written
-    assert lock["facts"]["python"].startswith("3.11") and lock["facts"]["torch"] is None  # the stand-in's own
+    # the stand-in's own facts: Debian's Python, and torch as the metadata stub of vLLM's `torch==2.14.0` pin that
+    # the stand-in carries for the dependency check (tests/helpers/vllm_standin.py) — metadata alone, no torch:
+    assert lock["facts"]["python"].startswith("3.11") and lock["facts"]["torch"] == "2.14.0"
     assert "No module named 'torch'" in lock["facts"]["dialect"]["error"]  # its parser cannot be built: said so
     assert set(lock["overlays"]) == {KV, KPOOL} and lock["checks"]["registry"] == CHECKS["registry"]
     assert sorted(built["differing_from_record"]) == sorted([KV, KPOOL])  # the known-dirty set, nothing else
