@@ -18,7 +18,14 @@ from sparkserve import interrupts
 from sparkserve.errors import RemoteFailure
 from sparkserve.nodes.base import Node
 
-LOCK_DIR = "/tmp/sparkserve.deploy.lock"
+LOCK_DIR = "/tmp/sparkserve.deploy.lock"  # one per machine: the head's
+# Read at each call, on this machine: where the head's lock is instead. Only for rigs that pretend several
+# machines on one host (tests/rig/supervise_stack.py: each local stack its own), where /tmp is shared.
+LOCK_ENV = "SPARKSERVE_DEPLOY_LOCK"
+
+
+def default_lock_dir() -> str:
+    return os.environ.get(LOCK_ENV) or LOCK_DIR
 
 
 def _owner() -> dict[str, object]:
@@ -43,9 +50,10 @@ def _stale(owner_json: str) -> bool:
     return False
 
 
-def acquire(node: Node, *, what: str, lock_dir: str = LOCK_DIR, _retried: bool = False) -> None:
+def acquire(node: Node, *, what: str, lock_dir: str | None = None, _retried: bool = False) -> None:
     """Take the lock on ``node`` for ``what`` (`up`, `down`); RemoteFailure naming who holds it when taken.
     A lock left by a run on this machine whose process is gone is taken over, with a warning."""
+    lock_dir = lock_dir or default_lock_dir()
     owner = _owner() | {"what": what}
     res = node.run(["sh", "-c", _TAKE, "sparkserve-lock", lock_dir], stdin=json.dumps(owner).encode(),
                    check=False, step="lock", timeout=20)
@@ -76,14 +84,16 @@ def acquire(node: Node, *, what: str, lock_dir: str = LOCK_DIR, _retried: bool =
         )
 
 
-def release(node: Node, *, lock_dir: str = LOCK_DIR) -> None:
+def release(node: Node, *, lock_dir: str | None = None) -> None:
     """Give the lock back (whoever holds it: `--break-lock` uses this too)."""
+    lock_dir = lock_dir or default_lock_dir()
     node.run(["rm", "-rf", "--", lock_dir], check=False, step="unlock", timeout=20)
 
 
 @contextlib.contextmanager
-def held(node: Node, *, what: str, break_lock: bool = False, lock_dir: str = LOCK_DIR) -> Iterator[None]:
+def held(node: Node, *, what: str, break_lock: bool = False, lock_dir: str | None = None) -> Iterator[None]:
     """The lock, held for the ``with`` block; ``break_lock`` first removes a lock someone left behind."""
+    lock_dir = lock_dir or default_lock_dir()
     if break_lock:
         release(node, lock_dir=lock_dir)
     try:

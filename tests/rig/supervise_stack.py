@@ -169,6 +169,10 @@ class LocalStack:
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SPARKSERVE_") and k != "SSJOURNAL_PATH"}
         env["XDG_STATE_HOME"] = str(self.state)
+        # the head's deploy lock is one per machine (/tmp); these stacks pretend machines of their own on one host,
+        # so each keeps its own: another test's stack holding /tmp's lock blocked this one's restart (a wedge test
+        # whose fault was lifted before the lock came free then saw no restart at all)
+        env["SPARKSERVE_DEPLOY_LOCK"] = str(self.work / "deploy.lock")
         env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
         return env
 
