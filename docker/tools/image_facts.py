@@ -45,6 +45,7 @@ import platform
 import re
 import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 FATBIN_MAGIC = 0xBA55ED50
@@ -395,21 +396,21 @@ def _marker_fallback(marker: str, env: dict[str, str]) -> bool:
             return left != right
         raise ValueError(f"cannot compare {left!r} {op} {right!r}")
 
-    def conjunction() -> bool:
+    def chain(word: str, operand: Callable[[], bool]) -> bool:
+        """``operand (word operand)*``: every operand read (no short cut), combined by ``and`` / ``or``."""
         nonlocal pos
-        out = compare()
-        while pos < len(tokens) and tokens[pos] == "and":
+        out = operand()
+        while pos < len(tokens) and tokens[pos] == word:
             pos += 1
-            out = compare() and out
+            nxt = operand()
+            out = (out and nxt) if word == "and" else (out or nxt)
         return out
 
+    def conjunction() -> bool:
+        return chain("and", compare)
+
     def disjunction() -> bool:
-        nonlocal pos
-        out = conjunction()
-        while pos < len(tokens) and tokens[pos] == "or":
-            pos += 1
-            out = conjunction() or out
-        return out
+        return chain("or", conjunction)
 
     try:
         out = disjunction()
