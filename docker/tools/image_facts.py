@@ -341,12 +341,13 @@ def _specifier_holds(version: str, spec: str) -> bool | None:
     try:
         from packaging.specifiers import SpecifierSet
         from packaging.version import Version
-
-        return SpecifierSet(spec).contains(Version(version), prereleases=True)
-    except ImportError:
-        pass
-    except Exception:  # noqa: BLE001 - a version packaging cannot read (a fork's string): not a verdict
-        return None
+    except ImportError:  # no packaging in this environment: the fallback below
+        SpecifierSet = Version = None  # noqa: N806
+    if SpecifierSet is not None and Version is not None:
+        try:
+            return SpecifierSet(spec).contains(Version(version), prereleases=True)
+        except Exception:  # noqa: BLE001 - a version packaging cannot read (a fork's string): not a verdict
+            return None
     verdicts = []
     for clause in (c.strip() for c in spec.split(",") if c.strip()):
         m = re.match(r"^(===|==|!=|~=|<=|>=|<|>)\s*(\S+)$", clause)
