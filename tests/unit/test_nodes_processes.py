@@ -10,6 +10,7 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from datetime import datetime
 from pathlib import Path
 
@@ -21,7 +22,13 @@ from sparkserve.nodes.process_remote import MARKER_ENV
 from sparkserve.nodes.processes import ProcessEngine, rank_id
 from sparkserve.plan.container import LABEL_FINGERPRINT, LABEL_RANK, ContainerSpec
 
-FP = "ab12" * 16
+FP = "ab12" * 16  # each test gets its own (_own_fingerprint): a rank's processes are found by its marker on the
+# whole machine, so two tests with one fingerprint running at once (pytest -n, not loadfile) stopped each other's
+
+
+@pytest.fixture(autouse=True)
+def _own_fingerprint(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules[__name__], "FP", uuid.uuid4().hex * 2)
 SECRET = "s3cr3t-api-key-value"
 
 # engines: python programs that print, then behave as the test needs on SIGINT/SIGTERM
