@@ -15,7 +15,9 @@ Verbs (each answers one JSON object on stdout):
   stays behind.
 * ``look`` — for each id: the manifest, whether the engine lives (pid alive, not a zombie, the same start
   time from ``/proc/<pid>/stat``, the same boot id: a reused pid is not ours), its exit status, and (with
-  ``offsets``) the log and stamps bytes from the offsets given, base64.
+  ``offsets``) the log and stamps bytes from the offsets given, base64. An engine that has exited while its
+  supervisor still relays its last output is waited for (bounded) until the exit status is written: a stopped
+  rank's log then holds the lines that say why it stopped, as a stopped container's does.
 * ``list`` — every manifest under the root, as ``look`` answers it.
 * ``stop`` — SIGINT, then SIGTERM, then SIGKILL (each after ``timeout_s``) to the rank's processes: its
   process group when the recorded supervisor still is the group's leader, and every process carrying the
@@ -183,7 +185,8 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
         ``.stamps`` file: ``<log bytes so far> <unix time>`` per chunk); its exit status when it exits."""
         import select
 
-        written, code = 0, None
+        written, code, told = 0, None, False
+        grace = 0.0  # once the engine is reaped: its children may hold the pipe; the exit waits that long at most
 
         def reaped(block: bool) -> int | None:
             pid, status = os.waitpid(eng, 0 if block else os.WNOHANG)
@@ -193,7 +196,7 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
             return c if c >= 0 else 128 - c  # as a shell (and docker) reports it: 128 + N for a death by signal N
 
         while True:
-            ready, _, _ = select.select([out], [], [], 0.5)
+            ready, _, _ = select.select([out], [], [], 0.5 if code is None or told else 0.05)
             if ready:
                 chunk = os.read(out, 1 << 16)
                 if not chunk:  # every writer (the engine and its children) closed it
@@ -205,18 +208,33 @@ def _node_main(q: dict[str, Any]) -> dict[str, Any]:  # noqa: C901 - one program
                 os.write(stamps, f"{written} {time.time():.6f}\n".encode())
             if code is None:
                 code = reaped(False)
+                grace = time.monotonic() + 2.0
+            elif not told and time.monotonic() >= grace:
+                # a child of the engine still holds the pipe 2 s after the engine exited: the exit is said now
+                # (with everything written so far); what the orphans write later still reaches the log
+                write_json(exit_path, {"exit_code": code, "at": time.time()})
+                told = True
         if code is None:
             code = reaped(True)
-        # written only once the last byte is in the log: `stop` waits for it, so a log read after a stop holds
-        # the engine's last words (the line that says why it died)
-        write_json(exit_path, {"exit_code": code, "at": time.time()})
+        # written only once the last byte is in the log: `stop` and `look` wait for it, so a log read after the
+        # engine exited holds its last words (the line that says why it died)
+        if not told:
+            write_json(exit_path, {"exit_code": code, "at": time.time()})
 
     def look(rank_id: str, offsets: list[int] | None) -> dict[str, Any]:
         base = base_of(rank_id)
         m = read_json(base + ".json")
         if m is None:
             return {"id": rank_id, "manifest": None}
-        out: dict[str, Any] = {"id": rank_id, "manifest": m, "running": running(m), "exit": read_json(base + ".exit")}
+        alive, ended = running(m), read_json(base + ".exit")
+        settle = time.monotonic() + 4.0
+        while not alive and ended is None and time.monotonic() < settle and m.get("boot_id") == boot_id() and \
+                lives(int(m["pgid"]), int(m.get("leader_start_time", -1))):
+            # the engine exited, its supervisor is still relaying its last output (the traceback that says why):
+            # the rank has stopped once that is in the log and the exit status written (at most ~2 s later)
+            time.sleep(0.02)
+            ended = read_json(base + ".exit")
+        out: dict[str, Any] = {"id": rank_id, "manifest": m, "running": alive, "exit": ended}
         if offsets is not None:  # [log offset, stamps offset]: what the caller has read of each
             for key, suffix, at in (("log", ".log", offsets[0]), ("stamps", ".stamps", offsets[1])):
                 try:

@@ -361,3 +361,39 @@ def test_down_right_after_a_crash_waits_for_every_process_of_the_rank_and_names_
     (line,) = [s for s in said if "waited for" in s]
     assert line.startswith(f"{head}: waited for {rid}'s processes to be gone: pid {child} (python")
     assert not (tmp_path / "run" / FP[:16]).exists()  # and the rank was removed
+
+
+# the engine exits at once; its child (vLLM's worker, which prints the traceback) holds the same stdout
+LAST_WORDS_LATE = ("import subprocess, sys\n"
+                   "subprocess.Popen([sys.executable, '-c', 'import time\\ntime.sleep(0.6)\\n"
+                   "print(\\'RuntimeError: NCCL error: unhandled system error\\', flush=True)'])\n"
+                   "print('engine up', flush=True)\nsys.exit(1)\n")
+
+
+def test_a_stopped_rank_reads_stopped_only_once_its_last_words_are_in_the_log(eng) -> None:
+    """The race that CI hit (a head crash at boot blamed with `exit code unknown` and no cause): the engine's pid
+    was gone while its supervisor still relayed the worker's traceback. A rank reads stopped with its exit code
+    and every line its processes wrote, as a stopped container does."""
+    rid = eng.run(spec(LAST_WORDS_LATE))
+    wait_for(lambda: not eng.state(rid).running)
+    st = eng.state(rid)
+    assert st.exit_code == 1 and st.finished_at, st
+    assert list(eng.logs(rid)) == ["engine up", "RuntimeError: NCCL error: unhandled system error"]
+
+
+def test_an_orphan_holding_the_output_delays_the_exit_status_two_seconds_at_most(eng) -> None:
+    program = ("import subprocess, sys\n"
+               "c = subprocess.Popen([sys.executable, '-c', 'import time\\ntime.sleep(3.5)\\n"
+               "print(\\'orphan late\\', flush=True)\\ntime.sleep(60)'])\n"
+               "print('engine up', c.pid, flush=True)\nsys.exit(4)\n")
+    rid = eng.run(spec(program))
+    wait_for(lambda: logged(eng, rid, "engine up"))
+    orphan = int(next(ln for ln in eng.logs(rid) if ln.startswith("engine up")).split()[-1])
+    try:
+        t0 = time.monotonic()
+        wait_for(lambda: eng.state(rid).exit_code is not None, timeout=8)
+        assert time.monotonic() - t0 < 4.5  # the exit status does not wait for the orphan's EOF
+        assert eng.state(rid).exit_code == 4 and not eng.state(rid).running
+        wait_for(lambda: logged(eng, rid, "orphan late"))  # what it writes later still reaches the log
+    finally:
+        os.kill(orphan, signal.SIGKILL)
