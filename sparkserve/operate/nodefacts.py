@@ -151,7 +151,14 @@ if q.get("dump"):
             return
         argv = [exe, "dump", "--nonblocking", "--pid", str(p)]
         try:
-            r = subprocess.run(argv, capture_output=True, text=True, timeout=q.get("dump_timeout_s", 20))
+            # --nonblocking reads a running interpreter's memory as it changes: a read can tear ("Failed to get
+            # stack traces … Bad address", seen on the rig), so a failed dump is tried again, the last time
+            # blocking (py-spy pauses the process for the milliseconds of the read)
+            for attempt in range(3):
+                run = argv if attempt < 2 else [a for a in argv if a != "--nonblocking"]
+                r = subprocess.run(run, capture_output=True, text=True, timeout=q.get("dump_timeout_s", 20))
+                if r.returncode == 0 or not os.path.exists(f"/proc/{p}"):
+                    break
             text = r.stdout + (("\n" + r.stderr) if r.stderr.strip() else "")
             if r.returncode != 0 and os.geteuid() != 0 and shutil.which("sudo"):
                 s = subprocess.run(["sudo", "-n", *argv], capture_output=True, text=True,

@@ -10,7 +10,8 @@ short-lived *helper container* beside the rank: the rank's own image (present on
 lists the processes), the rank's PID namespace (``--pid container:<rank>``), ``CAP_SYS_PTRACE`` on the helper
 only, no network; sparkserve's own py-spy binary is copied into it through the docker API before it starts
 (``put_archive``: no file is left on the node) and runs ``py-spy dump --nonblocking`` on every Python process
-of the rank. The rank's container is unchanged (no capability added to it: no card difference), and it works on
+of the rank (a torn read — the interpreter changed under it — is tried again, the third time blocking). The
+rank's container is unchanged (no capability added to it: no card difference), and it works on
 a paused or SIGSTOPped rank, where ``docker exec`` is refused (``--nonblocking`` reads the memory without
 stopping the process). The binary is the one in the py-spy wheel sparkserve depends on (a static build on
 manylinux x86_64 and aarch64); a node of another architecture than this machine takes one from
@@ -59,8 +60,11 @@ def is_python(p):
         return False
 def dump(p):
     try:
-        r = subprocess.run([sys.argv[1], "dump", "--nonblocking", "--pid", str(p)], capture_output=True,
-                           text=True, timeout=float(sys.argv[2]))
+        for attempt in range(3):  # a torn nonblocking read is tried again, the last time blocking (nodefacts)
+            argv = [sys.argv[1], "dump", *(["--nonblocking"] if attempt < 2 else []), "--pid", str(p)]
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=float(sys.argv[2]))
+            if r.returncode == 0 or not os.path.exists(f"/proc/{p}"):
+                break
         out[str(p)] = r.stdout + (("\n" + r.stderr) if r.stderr.strip() else "")
     except subprocess.TimeoutExpired:
         out[str(p)] = "py-spy dump timed out"

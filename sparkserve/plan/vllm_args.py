@@ -390,12 +390,21 @@ def get_judge(mode: Literal["auto", "vllm", "list"] = "auto", version: str | Dia
 
 
 def _real_of(d: Dialect) -> RealParser:
+    """The real parser of dialect ``d``. When this interpreter's vLLM is another version (its package metadata
+    says so), refused before the parser starts: starting it imports vLLM, ~8 s of CPU, to learn what the
+    metadata already says. Another interpreter ($SPARKSERVE_VLLM_PYTHON) is asked by starting its parser."""
+    def refuse(found: str) -> ParserUnavailable:
+        return ParserUnavailable(f"the installed vLLM is {found}, but the engine's dialect is vLLM "
+                                 f"{d.vllm_version} ({d.source or 'serve.vllm_version'}; set {PYTHON_ENV} to a "
+                                 f"python with vLLM {d.vllm_version}, or use --parser list)")
+
+    known = installed_vllm_version() if vllm_python() else None
+    if known is not None and known != d.vllm_version:
+        raise refuse(known)
     real = RealParser()
     if real.vllm_version != d.vllm_version:
         real.close()
-        raise ParserUnavailable(f"the installed vLLM is {real.vllm_version}, but the engine's dialect is vLLM "
-                                f"{d.vllm_version} ({d.source or 'serve.vllm_version'}; set {PYTHON_ENV} to a "
-                                f"python with vLLM {d.vllm_version}, or use --parser list)")
+        raise refuse(real.vllm_version)
     return real
 
 

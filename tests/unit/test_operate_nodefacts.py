@@ -51,3 +51,34 @@ def test_a_ranks_processes_are_found_by_marker_and_each_python_one_is_dumped_by_
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_torn_nonblocking_dump_is_tried_again_and_last_blocking(tmp_path: Path) -> None:
+    """`py-spy dump --nonblocking` reads a running interpreter as it changes, and a read can tear (an incident on
+    the rig held only `Error: Failed to get stack traces … Bad address (os error 14)`). A torn read cannot be made
+    on demand, so this py-spy tears every nonblocking read (with real py-spy's words) and hands a blocking one to
+    real py-spy: the incident still gets the stack."""
+    calls = tmp_path / "calls"
+    tearing = tmp_path / "py-spy"
+    tearing.write_text(
+        "#!/bin/sh\n"
+        f"echo \"$*\" >> {calls}\n"
+        "case \" $* \" in *' --nonblocking '*)\n"
+        "  echo 'Error: Failed to get stack traces'; echo 'Caused by:'; echo '    0: Bad address (os error 14)'\n"
+        "  exit 1;;\n"
+        "esac\n"
+        f"exec {PYSPY} \"$@\"\n")
+    tearing.chmod(0o755)
+    code = "import time\ndef serving_loop():\n    while True: time.sleep(0.1)\nserving_loop()\n"
+    child = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "SPARKSERVE_RANK_ID": "abc-r1"})
+    try:
+        time.sleep(0.5)
+        f = host_facts(LocalNode("n0"), meminfo="/proc/meminfo", kmsg=None,
+                       ranks={"rank0": {"marker": "SPARKSERVE_RANK_ID=abc-r1"}}, dump=True, pyspy=[str(tearing)])
+        dump = f.dumps[str(child.pid)]
+        assert "Thread " in dump and "serving_loop" in dump, dump
+        tries = calls.read_text().splitlines()
+        assert [("--nonblocking" in t) for t in tries] == [True, True, False], tries
+    finally:
+        child.kill()
+        child.wait()

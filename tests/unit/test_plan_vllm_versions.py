@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -101,7 +102,19 @@ def test_auto_uses_the_configured_versions_list_when_the_installed_parser_is_ano
 
 
 @pytest.mark.vllm
-def test_the_real_parser_of_another_version_is_refused_in_vllm_mode() -> None:
+def test_the_real_parser_of_another_version_is_refused_in_vllm_mode(monkeypatch: pytest.MonkeyPatch) -> None:
+    # this interpreter's vLLM: its metadata says 0.33.0, refused before the parser starts (no vLLM import)
+    import sparkserve.plan.vllm_args as vllm_args
+
+    started = []
+    with monkeypatch.context() as m:
+        m.setattr(vllm_args, "RealParser", lambda *a, **k: started.append(a) or pytest.fail("parser started"))
+        with pytest.raises(ParserUnavailable,
+                           match=r"the installed vLLM is 0\.33\.0, but the engine's dialect is vLLM 0\.25\.1"):
+            get_judge("vllm", "0.25.1")
+    assert started == []
+    # another interpreter (SPARKSERVE_VLLM_PYTHON): no metadata to read here, its parser is started and asked
+    monkeypatch.setenv("SPARKSERVE_VLLM_PYTHON", sys.executable)
     with pytest.raises(ParserUnavailable,
                        match=r"the installed vLLM is 0\.33\.0, but the engine's dialect is vLLM 0\.25\.1"):
         get_judge("vllm", "0.25.1")

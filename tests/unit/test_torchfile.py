@@ -7,15 +7,24 @@ import os
 import pickle
 import zipfile
 from pathlib import Path
+from types import ModuleType
 
 import pytest
-import torch
 
 from sparkserve.models.files import MASK_LIMIT, BadFile
 from sparkserve.models.torchfile import TensorStub, TorchFileError, load, read_mask_embedding
 
 
-def test_dict_form_written_by_torch(tmp_path: Path) -> None:
+@pytest.fixture(scope="module")
+def torch() -> ModuleType:
+    """Real torch, to write the files: imported by the tests that write them, not at collection (2 s of CPU in
+    every pytest process that collects this module)."""
+    import torch
+
+    return torch
+
+
+def test_dict_form_written_by_torch(tmp_path: Path, torch: ModuleType) -> None:
     f = tmp_path / "mask_embedding.pt"
     torch.save({"embedding": torch.zeros(6144, dtype=torch.bfloat16), "mask_token_id": 154856}, str(f))
     info = read_mask_embedding(f)
@@ -24,7 +33,7 @@ def test_dict_form_written_by_torch(tmp_path: Path) -> None:
     assert info.keys == ["embedding", "mask_token_id"] and info.embedding_numel == 6144
 
 
-def test_bare_tensor_form_has_no_id(tmp_path: Path) -> None:
+def test_bare_tensor_form_has_no_id(tmp_path: Path, torch: ModuleType) -> None:
     f = tmp_path / "m.pt"
     torch.save(torch.zeros(1, 256, dtype=torch.float16), str(f))
     info = read_mask_embedding(f)
@@ -32,21 +41,23 @@ def test_bare_tensor_form_has_no_id(tmp_path: Path) -> None:
         ("tensor", None, [1, 256], "float16")
 
 
-@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
-def test_id_stored_as_a_zero_d_tensor_is_read_from_the_storage_bytes(tmp_path: Path, dtype: torch.dtype) -> None:
+@pytest.mark.parametrize("dtype", ["int64", "int32"])
+def test_id_stored_as_a_zero_d_tensor_is_read_from_the_storage_bytes(tmp_path: Path, torch: ModuleType,
+                                                                     dtype: str) -> None:
     f = tmp_path / "m.pt"
-    torch.save({"embedding": torch.zeros(8), "mask_token_id": torch.tensor(151669, dtype=dtype)}, str(f))
+    tid = torch.tensor(151669, dtype=getattr(torch, dtype))
+    torch.save({"embedding": torch.zeros(8), "mask_token_id": tid}, str(f))
     assert read_mask_embedding(f).mask_token_id == 151669
 
 
-def test_a_view_into_a_larger_storage_reads_the_right_element(tmp_path: Path) -> None:
+def test_a_view_into_a_larger_storage_reads_the_right_element(tmp_path: Path, torch: ModuleType) -> None:
     f = tmp_path / "m.pt"
     ids = torch.tensor([1, 2, 3, 154856], dtype=torch.int64)
     torch.save({"embedding": torch.zeros(4), "mask_token_id": ids[3]}, str(f))
     assert read_mask_embedding(f).mask_token_id == 154856
 
 
-def test_dict_without_id_is_fine_and_a_parameter_is_a_tensor(tmp_path: Path) -> None:
+def test_dict_without_id_is_fine_and_a_parameter_is_a_tensor(tmp_path: Path, torch: ModuleType) -> None:
     f = tmp_path / "m.pt"
     torch.save({"embedding": torch.nn.Parameter(torch.zeros(16))}, str(f))
     info = read_mask_embedding(f)
@@ -110,7 +121,7 @@ def test_zip_without_data_pkl_and_truncated_pickle(tmp_path: Path) -> None:
         load(f)
 
 
-def test_wrong_shapes_are_reported(tmp_path: Path) -> None:
+def test_wrong_shapes_are_reported(tmp_path: Path, torch: ModuleType) -> None:
     f = tmp_path / "m.pt"
     torch.save({"weights": torch.zeros(4)}, str(f))
     with pytest.raises(TorchFileError, match="no 'embedding' tensor"):
@@ -123,7 +134,7 @@ def test_wrong_shapes_are_reported(tmp_path: Path) -> None:
         read_mask_embedding(f)
 
 
-def test_load_returns_stubs(tmp_path: Path) -> None:
+def test_load_returns_stubs(tmp_path: Path, torch: ModuleType) -> None:
     f = tmp_path / "m.pt"
     torch.save({"a": torch.ones(2, 3, dtype=torch.float32), "n": 3}, str(f))
     obj = load(f)
