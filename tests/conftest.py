@@ -24,7 +24,12 @@ RIG_DIR = Path(__file__).resolve().parent / "rig"
 if str(RIG_DIR) not in sys.path:
     sys.path.insert(0, str(RIG_DIR))
 
-from timing_report import pytest_addoption, pytest_configure  # noqa: E402,F401 (hooks: --time-report)
+from timing_report import (  # noqa: E402,F401 (hooks: --time-report, the modules' order under xdist)
+    order_for_xdist,
+    pytest_addoption,
+    pytest_configure,
+    pytest_configure_node,
+)
 
 # tests/real drives real vLLM on a GPU machine (scripts/real-engine); CI has none, so it is never collected here
 collect_ignore = ["real"]
@@ -41,6 +46,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.get_closest_marker("rig") is None and RIG_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.rig)
+    order_for_xdist(config, items)  # an xdist worker: the longest modules first (tests/timing_report.py)
 
 
 @pytest.fixture(autouse=True)

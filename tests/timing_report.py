@@ -8,6 +8,13 @@ when they ran side by side. ``--time-report-json FILE`` writes every test's time
 two runs can be compared test by test, and runs made side by side reported as one::
 
     python tests/timing_report.py rig.json norig.json      # scripts/test: the rig run and the one beside it
+
+Every reported run also merges its tests' times into ``.test-durations.json`` (this checkout's, ignored by git).
+Under pytest-xdist, ``--dist loadfile`` hands out whole modules, and a long module handed out last runs alone at
+the end (``--quick``: test_supervise.py's ~100 s started 140 s in, and the run waited 40-60 s on it): the
+controller sends those times to its workers, which put the modules in order of their time, longest first
+(:func:`order_modules`; with ``--no-loadscope-reorder`` xdist keeps that order). A module never timed counts as
+1 s a test under tests/rig (they start stacks), 0.1 s elsewhere.
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ from pathlib import Path
 import pytest
 
 WALL = "(wall time of the run)"  # the JSON's key for the run's own wall time
+DURATIONS = Path(__file__).resolve().parent.parent / ".test-durations.json"  # {test id: seconds}, merged per run
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -66,6 +74,7 @@ class TimeReport:
 
     def pytest_terminal_summary(self, terminalreporter) -> None:
         wall = time.monotonic() - self.started
+        remember(self.per_test)
         if self.json_path:
             Path(self.json_path).write_text(json.dumps(
                 {WALL: round(wall, 3)} | {k: round(v, 3) for k, v in sorted(self.per_test.items())}, indent=0) + "\n")
@@ -73,6 +82,54 @@ class TimeReport:
             tr = terminalreporter
             render(self.per_test, [wall], self.slowest, lambda s: tr.write_sep("=", s) if s.startswith("time report")
                    else tr.write_line(s))
+
+
+def known_durations() -> dict[str, float]:
+    try:
+        data = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return {}
+    return {k: float(v) for k, v in data.items() if isinstance(v, int | float)} if isinstance(data, dict) else {}
+
+
+def remember(per_test: dict[str, float]) -> None:
+    """Merge this run's times into the checkout's file (atomically: runs side by side each merge theirs)."""
+    if not per_test:
+        return
+    merged = known_durations() | {k: round(v, 3) for k, v in per_test.items()}
+    tmp = DURATIONS.with_name(f"{DURATIONS.name}.{time.monotonic_ns()}.tmp")
+    try:
+        tmp.write_text(json.dumps(dict(sorted(merged.items())), indent=0) + "\n")
+        tmp.replace(DURATIONS)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+
+
+def order_modules(items: list[pytest.Item], durations: dict[str, float]) -> None:
+    """Reorder ``items`` in place: whole modules, the longest first by their tests' known times; the tests of a
+    module keep their order (module fixtures, and tests that build on the one before)."""
+    modules: dict[str, list[pytest.Item]] = {}
+    for item in items:
+        modules.setdefault(item.nodeid.split("::", 1)[0], []).append(item)
+
+    def cost(name: str) -> float:
+        guess = 1.0 if name.startswith("tests/rig/") else 0.1
+        return sum(durations.get(i.nodeid, guess) for i in modules[name])
+
+    items[:] = [i for name in sorted(modules, key=lambda m: -cost(m)) for i in modules[name]]
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:  # noqa: ANN001 - xdist's WorkerController
+    """The controller reads the times once and gives each worker the same: every worker must collect one order."""
+    node.workerinput["test_durations"] = known_durations()
+
+
+def order_for_xdist(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Called by the conftest's collection hook, last."""
+    durations = getattr(config, "workerinput", {}).get("test_durations")
+    if durations is not None:  # an xdist worker: the order its controller's scheduler hands modules out in
+        order_modules(items, durations)
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -191,7 +191,11 @@ def test_the_first_run_after_a_boot_pays_the_warm_up_unless_the_bench_warms_up_f
     assert a.warmup is not None and a.warmup.requests == 8 and a.warmup.requests_ok == 8 and a.warmup.errors == 0
     assert a.warmup.concurrency == 4 and a.warmup.output_tokens == 8 * 256
     assert a.output_tokens == 16 * 256 and a.requests_ok == 16
-    assert abs(a.output_tok_s / b.output_tok_s - 1) < 0.1, (a.output_tok_s, b.output_tok_s)
+    # the warmed first run pays none of the four first-batch stalls (0.8 s; a cold first run pays them all): it
+    # is not slower than the run after it by half of them. (A two-sided 10 % band on tok/s failed under a loaded
+    # 2-core --quick run with the warmed run the *faster*, 3,950 against 3,499 tok/s: the next run's CPU noise,
+    # not the property.)
+    assert a.duration_s - b.duration_s < 0.5 * 4 * 0.2, (a.duration_s, b.duration_s)
     # latency as vLLM defines it, from the stream
     lat = a.latency
     assert lat is not None and lat.streamed and lat.note is None
